@@ -1,0 +1,146 @@
+"""The `hir` command: `hir <stage> [hydra overrides]`, `hir pipeline`, `-m` sweeps, `hir --help`.
+
+The first argument picks the stage; everything after it goes to Hydra untouched, so every
+Hydra feature (overrides, `--multirun`, `--cfg job`, `hydra.run.dir=...`) works as usual.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# stage name -> (module with `run(cfg) -> dict`, one-line description)
+STAGES: dict[str, tuple[str, str]] = {
+    "prepare": ("hir.data.prepare", "raw events + entity metadata -> typed graph snapshot (graph/)"),
+    "enrich": ("hir.enrich.stage", "entity text/attributes -> content vectors, cached by content hash (content/)"),
+    "train": ("hir.train.stage", "bias-aware graph transformer + cross-view distillation (checkpoints/)"),
+    "export": ("hir.export.stage", "universal embeddings + Bag-of-Meaning tokens per entity (embeddings/, hierarchy/)"),
+    "validate": ("hir.validate.stage", "Great Expectations suites over graph/ and embeddings/ (validation/)"),
+    "publish": ("hir.publish.stage", "validated version -> Feast + Milvus, switched atomically (publish/)"),
+    "refresh": ("hir.publish.refresh", "embed new entities from a delta file and push them to the live version"),
+    "evaluate": ("hir_evaluation.stage", "ranking + retrieval lift against baselines, report (report/)"),
+}
+PIPELINE_HELP = "run the stages in `pipeline.stages` in order, in one run dir"
+HELPERS: dict[str, tuple[str, str]] = {
+    "gather": ("hir_evaluation.gather", "collect a multirun's metrics.json files into one table (md + csv)"),
+}
+
+log = logging.getLogger("hir")
+
+
+def _datasets() -> list[str]:
+    return sorted(p.stem for p in (ROOT / "conf" / "data").glob("*.yaml"))
+
+
+def _usage() -> str:
+    width = max(len(s) for s in [*STAGES, "pipeline", *HELPERS])
+    lines = ["usage: hir <stage> [hydra overrides ...]   (hir <stage> --help for the composed config)", ""]
+    lines.append("stages:")
+    lines += [f"  {name:<{width}}  {desc}" for name, (_, desc) in STAGES.items()]
+    lines.append(f"  {'pipeline':<{width}}  {PIPELINE_HELP}")
+    if HELPERS:
+        lines += ["", "tools:"]
+        lines += [f"  {name:<{width}}  {desc}" for name, (_, desc) in HELPERS.items()]
+    lines += ["", "datasets (data=<name>):", "  " + ", ".join(_datasets())]
+    lines += [
+        "",
+        "examples:",
+        "  hir prepare data=rees46",
+        "  hir pipeline data=synthetic",
+        "  hir prepare data=events_csv data.path=events.csv data.columns.user=uid ...",
+        "  hir pipeline -m data=rees46,online_retail     # a Hydra multirun sweep",
+    ]
+    return "\n".join(lines)
+
+
+def _register_resolvers() -> None:
+    from omegaconf import OmegaConf
+
+    if not OmegaConf.has_resolver("hir_root"):
+        OmegaConf.register_new_resolver("hir_root", lambda: str(ROOT))
+
+
+def git_sha() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5
+        )
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def run_stage(name: str, cfg: Any) -> dict[str, Any]:
+    """Import and run one stage; returns its metrics dict."""
+    module = importlib.import_module((STAGES | HELPERS)[name][0])
+    t0 = time.perf_counter()
+    log.info("stage %s: start", name)
+    metrics = module.run(cfg) or {}
+    log.info("stage %s: done in %.1fs", name, time.perf_counter() - t0)
+    return metrics
+
+
+def run_pipeline(cfg: Any) -> dict[str, Any]:
+    """Run every stage of `cfg.pipeline.stages` in order; metrics are keyed by stage."""
+    unknown = [s for s in cfg.pipeline.stages if s not in STAGES]
+    if unknown:
+        raise ValueError(f"pipeline.stages has unknown stages {unknown}; expected a subset of {list(STAGES)}")
+    return {name: run_stage(name, cfg) for name in cfg.pipeline.stages}
+
+
+def _lookup(metrics: dict[str, Any], dotted: str) -> float:
+    node: Any = metrics
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            raise KeyError(f"optimized_metric {dotted!r} not in the stage metrics; have {sorted(metrics)}")
+        node = node[part]
+    return float(node)
+
+
+def _hydra_entry() -> Any:
+    import hydra
+    from omegaconf import DictConfig, OmegaConf
+
+    from hir.errors import HirError
+
+    @hydra.main(version_base="1.3", config_path=str(ROOT / "conf"), config_name="config")
+    def _main(cfg: DictConfig) -> float | None:
+        log.info("hir %s (git %s)", cfg.stage, git_sha())
+        log.debug("resolved config:\n%s", OmegaConf.to_yaml(cfg, resolve=True))
+        try:
+            metrics = run_pipeline(cfg) if cfg.stage == "pipeline" else run_stage(cfg.stage, cfg)
+        except HirError as err:
+            log.error("%s", err)
+            print(f"\nhir {cfg.stage}: error: {err}", file=sys.stderr)
+            sys.exit(2)
+        if cfg.get("optimized_metric"):
+            return _lookup(metrics, cfg.optimized_metric)
+        return None
+
+    return _main
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(_usage())
+        return
+    stage, rest = argv[0], argv[1:]
+    if stage not in STAGES and stage not in HELPERS and stage != "pipeline":
+        print(f"hir: unknown stage {stage!r}\n\n{_usage()}", file=sys.stderr)
+        sys.exit(2)
+    _register_resolvers()
+    # Hydra reads sys.argv; the stage travels as an ordinary override.
+    sys.argv = [f"hir {stage}", *rest, f"stage={stage}"]
+    _hydra_entry()()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Prepare stage: dataset adapters and the graph snapshot they build."""

@@ -1,0 +1,1 @@
+"""Dataset adapters: each turns one dataset into a :class:`hir.data.raw.RawDataset`."""
