@@ -104,11 +104,21 @@ def _lookup(metrics: dict[str, Any], dotted: str) -> float:
     return float(node)
 
 
+def _user_error(err: BaseException) -> BaseException | None:
+    """The HirError behind ``err`` (Hydra's instantiate wraps exceptions), else None."""
+    from hir.errors import HirError
+
+    seen: BaseException | None = err
+    while seen is not None:
+        if isinstance(seen, HirError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
 def _hydra_entry() -> Any:
     import hydra
     from omegaconf import DictConfig, OmegaConf
-
-    from hir.errors import HirError
 
     @hydra.main(version_base="1.3", config_path=str(ROOT / "conf"), config_name="config")
     def _main(cfg: DictConfig) -> float | None:
@@ -116,9 +126,12 @@ def _hydra_entry() -> Any:
         log.debug("resolved config:\n%s", OmegaConf.to_yaml(cfg, resolve=True))
         try:
             metrics = run_pipeline(cfg) if cfg.stage == "pipeline" else run_stage(cfg.stage, cfg)
-        except HirError as err:
-            log.error("%s", err)
-            print(f"\nhir {cfg.stage}: error: {err}", file=sys.stderr)
+        except Exception as err:
+            user_error = _user_error(err)
+            if user_error is None:
+                raise
+            # one readable line, no traceback: the user can fix this
+            log.error("hir %s: %s", cfg.stage, user_error)
             sys.exit(2)
         if cfg.get("optimized_metric"):
             return _lookup(metrics, cfg.optimized_metric)

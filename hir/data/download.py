@@ -28,7 +28,7 @@ def ensure_file(path: str | Path, url: str | None, sha256: str | None, download_
     into place, so an interrupted or tampered download never looks like a good file.
     ``file://`` URLs work too (tests use them; no test touches the network).
     """
-    path = Path(path)
+    path = Path(path).resolve()
     if path.exists():
         return path
     if not url:

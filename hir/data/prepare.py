@@ -55,6 +55,7 @@ def build_snapshot(
         if n_events == 0:
             raise InputError(f"{dataset}: no event rows survived validation; see {quarantine.out_dir}")
         seen_stages = set(events.select(pl.col("stage").unique()).collect().to_series().to_list())
+        seen_types = set(events.select(pl.col("entity_type").unique()).collect().to_series().to_list())
         unknown = sorted(seen_stages - set(raw.stage_order))
         if unknown:
             raise InputError(
@@ -79,7 +80,7 @@ def build_snapshot(
         first_seen = events.group_by("entity_type", "entity_key").agg(pl.col("timestamp").min().alias("first_seen"))
         user_first = events.group_by("user_key").agg(pl.col("timestamp").min().alias("first_seen"))
         types = sorted(
-            set(events.select(pl.col("entity_type").unique()).collect().to_series().to_list())
+            set(seen_types)
             | set(raw.entities) - {"user"}
             | {t for rel in raw.relations for t in METADATA_RELATIONS[rel]} - {"user"}
         )
@@ -90,8 +91,11 @@ def build_snapshot(
         node_frames["user"] = steps.node_table(
             pl.concat(user_keys), raw.entities.get("user"), user_first.rename({"user_key": "key"})
         ).collect()
+        event_types = seen_types
         for etype in types:
-            keys = [events.filter(pl.col("entity_type") == etype).select(pl.col("entity_key").alias("key"))]
+            keys = []
+            if etype in event_types:
+                keys.append(events.filter(pl.col("entity_type") == etype).select(pl.col("entity_key").alias("key")))
             if etype in raw.entities:
                 keys.append(raw.entities[etype].lazy().select("key"))
             for rel, frame in raw.relations.items():
@@ -108,8 +112,14 @@ def build_snapshot(
         step("events")
 
         t0 = time.perf_counter()
+        # only types that have events take part in the id join; their keys share the events' dtype
+        key_dtype = events.collect_schema()["entity_key"]
         entity_map = pl.concat(
-            [f.lazy().select(pl.lit(t).alias("entity_type"), "key", "node_id") for t, f in node_frames.items() if t != "user"]
+            [
+                f.lazy().select(pl.lit(t).alias("entity_type"), pl.col("key").cast(key_dtype), "node_id")
+                for t, f in node_frames.items()
+                if t in event_types
+            ]
         )
         labelled = steps.label_split(
             steps.assign_ids(events, node_frames["user"].lazy(), entity_map), bounds["val_start"], bounds["test_start"]

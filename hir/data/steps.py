@@ -27,9 +27,11 @@ def node_table(keys: pl.LazyFrame, entities: pl.DataFrame | None, first_seen: pl
         nodes = nodes.join(entities.lazy(), on="key", how="left")
     else:
         nodes = nodes.with_columns(pl.lit(None, dtype=pl.String).alias("text"))
-    nodes = nodes.join(first_seen, on="key", how="left")
+    # a type without events gets an empty first_seen frame whose key dtype may differ
+    key_dtype = nodes.collect_schema()["key"]
+    nodes = nodes.join(first_seen.with_columns(pl.col("key").cast(key_dtype, strict=False)), on="key", how="left")
     attrs = [c for c in nodes.collect_schema().names() if c.startswith("attr_")]
-    return nodes.select("node_id", "key", "text", "first_seen", *attrs)
+    return nodes.select("node_id", "key", "text", "first_seen", *attrs).sort("node_id")
 
 
 def split_bounds_from_quantiles(events: pl.LazyFrame, val_fraction: float, test_fraction: float) -> dict[str, datetime]:
@@ -44,8 +46,8 @@ def split_bounds_from_quantiles(events: pl.LazyFrame, val_fraction: float, test_
         events.select(
             ts.min().alias("min"),
             ts.max().alias("max"),
-            ts.quantile(1 - val_fraction - test_fraction, "nearest").alias("val_start"),
-            ts.quantile(1 - test_fraction, "nearest").alias("test_start"),
+            ts.quantile(1 - val_fraction - test_fraction, "higher").alias("val_start"),
+            ts.quantile(1 - test_fraction, "higher").alias("test_start"),
         )
         .collect()
         .cast(TS)

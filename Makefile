@@ -1,0 +1,50 @@
+# hir: `make run` and `make test` are the only commands a fresh machine needs.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.installed-stamp
+# offline model loading, no tokenizer thread storms on 2 cores
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: install run test test-slow lint bench redis-server clean
+
+# torch first and pinned: `pip install torch==2.13.0` takes the local CPU wheel on these
+# machines (an unpinned torch pulls a multi-GB CUDA build); then the full pin set; then hir.
+$(STAMP): pyproject.toml requirements.lock
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install --quiet torch==2.13.0
+	$(PIP) install --quiet -r requirements.lock
+	$(PIP) install --quiet --no-deps --no-build-isolation -e .
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: install
+	$(VENV)/bin/hir pipeline data=completejourney
+
+test: install redis-server
+	$(VENV)/bin/ruff check .
+	$(PY) -m pytest -m "not slow"
+
+test-slow: install redis-server
+	$(PY) -m pytest -m slow
+
+lint: install
+	$(VENV)/bin/ruff check .
+
+bench: install
+	$(PY) benchmarks/prepare.py --quick
+
+# The Feast Redis integration test needs Debian's redis-server; install it when absent.
+redis-server:
+	@command -v redis-server >/dev/null 2>&1 || { \
+	  echo "installing redis-server (apt-get)"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq redis-server >/dev/null \
+	    || echo "warning: could not install redis-server; the Redis integration test will be skipped"; }
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache outputs multirun
