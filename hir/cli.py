@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import subprocess
 import sys
 import time
@@ -149,9 +150,12 @@ def main(argv: list[str] | None = None) -> None:
     if stage not in STAGES and stage not in HELPERS and stage != "pipeline":
         print(f"hir: unknown stage {stage!r}\n\n{_usage()}", file=sys.stderr)
         sys.exit(2)
+    # torch's OpenMP threads spin while idle by default, which starves the other thread on a
+    # busy 2-core machine (measured 5x slower MiniLM encoding); must be set before torch loads
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     _register_resolvers()
     # Hydra reads sys.argv; the stage travels as an ordinary override.
-    sys.argv = [f"hir {stage}", *rest, f"stage={stage}"]
+    sys.argv = [f"hir {stage}", f"stage={stage}", *rest]
     _hydra_entry()()
 
 

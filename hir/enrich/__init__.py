@@ -1,0 +1,1 @@
+"""Knowledge enrichment: entity text, attributes and images -> content vectors (content/)."""
