@@ -15,8 +15,9 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from hir.data import steps
+from hir.data.edges import write_engagement_edges
 from hir.data.raw import Quarantine, RawDataset
-from hir.data.schema import EVENT_COLUMNS, METADATA_RELATIONS, SNAPSHOT_VERSION, TS, engage_relation
+from hir.data.schema import EVENT_COLUMNS, METADATA_RELATIONS, SNAPSHOT_VERSION, TS
 from hir.errors import InputError
 from hir.progress import progress_steps
 
@@ -47,72 +48,45 @@ def build_snapshot(
 
     with progress_steps("prepare", 5) as step:
         t0 = time.perf_counter()
-        # materialise the kept events once, so every later pass reads one parquet file
+        # materialise the kept events once (lz4: cheap to write, read a few times below)
         raw_events = tmp / "events_keys.parquet"
-        raw.events.sink_parquet(raw_events)
+        raw.events.sink_parquet(raw_events, compression="lz4")
         events = pl.scan_parquet(raw_events)
-        n_events = events.select(pl.len()).collect().item()
+        head = events.select(
+            pl.len().alias("n"), pl.col("stage").unique().implode(), pl.col("entity_type").unique().implode()
+        ).collect(engine="streaming")
+        n_events = int(head["n"][0])
         if n_events == 0:
             raise InputError(f"{dataset}: no event rows survived validation; see {quarantine.out_dir}")
-        seen_stages = set(events.select(pl.col("stage").unique()).collect().to_series().to_list())
-        seen_types = set(events.select(pl.col("entity_type").unique()).collect().to_series().to_list())
-        unknown = sorted(seen_stages - set(raw.stage_order))
+        unknown = sorted(set(head["stage"][0].to_list()) - set(raw.stage_order))
         if unknown:
             raise InputError(
                 f"{dataset}: events have stages {unknown} that are not in the stage order {raw.stage_order}; "
                 "add them to data.stage_order"
             )
+        event_types = set(head["entity_type"][0].to_list())
         timings["validate"] = time.perf_counter() - t0
         step("split")
 
         t0 = time.perf_counter()
         if val_start and test_start:
-            lo_hi = events.select(pl.col("timestamp").min().alias("min"), pl.col("timestamp").max().alias("max"))
-            bounds = lo_hi.collect().row(0, named=True)
-            bounds["val_start"] = datetime.fromisoformat(val_start).replace(tzinfo=bounds["min"].tzinfo)
-            bounds["test_start"] = datetime.fromisoformat(test_start).replace(tzinfo=bounds["min"].tzinfo)
+            bounds = events.select(pl.col("timestamp").min().alias("min"), pl.col("timestamp").max().alias("max"))
+            bounds = bounds.collect().row(0, named=True)
+            for name, value in (("val_start", val_start), ("test_start", test_start)):
+                bounds[name] = datetime.fromisoformat(value).replace(tzinfo=bounds["min"].tzinfo)
         else:
             bounds = steps.split_bounds_from_quantiles(events, val_fraction, test_fraction)
         timings["split"] = time.perf_counter() - t0
         step("nodes")
 
         t0 = time.perf_counter()
-        first_seen = events.group_by("entity_type", "entity_key").agg(pl.col("timestamp").min().alias("first_seen"))
-        user_first = events.group_by("user_key").agg(pl.col("timestamp").min().alias("first_seen"))
-        types = sorted(
-            set(seen_types)
-            | set(raw.entities) - {"user"}
-            | {t for rel in raw.relations for t in METADATA_RELATIONS[rel]} - {"user"}
-        )
-        node_frames: dict[str, pl.DataFrame] = {}
-        user_keys = [events.select(pl.col("user_key").alias("key"))]
-        if "user" in raw.entities:
-            user_keys.append(raw.entities["user"].lazy().select("key"))
-        node_frames["user"] = steps.node_table(
-            pl.concat(user_keys), raw.entities.get("user"), user_first.rename({"user_key": "key"})
-        ).collect()
-        event_types = seen_types
-        for etype in types:
-            keys = []
-            if etype in event_types:
-                keys.append(events.filter(pl.col("entity_type") == etype).select(pl.col("entity_key").alias("key")))
-            if etype in raw.entities:
-                keys.append(raw.entities[etype].lazy().select("key"))
-            for rel, frame in raw.relations.items():
-                src_t, dst_t = METADATA_RELATIONS[rel]
-                if src_t == etype:
-                    keys.append(frame.lazy().select(pl.col("src_key").alias("key")))
-                if dst_t == etype:
-                    keys.append(frame.lazy().select(pl.col("dst_key").alias("key")))
-            fs = first_seen.filter(pl.col("entity_type") == etype).select(pl.col("entity_key").alias("key"), "first_seen")
-            node_frames[etype] = steps.node_table(pl.concat(keys), raw.entities.get(etype), fs).collect()
+        node_frames = _node_tables(events, raw, event_types)
         for etype, frame in node_frames.items():
             frame.with_columns(pl.col("key").cast(pl.String)).write_parquet(out_dir / "nodes" / f"{etype}.parquet")
         timings["nodes"] = time.perf_counter() - t0
         step("events")
 
         t0 = time.perf_counter()
-        # only types that have events take part in the id join; their keys share the events' dtype
         key_dtype = events.collect_schema()["entity_key"]
         entity_map = pl.concat(
             [
@@ -129,21 +103,16 @@ def build_snapshot(
         step("edges")
 
         t0 = time.perf_counter()
-        final = pl.scan_parquet(out_dir / "events.parquet")
-        edges = steps.aggregate_edges(final).collect()
-        edge_counts: dict[str, int] = {}
-        for (etype,), part in edges.partition_by("entity_type", as_dict=True).items():
-            name = engage_relation(str(etype))
-            part.drop("entity_type").rename({"user_id": "src_id", "entity_id": "dst_id"}).sort(
-                "src_id", "dst_id"
-            ).write_parquet(out_dir / "edges" / f"{name}.parquet")
-            edge_counts[name] = part.height
+        edge_counts = write_engagement_edges(
+            out_dir / "events.parquet", out_dir / "edges", node_frames["user"].height, n_events, raw.stage_order
+        )
         for rel, frame in raw.relations.items():
             src_t, dst_t = METADATA_RELATIONS[rel]
             mapped = steps.map_relation(frame.lazy(), node_frames[src_t].lazy(), node_frames[dst_t].lazy()).collect()
             mapped.write_parquet(out_dir / "edges" / f"{rel}.parquet")
             edge_counts[rel] = mapped.height
         timings["edges"] = time.perf_counter() - t0
+    final = pl.scan_parquet(out_dir / "events.parquet")
 
     for name, path in raw.artifacts.items():
         shutil.copy(path, out_dir / name)
@@ -152,6 +121,37 @@ def build_snapshot(
     meta["timings_s"] = {k: round(v, 3) for k, v in timings.items()}
     (out_dir / "meta.json").write_text(json.dumps(meta, indent=2))
     return meta
+
+
+def _node_tables(events: pl.LazyFrame, raw: RawDataset, event_types: set[str]) -> dict[str, pl.DataFrame]:
+    """Dense-id node tables for users and every entity type in events, metadata or relations."""
+    # one streaming pass gives every type's event keys and first-seen times
+    first_seen, user_first = pl.collect_all(
+        [
+            events.group_by("entity_type", "entity_key").agg(pl.col("timestamp").min().alias("first_seen")),
+            events.group_by("user_key").agg(pl.col("timestamp").min().alias("first_seen")),
+        ],
+        engine="streaming",
+    )
+    user_first = user_first.lazy().rename({"user_key": "key"})
+    user_keys = [user_first.select("key")]
+    if "user" in raw.entities:
+        user_keys.append(raw.entities["user"].lazy().select("key"))
+    frames = {"user": steps.node_table(pl.concat(user_keys), raw.entities.get("user"), user_first).collect()}
+    types = (event_types | set(raw.entities) | {t for rel in raw.relations for t in METADATA_RELATIONS[rel]}) - {"user"}
+    for etype in sorted(types):
+        fs = first_seen.lazy().filter(pl.col("entity_type") == etype).select(pl.col("entity_key").alias("key"), "first_seen")
+        keys = [fs.select("key")] if etype in event_types else []
+        if etype in raw.entities:
+            keys.append(raw.entities[etype].lazy().select("key"))
+        for rel, frame in raw.relations.items():
+            src_t, dst_t = METADATA_RELATIONS[rel]
+            if src_t == etype:
+                keys.append(frame.lazy().select(pl.col("src_key").alias("key")))
+            if dst_t == etype:
+                keys.append(frame.lazy().select(pl.col("dst_key").alias("key")))
+        frames[etype] = steps.node_table(pl.concat(keys), raw.entities.get(etype), fs).collect()
+    return frames
 
 
 def _meta(
@@ -163,7 +163,7 @@ def _meta(
     edges: dict[str, int],
     bounds: dict[str, datetime],
 ) -> dict[str, Any]:
-    per = events.group_by("split", "stage").agg(pl.len().alias("n")).collect()
+    per = events.group_by("split", "stage").agg(pl.len().alias("n")).collect(engine="streaming")
     stages = {s: int(n) for s, n in per.group_by("stage").agg(pl.col("n").sum()).iter_rows()}
     splits = {s: int(n) for s, n in per.group_by("split").agg(pl.col("n").sum()).iter_rows()}
     per_split: dict[str, dict[str, int]] = {}

@@ -77,21 +77,20 @@ def assign_ids(events: pl.LazyFrame, users: pl.LazyFrame, entities: pl.LazyFrame
         users: ``key``, ``node_id`` of the user type.
         entities: ``entity_type``, ``key``, ``node_id`` of every other type.
     """
-    return (
-        events.join(users.select(pl.col("key").alias("user_key"), pl.col("node_id").alias("user_id")), on="user_key")
-        .join(
-            entities.select(
-                "entity_type", pl.col("key").alias("entity_key"), pl.col("node_id").alias("entity_id")
-            ),
-            on=["entity_type", "entity_key"],
-        )
-        .drop("user_key", "entity_key")
-    )
+    out = events.join(users.select(pl.col("key").alias("user_key"), pl.col("node_id").alias("user_id")), on="user_key")
+    ents = entities.select("entity_type", pl.col("key").alias("entity_key"), pl.col("node_id").alias("entity_id"))
+    if ents.select(pl.col("entity_type").n_unique()).collect().item() == 1:
+        # one type: joining on the key alone is ~2x cheaper than on (type, key)
+        out = out.join(ents.drop("entity_type"), on="entity_key")
+    else:
+        out = out.join(ents, on=["entity_type", "entity_key"])
+    return out.drop("user_key", "entity_key")
 
 
 def stage_rank(stage_order: Sequence[str]) -> pl.Expr:
     """``stage`` -> its position in the funnel (0 = shallowest) as Int8."""
-    return pl.col("stage").replace_strict(list(stage_order), list(range(len(stage_order))), return_dtype=pl.Int8)
+    # an Enum cast is elementwise and streams; replace_strict materialises the column
+    return pl.col("stage").cast(pl.Enum(list(stage_order))).to_physical().cast(pl.Int8)
 
 
 def aggregate_edges(events: pl.LazyFrame) -> pl.LazyFrame:
