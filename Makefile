@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml requirements.lock
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install --quiet torch==2.13.0
 	$(PIP) install --quiet -r requirements.lock
-	$(PIP) install --quiet --no-deps --no-build-isolation -e .
+	$(PIP) install --quiet --no-deps -e .
 	touch $(STAMP)
 
 install: $(STAMP)
