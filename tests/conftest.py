@@ -36,7 +36,10 @@ def compose(tmp_path: Path) -> Callable:
         with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
             return hydra_compose(
                 "config",
-                overrides=[f"stage={stage}", f"paths.output_dir={out}", f"paths.cache_dir={out}/.cache", *overrides],
+                overrides=[
+                    f"stage={stage}", f"paths.output_dir={out}", f"paths.cache_dir={out}/.cache",
+                    f"publish.store_dir={out}/store", *overrides,
+                ],
             )
 
     return _compose

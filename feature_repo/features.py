@@ -1,0 +1,87 @@
+"""Feast definitions of one published hir version.
+
+Per entity type (user, product, advertiser, campaign, category; whichever the dataset has):
+
+- an ``Entity`` keyed by ``<type>_id`` (the entity's original key, a string);
+- a ``FileSource`` over that type's export parquet (read by the duckdb offline store), wrapped in
+  a ``PushSource`` so `hir refresh` can push new entities straight to the online store;
+- a ``FeatureView`` named ``<type>_<version>``: ``embedding`` (Array(Float32), L2-normalised),
+  ``tokens_l<k>`` (Array(Int32), the top-k prototypes of level k, 0 = coarsest) and
+  ``weights_l<k>`` (Array(Float32), summing to 1) per level, ``model_version``. TTL 0 = rows never
+  expire: an embedding is valid until a new version replaces the whole view.
+
+and one ``FeatureService`` ``<service>_<version>`` for rankers over the views of the types a
+ranker scores together (``service_types``, by default user + product: a row needs a join key for
+every view of a service), each projected under its entity type's name, so feature columns read
+``product__embedding`` whatever the version is. The other types are read by view name.
+
+The concrete names, paths and levels come from ``publish_spec.json``, which `hir publish` writes
+next to this file in the per-version working copy (<store_dir>/versions/<version>/feature_repo/).
+Views are versioned rather than overwritten so a half-finished publish never touches what is
+being served; `hir publish` points the unversioned service ``<service>`` at the new views last.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from feast import Entity, FeatureService, FeatureView, Field, FileSource, PushSource, ValueType
+from feast.types import Array, Float32, Int32, String
+
+SPEC_FILE = Path(__file__).with_name("publish_spec.json")
+
+
+def entity(etype: str) -> Entity:
+    return Entity(name=etype, join_keys=[f"{etype}_id"], value_type=ValueType.STRING,
+                  description=f"hir {etype}, keyed by its original id")
+
+
+def feature_view(etype: str, table: dict[str, Any], version: str) -> FeatureView:
+    batch = FileSource(
+        name=table["source"], path=table["path"],
+        timestamp_field="event_timestamp", created_timestamp_column="created",
+    )
+    push = PushSource(name=table["push_source"], batch_source=batch)
+    levels = range(int(table["levels"]))
+    return FeatureView(
+        name=table["view"],
+        entities=[entity(etype)],
+        ttl=timedelta(0),
+        online=True,
+        source=push,
+        schema=[
+            Field(name=f"{etype}_id", dtype=String),
+            Field(name="embedding", dtype=Array(Float32)),
+            *[Field(name=f"tokens_l{k}", dtype=Array(Int32)) for k in levels],
+            *[Field(name=f"weights_l{k}", dtype=Array(Float32)) for k in levels],
+            Field(name="model_version", dtype=String),
+        ],
+        tags={"hir_version": version, "entity_type": etype},
+    )
+
+
+def ranker_service(name: str, views: dict[str, FeatureView], version: str) -> FeatureService:
+    """The views, each projected under its entity type (``product__embedding``, ``user__tokens_l0``)."""
+    return FeatureService(name=name, features=[v.with_name(etype) for etype, v in sorted(views.items())],
+                          tags={"hir_version": version}, description="hir embeddings + tokens for rankers")
+
+
+def definitions(spec: dict[str, Any]) -> list:
+    """Every Feast object of one version: entities, sources, views, the versioned service."""
+    views = {etype: feature_view(etype, table, spec["version"]) for etype, table in spec["tables"].items()}
+    objects: list = [entity(etype) for etype in views]
+    for view in views.values():
+        objects += [view.stream_source.batch_source, view.stream_source, view]
+    served = {t: views[t] for t in spec["service_types"]}
+    return [*objects, ranker_service(spec["feature_service"], served, spec["version"])]
+
+
+# `feast plan` (which collects module-level objects) in a working copy shows what `hir publish`
+# applied. Never `feast apply` a working copy: it deletes every object the copy does not define,
+# i.e. all other versions, the live one included.
+if SPEC_FILE.exists():
+    for _obj in definitions(json.loads(SPEC_FILE.read_text())):
+        globals()[f"{type(_obj).__name__}_{_obj.name}"] = _obj

@@ -1,0 +1,1 @@
+"""`hir publish` / `hir refresh`: validated embeddings -> Feast + Milvus, switched atomically."""

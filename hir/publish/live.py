@@ -1,0 +1,108 @@
+"""The serving state of one store dir: which version is live, which are staged or kept.
+
+``<store_dir>/live.json`` is the commit record of `hir publish`: it is rewritten atomically
+(write + fsync + rename) and only after a version is fully staged in Feast and Milvus and the
+aliases/feature service point at it. Anything else in the store (registry, online tables,
+collections) may hold a half-staged version after a crash; live.json never names one.
+
+Layout::
+
+    {"format": 1, "live": <slug> | null,
+     "versions": {<slug>: {"version", "slug", "created", "status": staged|live|kept|retired,
+                           "staged_at", "live_at", "hashes", "manifest"}},
+     "history": [{"at", "event", "version", "previous"}]}
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from hashlib import sha1
+from pathlib import Path
+from typing import Any
+
+from hir.errors import HirError
+
+LIVE_FILE = "live.json"
+FORMAT = 1
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def slug(version: str) -> str:
+    """A name-safe form of a model version for Feast/Milvus object names (``[A-Za-z0-9_]``);
+    a short hash keeps two versions that differ only in punctuation apart."""
+    safe = re.sub(r"[^0-9A-Za-z_]", "_", version)
+    if safe != version or not safe:
+        safe = f"{safe}_{sha1(version.encode()).hexdigest()[:6]}"
+    return safe
+
+
+def read_state(store_dir: Path) -> dict[str, Any]:
+    path = Path(store_dir) / LIVE_FILE
+    if not path.exists():
+        return {"format": FORMAT, "live": None, "versions": {}, "history": []}
+    state = json.loads(path.read_text())
+    if state.get("format") != FORMAT:
+        raise HirError(f"{path} has format {state.get('format')}, this hir writes {FORMAT}; publish into a new "
+                       "publish.store_dir or remove the old store")
+    return state
+
+
+def write_state(store_dir: Path, state: dict[str, Any]) -> None:
+    """Atomic replace: readers see the old or the new file, never a torn one."""
+    path = Path(store_dir) / LIVE_FILE
+    tmp = path.with_suffix(".json.tmp")
+    with tmp.open("w") as fh:
+        json.dump(state, fh, indent=2)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def live_entry(store_dir: Path) -> dict[str, Any] | None:
+    """The live version's entry (with its ``manifest``), or None before the first publish."""
+    state = read_state(store_dir)
+    return state["versions"].get(state["live"]) if state["live"] else None
+
+
+def live_manifest(store_dir: Path) -> dict[str, Any]:
+    """The manifest of the live version; a clear error when nothing was published there."""
+    entry = live_entry(store_dir)
+    if entry is None:
+        raise HirError(f"nothing is published in {store_dir} ({LIVE_FILE} names no live version); run `hir publish`")
+    return entry["manifest"]
+
+
+@contextmanager
+def store_lock(store_dir: Path, what: str) -> Iterator[None]:
+    """One writer per store dir (publish, refresh); a second one fails fast and says who holds it."""
+    store_dir = Path(store_dir)
+    store_dir.mkdir(parents=True, exist_ok=True)
+    path = store_dir / ".lock"
+    fh = path.open("a+")
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError as err:
+        fh.seek(0)
+        holder = fh.read().strip() or "another process"
+        fh.close()
+        raise HirError(f"{store_dir} is locked by {holder}; wait for it to finish (the lock is released when "
+                       "that process exits)") from err
+    fh.seek(0)
+    fh.truncate()
+    fh.write(f"hir {what} (pid {os.getpid()})")
+    fh.flush()
+    try:
+        yield
+    finally:
+        fh.truncate(0)
+        fcntl.flock(fh, fcntl.LOCK_UN)
+        fh.close()

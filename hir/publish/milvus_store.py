@@ -1,0 +1,252 @@
+"""Milvus side of a publish: one collection per entity type and version, an alias per type.
+
+A collection ``<prefix>_<type>_<version>`` holds ``id`` (the entity key, primary), ``entity_type``,
+``coarse_token`` (the entity's highest-weight level-0 token), ``version`` and ``embedding``
+(FLOAT_VECTOR, HNSW index, COSINE). The alias ``<prefix>_<type>`` is moved to it only after
+insert, flush, index build, load and a sanity search succeeded. ``uri`` is a Milvus Lite path
+(a directory, created on first use) or a server URL (``http://host:19530``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from hir.errors import HirError
+from hir.progress import track
+
+log = logging.getLogger(__name__)
+
+
+class _LiteNoise(logging.Filter):
+    """Milvus Lite's in-process gRPC server lacks AllocTimestamp; the client falls back after
+    create_index, but the server logs a traceback at ERROR each time. Drop exactly that record."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Method not implemented" not in record.getMessage()
+
+
+def is_lite(uri: str) -> bool:
+    return "://" not in uri
+
+
+def connect(uri: str, token: str | None = None) -> Any:
+    """A MilvusClient; a plain path starts Milvus Lite in-process on that directory.
+
+    Milvus Lite lets one process at a time open a directory (it holds a lock until
+    :func:`disconnect` or process exit); a second process gets a clear error here.
+    """
+    from pymilvus import MilvusClient
+    from pymilvus.exceptions import ConnectionConfigException
+
+    if is_lite(uri):
+        Path(uri).parent.mkdir(parents=True, exist_ok=True)
+        grpc_log = logging.getLogger("grpc._server")
+        if not any(isinstance(f, _LiteNoise) for f in grpc_log.filters):
+            grpc_log.addFilter(_LiteNoise())
+        for name in ("milvus_lite", "faiss.loader"):  # start/stop and CPU-feature probing at INFO
+            logging.getLogger(name).setLevel(logging.WARNING)
+    try:
+        return MilvusClient(uri=uri, token=token or "")
+    except ConnectionConfigException as err:
+        if not is_lite(uri):
+            raise
+        raise HirError(f"cannot open the Milvus Lite dir {uri}: another process has it open (Milvus Lite allows "
+                       "one process per dir); wait for it to finish, or serve from a Milvus server with "
+                       "publish.milvus.uri=http://host:19530") from err
+
+
+def disconnect(client: Any, uri: str) -> None:
+    """Close the client and, for Milvus Lite, stop this process's server for ``uri`` so other
+    processes can open the dir. Clients of the same dir opened earlier in this process stop working."""
+    client.close()
+    if is_lite(uri):
+        from milvus_lite.server_manager import server_manager_instance
+
+        server_manager_instance.release_server(uri)
+
+
+def collection_name(prefix: str, etype: str, slug: str) -> str:
+    return f"{prefix}_{etype}_{slug}"
+
+
+def alias_name(prefix: str, etype: str) -> str:
+    return f"{prefix}_{etype}"
+
+
+def vectors(column: pa.ChunkedArray) -> np.ndarray:
+    """A list<f32> column of equal-length (validated) rows as a (n, dim) float32 matrix."""
+    arr = column.combine_chunks()
+    dim = len(arr[0]) if len(arr) else 0
+    return arr.flatten().to_numpy(zero_copy_only=False).astype(np.float32).reshape(len(arr), dim)
+
+
+def table_data(table: pa.Table, id_column: str) -> dict[str, Any]:
+    """ids, (n, dim) vectors and the coarse token (level-0 token of highest weight, -1 if none)."""
+    ids = table[id_column].to_pylist()
+    coarse = np.full(len(ids), -1, dtype=np.int64)
+    if "tokens_l0" in table.column_names and len(ids):
+        tok = table["tokens_l0"].combine_chunks()
+        w = vectors(table["weights_l0"])
+        starts = tok.offsets.to_numpy()[:-1]
+        coarse = pc.list_flatten(tok).to_numpy()[starts + w.argmax(1)].astype(np.int64)
+    return {"ids": ids, "vectors": vectors(table["embedding"]), "coarse": coarse}
+
+
+def read_table(path: Path, join_key: str) -> dict[str, Any]:
+    """:func:`table_data` of a serving parquet (ids in ``join_key``)."""
+    return table_data(pq.read_table(path), join_key)
+
+
+def break_ties(data: dict[str, Any], scale: float, seed: int = 0) -> int:
+    """Nudge exact-duplicate vectors (``data["vectors"]``, (n, dim)) apart before indexing; sets
+    ``data["twin_group"]`` (n,) (rows with one group id had the same vector). Returns rows nudged.
+
+    Why: HNSW keeps one edge among points at distance 0, so a large group of identical vectors
+    (e.g. cold-start entities without content, all embedded alike) captures the graph and leaves
+    unrelated entities unreachable. Measured on a real rees46 export: 26% of users had an exact
+    twin and 26% of the *other* users then never came back as their own nearest neighbour, at any
+    ef; nudging the twins by 1e-3 (cosine to the original > 0.9999) made every one reachable. The
+    order among twins is arbitrary either way.
+    """
+    vecs = data["vectors"]
+    if len(vecs) == 0:
+        data["twin_group"] = np.zeros(0, np.int64)
+        return 0
+    _, first, group = np.unique(vecs, axis=0, return_index=True, return_inverse=True)
+    data["twin_group"] = group.reshape(-1)
+    twin = np.ones(len(vecs), bool)
+    twin[first] = False  # the first of each group stays as it is
+    if scale <= 0 or not twin.any():
+        return 0
+    out = vecs.copy()
+    noise = np.random.default_rng(seed).normal(scale=scale, size=(int(twin.sum()), vecs.shape[1]))
+    nudged = out[twin] + noise.astype(np.float32)
+    out[twin] = nudged / np.linalg.norm(nudged, axis=1, keepdims=True)
+    data["vectors"] = out
+    return int(twin.sum())
+
+
+def create_collection(client: Any, name: str, dim: int, max_id_len: int) -> None:
+    from pymilvus import DataType, MilvusClient
+
+    schema = MilvusClient.create_schema(auto_id=False, enable_dynamic_field=False)
+    schema.add_field("id", DataType.VARCHAR, is_primary=True, max_length=max(64, max_id_len))
+    schema.add_field("entity_type", DataType.VARCHAR, max_length=32)
+    schema.add_field("coarse_token", DataType.INT64)
+    schema.add_field("version", DataType.VARCHAR, max_length=256)
+    schema.add_field("embedding", DataType.FLOAT_VECTOR, dim=dim)
+    client.create_collection(name, schema=schema)
+
+
+def insert(client: Any, name: str, data: dict[str, Any], etype: str, version: str, batch: int) -> None:
+    ids, vecs, coarse = data["ids"], data["vectors"], data["coarse"]
+    starts = range(0, len(ids), batch)
+    for s in track(starts, f"milvus insert {etype}", total=len(starts)):
+        e = min(len(ids), s + batch)
+        rows = vecs[s:e].tolist()
+        client.insert(name, [
+            {"id": ids[i], "entity_type": etype, "coarse_token": int(coarse[i]), "version": version,
+             "embedding": rows[i - s]} for i in range(s, e)
+        ])
+
+
+def build_index(client: Any, name: str, index_type: str, metric_type: str, params: dict[str, Any],
+                timeout_s: float = 1800.0) -> None:
+    """Flush first: rows still in the memtable are only ever brute-forced (STACK.md section 6).
+    Milvus Lite builds inline; a Milvus server builds in the background, so wait until every
+    row is indexed."""
+    client.flush(name)
+    index = client.prepare_index_params()
+    index.add_index(field_name="embedding", index_type=index_type, metric_type=metric_type, params=dict(params))
+    client.create_index(name, index)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        info = client.describe_index(name, "embedding")
+        if not info.get("pending_index_rows", 0) and str(info.get("state", "Finished")) == "Finished":
+            return
+        if str(info.get("state")) == "Failed" or time.monotonic() > deadline:
+            raise HirError(f"milvus index build of {name} did not finish: {info}")
+        time.sleep(0.5)
+
+
+def sanity_search(client: Any, name: str, data: dict[str, Any], n: int, search_params: dict[str, Any],
+                  min_self_hit: float) -> dict[str, Any]:
+    """Row count matches, and the entities' own vectors find themselves (top-1; an exact twin,
+    see :func:`break_ties`, counts) at least ``min_self_hit`` of the time; raises otherwise, so
+    the alias is never moved to a broken index."""
+    rows = int(client.get_collection_stats(name)["row_count"])
+    if rows != len(data["ids"]):
+        raise HirError(f"milvus collection {name} has {rows} rows after insert, expected {len(data['ids'])}")
+    if not rows:
+        return {"rows": 0, "self_hit": None}
+    group = dict(zip(data["ids"], data.get("twin_group", range(rows))))
+    pick = np.unique(np.linspace(0, rows - 1, min(n, rows)).astype(int))
+    res = client.search(name, data=data["vectors"][pick].tolist(), limit=1, search_params={"params": dict(search_params)},
+                        output_fields=["id"])
+    hits = sum(1 for i, r in zip(pick, res) if r and group.get(r[0]["id"]) == group[data["ids"][i]])
+    rate = hits / len(pick)
+    if rate < min_self_hit:
+        raise HirError(f"sanity search on {name}: only {rate:.0%} of {len(pick)} entities find themselves as top-1 "
+                       f"(need {min_self_hit:.0%}); the index is unusable, the alias was not moved")
+    return {"rows": rows, "self_hit": round(rate, 4)}
+
+
+def stage(client: Any, name: str, data: dict[str, Any], etype: str, version: str, cfg: dict[str, Any]) -> dict[str, float]:
+    """Create (replacing a leftover of a crashed attempt), insert, flush, index, load; seconds per step."""
+    from hir.publish import faults
+
+    t: dict[str, float] = {}
+    if client.has_collection(name):
+        client.drop_collection(name)
+    create_collection(client, name, data["vectors"].shape[1], max((len(i) for i in data["ids"]), default=1) * 4)
+    t0 = time.perf_counter()
+    insert(client, name, data, etype, version, int(cfg["insert_batch"]))
+    t["insert"] = time.perf_counter() - t0
+    faults.point("milvus_index")
+    t0 = time.perf_counter()
+    build_index(client, name, cfg["index_type"], cfg["metric_type"], cfg["index_params"])
+    t["index"] = time.perf_counter() - t0
+    faults.point("milvus_load")
+    t0 = time.perf_counter()
+    client.load_collection(name)
+    t["load"] = time.perf_counter() - t0
+    return t
+
+
+def alias_target(client: Any, alias: str) -> str | None:
+    """The collection behind ``alias``, None when there is no such alias (asked via the list,
+    because describe_alias on a missing alias logs a traceback at ERROR level)."""
+    if alias not in client.list_aliases().get("aliases", []):
+        return None
+    return client.describe_alias(alias)["collection_name"]
+
+
+def ensure_loaded(client: Any, name: str) -> None:
+    """Load a collection (or an alias's collection) unless it is loaded: Milvus Lite starts every
+    process with all collections released, so a reader must load before searching."""
+    from pymilvus.client.types import LoadState
+
+    if client.get_load_state(name)["state"] != LoadState.Loaded:
+        client.load_collection(name)
+
+
+def point_alias(client: Any, alias: str, collection: str) -> None:
+    if alias_target(client, alias) is None:
+        client.create_alias(collection, alias)
+    else:
+        client.alter_alias(collection, alias)
+
+
+def drop(client: Any, collections: list[str]) -> list[str]:
+    dropped = [c for c in collections if client.has_collection(c)]
+    for c in dropped:
+        client.drop_collection(c)
+    return dropped

@@ -1,0 +1,293 @@
+"""`hir publish`: a validated export -> Feast + Milvus, switched in only when fully staged.
+
+Reads ``paths.embeddings_dir`` (only with a passing ``paths.validation_dir/result.json`` bound
+to the files' sha256), writes the serving state under ``publish.store_dir`` (stable across runs:
+Feast registry + online store, Milvus Lite dir, one working copy of feature_repo/ per version,
+``live.json``) and the run's ``paths.publish_dir/manifest.json``.
+
+Order: stage everything under new names (serving copy of the parquet, feast apply, materialize,
+Milvus insert/flush/index/load/sanity search) while the previous version keeps serving; then
+switch the Milvus aliases and the live FeatureService and commit ``live.json``; then retire
+versions beyond ``publish.keep_versions``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from hir.errors import HirError
+from hir.progress import progress_steps
+from hir.publish import faults, feast_store, milvus_store, switch
+from hir.publish.live import now_iso, read_state, slug, store_lock, write_state
+from hir.validate.binding import require_validated
+
+log = logging.getLogger(__name__)
+
+MANIFEST = "manifest.json"
+
+
+def safe_name(name: str) -> str:
+    """Feast projects and Milvus names: letters, digits, underscores."""
+    return re.sub(r"[^0-9A-Za-z_]", "_", name)
+
+
+def _older(created: str | None, than: str | None) -> bool:
+    if not created or not than:
+        return False
+    return datetime.fromisoformat(created) < datetime.fromisoformat(than)
+
+
+def _write_manifest(publish_dir: Path, manifest: dict[str, Any]) -> Path:
+    publish_dir.mkdir(parents=True, exist_ok=True)
+    path = publish_dir / MANIFEST
+    path.write_text(json.dumps(manifest, indent=2, default=str))
+    return path
+
+
+def run(cfg: DictConfig) -> dict[str, Any]:
+    """Hydra entry: publish ``paths.embeddings_dir`` into ``publish.store_dir``."""
+    emb_dir, val_dir = Path(cfg.paths.embeddings_dir), Path(cfg.paths.validation_dir)
+    publish_dir = Path(cfg.paths.publish_dir)
+    pcfg = cfg.publish
+    store_dir = Path(pcfg.store_dir).resolve()
+    result = require_validated(emb_dir, val_dir)  # refuses failed, unvalidated or edited files
+    version, created = result["model_version"], result.get("created")
+    with store_lock(store_dir, "publish"):
+        state = read_state(store_dir)
+        recover(cfg, state)
+        live = state["versions"].get(state["live"]) if state["live"] else None
+        if live and live["version"] == version:
+            if live["hashes"] != result["files"]:
+                raise HirError(
+                    f"model_version {version!r} is live in {store_dir} with different content (the export files' "
+                    "sha256 differ); a version is immutable once published: export under a new model_version"
+                )
+            msg = f"version {version!r} is already live in {store_dir}; nothing to publish"
+            log.info("%s", msg)
+            print(msg)
+            _write_manifest(publish_dir, {**live["manifest"], "noop": True})
+            return {"version": version, "noop": True, "store_dir": str(store_dir)}
+        if live and _older(created, live.get("created")) and not pcfg.allow_rollback:
+            raise HirError(
+                f"model_version {version!r} (created {created}) is older than the live {live['version']!r} "
+                f"(created {live['created']}); publishing it is a rollback: add publish.allow_rollback=true"
+            )
+        manifest = publish_version(cfg, state, store_dir, emb_dir, result)
+    path = _write_manifest(publish_dir, manifest)
+    print(f"published {version!r}: feast service {manifest['feast']['feature_service']} "
+          f"(live: {manifest['feast']['live_feature_service']}), milvus aliases {manifest['milvus']['aliases']}; "
+          f"manifest {path}")
+    return {"version": version, "noop": False, "rows": manifest["rows"], "timings_s": manifest["timings_s"],
+            "materialize_rows_per_s": manifest["feast"]["materialize_rows_per_s"],
+            "sanity": manifest["milvus"]["sanity"], "store_dir": str(store_dir)}
+
+
+def recover(cfg: DictConfig, state: dict[str, Any]) -> list[str]:
+    """Undo a switch that a SIGKILL interrupted: every alias and the live service back to what
+    live.json says. Returns what was repaired (empty almost always)."""
+    repos = [Path(e["manifest"]["feast"]["repo_path"]) for e in
+             sorted(state["versions"].values(), key=lambda e: e["slug"] != state["live"])]
+    repo = next((r for r in repos if (r / "feature_store.yaml").exists()), None)
+    if repo is None:  # nothing was ever applied here
+        return []
+    types = sorted({t for e in state["versions"].values() for t in e["manifest"]["milvus"]["collections"]})
+    client = milvus_store.connect(cfg.publish.milvus.uri, cfg.publish.milvus.token)
+    try:
+        return switch.recover(state, client, feast_store.open_store(repo), safe_name(cfg.publish.milvus.prefix),
+                              cfg.publish.feast.feature_service, types)
+    finally:
+        milvus_store.disconnect(client, cfg.publish.milvus.uri)
+
+
+@dataclass
+class _Job:
+    """One version being published: what the phases share."""
+
+    cfg: DictConfig
+    state: dict[str, Any]
+    store_dir: Path
+    version: str
+    slug: str
+    service: str
+    prefix: str
+    tables: dict[str, dict[str, Any]]
+    windows: dict[str, tuple[datetime, datetime]]
+    rows: dict[str, int]
+    repo: Path
+    manifest: dict[str, Any]
+    entry: dict[str, Any]
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def publish_version(cfg: DictConfig, state: dict[str, Any], store_dir: Path, emb_dir: Path,
+                    result: dict[str, Any]) -> dict[str, Any]:
+    """Stage, switch, commit and retire; returns the manifest of the new live version."""
+    pcfg = cfg.publish
+    with progress_steps("publish", 6) as step:
+        t0 = time.perf_counter()
+        job = _prepare(cfg, state, store_dir, emb_dir, result)
+        job.timings["stage_files"] = time.perf_counter() - t0
+        step("feast apply")
+        store = feast_store.open_store(job.repo)
+        client = milvus_store.connect(pcfg.milvus.uri, pcfg.milvus.token)
+        try:
+            _phases(job, store, client, step)
+        finally:
+            milvus_store.disconnect(client, pcfg.milvus.uri)
+    job.manifest["timings_s"] = {k: round(v, 3) for k, v in job.timings.items()}
+    state["versions"][job.slug]["manifest"] = job.manifest
+    write_state(store_dir, state)
+    log.info("published %s: rows %s, timings %s", job.version, job.rows, job.manifest["timings_s"])
+    return job.manifest
+
+
+def _prepare(cfg: DictConfig, state: dict[str, Any], store_dir: Path, emb_dir: Path, result: dict[str, Any]) -> _Job:
+    """Serving copies of the parquet, the working copy of feature_repo/ and a ``staged`` entry in
+    live.json (which still names the previous live version): nothing that is served changes."""
+    pcfg = cfg.publish
+    version, sl = result["model_version"], slug(result["model_version"])
+    service, prefix = pcfg.feast.feature_service, safe_name(pcfg.milvus.prefix)
+    prior = state["versions"].get(sl)
+    if prior and prior["status"] == "kept" and prior["hashes"] != result["files"]:
+        raise HirError(f"model_version {version!r} is kept in {store_dir} with different content; a version is "
+                       "immutable once published: export under a new model_version")
+    vdir = store_dir / "versions" / sl
+    emb_meta = json.loads((emb_dir / "meta.json").read_text())
+    levels = len(emb_meta.get("levels", []))
+    tables, windows, rows = {}, {}, {}
+    for path in sorted(emb_dir.glob("*.parquet")):
+        etype = path.stem
+        n = feast_store.names(etype, sl, service)
+        dst = vdir / "data" / f"{etype}.parquet"
+        stats = feast_store.serving_copy(path, dst, n["join_key"])
+        tables[etype] = {**{k: n[k] for k in ("view", "source", "push_source", "join_key")}, "path": str(dst),
+                         "levels": levels}
+        windows[etype] = (stats["ts_min"], stats["ts_max"])
+        rows[etype] = stats["rows"]
+    served = [t for t in pcfg.feast.service_types if t in tables]
+    if not served:
+        raise HirError(f"publish.feast.service_types={list(pcfg.feast.service_types)} names no entity type of "
+                       f"this export ({sorted(tables)}); list the types a ranker reads together")
+    spec = {"version": version, "slug": sl, "feature_service": f"{service}_{sl}", "service_types": served,
+            "tables": tables}
+    # null keys are dropped, so a config overriding the store type can unset the other type's keys
+    online = {k: v for k, v in OmegaConf.to_container(pcfg.feast.online_store, resolve=True).items() if v is not None}
+    (store_dir / "feast").mkdir(parents=True, exist_ok=True)
+    repo = feast_store.write_working_copy(Path(pcfg.feast.repo_template), vdir / "feature_repo",
+                                          safe_name(pcfg.feast.project), store_dir / "feast" / "registry.db", online, spec)
+    milvus_cfg = OmegaConf.to_container(pcfg.milvus, resolve=True)
+    manifest = _manifest(cfg, store_dir, repo, spec, rows, result, prefix, milvus_cfg, online)
+    manifest |= {"levels": emb_meta.get("levels", []), "top_k": emb_meta.get("top_k")}
+    entry = {"version": version, "slug": sl, "created": result.get("created"), "status": "staged",
+             "staged_at": now_iso(), "hashes": result["files"], "manifest": manifest}
+    if prior and prior["status"] == "kept":  # a rollback target stays kept until this succeeds
+        entry["live_at"] = prior.get("live_at")
+    state["versions"][sl] = {**entry, "status": "kept" if prior and prior["status"] == "kept" else "staged"}
+    write_state(store_dir, state)
+    return _Job(cfg, state, store_dir, version, sl, service, prefix, tables, windows, rows, repo, manifest, entry)
+
+
+def _phases(job: _Job, store: Any, client: Any, step: Any) -> None:
+    """feast apply -> materialize -> milvus (insert, index, load, sanity) -> switch -> retire."""
+    pcfg, t, manifest = job.cfg.publish, job.timings, job.manifest
+    milvus_cfg = OmegaConf.to_container(pcfg.milvus, resolve=True)
+    faults.point("feast_apply")
+    t0 = time.perf_counter()
+    feast_store.apply(store, feast_store.load_definitions(job.repo))
+    t["feast_apply"] = time.perf_counter() - t0
+    step("feast materialize")
+
+    faults.point("feast_materialize")
+    t0 = time.perf_counter()
+    per_type = feast_store.materialize(store, {e: tab["view"] for e, tab in job.tables.items()}, job.windows)
+    t["feast_materialize"] = time.perf_counter() - t0
+    manifest["feast"]["materialize_s"] = {k: round(v, 3) for k, v in per_type.items()}
+    manifest["feast"]["materialize_rows_per_s"] = round(sum(job.rows.values()) / max(t["feast_materialize"], 1e-9), 1)
+    step("milvus")
+
+    faults.point("milvus_insert")
+    t0 = time.perf_counter()
+    sanity, stage_s, ties = {}, {}, {}
+    for etype, tab in job.tables.items():
+        data = milvus_store.read_table(Path(tab["path"]), tab["join_key"])
+        ties[etype] = milvus_store.break_ties(data, float(milvus_cfg["tie_break"]))
+        coll = manifest["milvus"]["collections"][etype]
+        stage_s[etype] = milvus_store.stage(client, coll, data, etype, job.version, milvus_cfg)
+        faults.point("milvus_sanity")
+        sanity[etype] = milvus_store.sanity_search(client, coll, data, int(pcfg.sanity.queries),
+                                                   dict(milvus_cfg["search_params"]), float(pcfg.sanity.min_self_hit))
+    t["milvus"] = time.perf_counter() - t0
+    manifest["milvus"]["sanity"] = sanity
+    manifest["milvus"]["tie_broken_rows"] = ties
+    manifest["milvus"]["stage_s"] = {e: {k: round(v, 3) for k, v in d.items()} for e, d in stage_s.items()}
+    step("switch")
+
+    faults.point("switch")
+    t0 = time.perf_counter()
+    manifest["published_at"] = now_iso()
+    manifest["timings_s"] = {k: round(v, 3) for k, v in t.items()}
+    job.entry["manifest"] = manifest
+    switch.switch(job.state, job.store_dir, client, store, job.entry, job.service)
+    t["switch"] = time.perf_counter() - t0
+    step("retire old versions")
+
+    t0 = time.perf_counter()
+    try:
+        faults.point("cleanup")
+        manifest["retired"] = switch.retire(job.state, job.store_dir, client, store, int(pcfg.keep_versions),
+                                            job.service)
+    except Exception as err:  # the new version is live; leftovers are retried by the next publish
+        log.warning("retiring old versions failed (%s); the next publish retries", err)
+        manifest["retired"] = []
+    t["retire"] = time.perf_counter() - t0
+
+
+def _manifest(cfg: DictConfig, store_dir: Path, repo: Path, spec: dict[str, Any], rows: dict[str, int],
+              result: dict[str, Any], prefix: str, milvus_cfg: dict[str, Any], online: dict[str, Any]) -> dict[str, Any]:
+    """What was published where. The keys ``version``, ``feast.repo_path``, ``feast.feature_service``,
+    ``feast.feature_views``, ``milvus.uri`` and ``milvus.aliases`` are the contract for readers."""
+    pcfg = cfg.publish
+    sl, tables = spec["slug"], spec["tables"]
+    return {
+        "version": spec["version"],
+        "slug": sl,
+        "created": result.get("created"),
+        "dataset": OmegaConf.select(cfg, "data.name", default=None),
+        "store_dir": str(store_dir),
+        "source": {"embeddings_dir": result["embeddings_dir"], "files": result["files"],
+                   "validated_at": result["validated_at"]},
+        "rows": rows,
+        "dim": result.get("dim"),
+        "feast": {
+            "repo_path": str(repo),
+            "project": safe_name(pcfg.feast.project),
+            "feature_service": spec["feature_service"],
+            "live_feature_service": pcfg.feast.feature_service,
+            "service_types": spec["service_types"],
+            "feature_views": {e: t["view"] for e, t in tables.items()},
+            "push_sources": {e: t["push_source"] for e, t in tables.items()},
+            "entities": {e: {"name": e, "join_key": t["join_key"]} for e, t in tables.items()},
+            "offline_files": {e: t["path"] for e, t in tables.items()},
+            "offline_store": "duckdb",
+            "online_store": online,
+            "levels": next(iter(tables.values()))["levels"] if tables else 0,
+        },
+        "milvus": {
+            "uri": milvus_cfg["uri"],
+            "aliases": {e: milvus_store.alias_name(prefix, e) for e in tables},
+            "collections": {e: milvus_store.collection_name(prefix, e, sl) for e in tables},
+            "index": {"index_type": milvus_cfg["index_type"], "metric_type": milvus_cfg["metric_type"],
+                      "params": milvus_cfg["index_params"]},
+            "search_params": milvus_cfg["search_params"],
+        },
+        "refreshes": [],
+    }

@@ -1,0 +1,113 @@
+"""Moving the live pointers (Milvus aliases, the unversioned Feast service), undoing a switch
+that a crash interrupted, and retiring old versions.
+
+The switch is the only non-atomic window of a publish (a few alias updates and one registry
+write, milliseconds): an error inside it restores the previous pointers before re-raising; a
+SIGKILL inside it leaves them mixed until the next `hir publish`/`hir refresh`, which first
+restores every pointer to what ``live.json`` (the commit record) says.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+from typing import Any
+
+from hir.publish import faults, feast_store, milvus_store
+from hir.publish.live import now_iso, write_state
+
+log = logging.getLogger(__name__)
+
+
+def _restore(client: Any, store: Any, aliases: dict[str, str | None], service: str,
+             views: dict[str, str] | None, version: str | None) -> None:
+    """Point every alias and the service back to ``aliases``/``views`` (None = did not exist)."""
+    for alias, target in aliases.items():
+        current = milvus_store.alias_target(client, alias)
+        if target is None and current is not None:
+            client.drop_alias(alias)
+        elif target is not None and current != target:
+            milvus_store.point_alias(client, alias, target)
+    if views is None:
+        if feast_store.service_views(store, service) is not None:
+            store.delete_feature_service(service)
+    elif feast_store.service_views(store, service) != views:
+        store.apply([feast_store.live_service(store, service, views, version or "")])
+
+
+def recover(state: dict[str, Any], client: Any, store: Any, prefix: str, service: str,
+            entity_types: list[str]) -> list[str]:
+    """Make the aliases of ``entity_types`` and the live service match ``live.json``; returns
+    what was repaired (empty when nothing had to be)."""
+    live = state["versions"].get(state["live"]) if state["live"] else None
+    manifest = live["manifest"] if live else None
+    types = set(entity_types) | set((manifest or {}).get("milvus", {}).get("collections", {}))
+    want = {milvus_store.alias_name(prefix, t): (manifest or {}).get("milvus", {}).get("collections", {}).get(t)
+            for t in sorted(types)}
+    views = {t: manifest["feast"]["feature_views"][t] for t in manifest["feast"]["service_types"]} if manifest else None
+    repaired = [a for a, target in want.items() if milvus_store.alias_target(client, a) != target]
+    if feast_store.service_views(store, service) != views:
+        repaired.append(f"feast service {service}")
+    if repaired:
+        log.warning("repairing a switch interrupted by a crash: %s back to live version %s", repaired,
+                    live["version"] if live else None)
+        _restore(client, store, want, service, views, live["version"] if live else None)
+    return repaired
+
+
+def switch(state: dict[str, Any], store_dir: Path, client: Any, store: Any, entry: dict[str, Any],
+           service: str) -> None:
+    """Point aliases and the live service at ``entry`` and commit ``live.json``; on any error
+    put the previous pointers back and re-raise."""
+    manifest = entry["manifest"]
+    aliases = manifest["milvus"]["aliases"]
+    before = {a: milvus_store.alias_target(client, a) for a in aliases.values()}
+    views_before = feast_store.service_views(store, service)
+    old = state["live"]
+    try:
+        for i, (etype, alias) in enumerate(sorted(aliases.items())):
+            milvus_store.point_alias(client, alias, manifest["milvus"]["collections"][etype])
+            if i == 0:
+                faults.point("switch_milvus")
+        faults.point("switch_feast")
+        served = {t: manifest["feast"]["feature_views"][t] for t in manifest["feast"]["service_types"]}
+        store.apply([feast_store.live_service(store, service, served, entry["version"])])
+        faults.point("commit")
+        at = now_iso()
+        if old and old in state["versions"]:
+            state["versions"][old]["status"] = "kept"
+        entry.update(status="live", live_at=at)
+        state["versions"][entry["slug"]] = entry
+        state["live"] = entry["slug"]
+        state["history"].append({"at": at, "event": "publish", "version": entry["version"],
+                                 "previous": state["versions"][old]["version"] if old else None})
+        write_state(store_dir, state)
+    except BaseException:
+        log.error("switch to %s failed; restoring the previous pointers", entry["version"])
+        old_version = state["versions"][old]["version"] if old else None
+        _restore(client, store, before, service, views_before, old_version)
+        raise
+
+
+def retire(state: dict[str, Any], store_dir: Path, client: Any, store: Any, keep: int, service: str) -> list[str]:
+    """Keep the live version and the ``keep - 1`` most recently live before it; drop every other
+    version (older kept ones and abandoned staged ones): collections, Feast objects, files."""
+    ever_live = sorted((e for e in state["versions"].values() if e["status"] in ("live", "kept")),
+                       key=lambda e: e.get("live_at") or "", reverse=True)
+    keep_slugs = {state["live"], *(e["slug"] for e in ever_live[: max(keep, 1)])}
+    retired = []
+    for slug, entry in state["versions"].items():
+        if slug in keep_slugs or entry["status"] == "retired":
+            continue
+        manifest = entry["manifest"]
+        milvus_store.drop(client, list(manifest["milvus"]["collections"].values()))
+        tables = {t: feast_store.names(t, slug, service) for t in manifest["feast"]["feature_views"]}
+        feast_store.drop_version(store, tables, manifest["feast"]["feature_service"])
+        shutil.rmtree(Path(store_dir) / "versions" / slug, ignore_errors=True)
+        entry.update(status="retired", retired_at=now_iso())
+        retired.append(entry["version"])
+    if retired:
+        write_state(store_dir, state)
+        log.info("retired versions %s (publish.keep_versions=%d)", retired, keep)
+    return retired

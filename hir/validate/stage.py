@@ -1,0 +1,238 @@
+"""`hir validate`: run the graph and embedding suites, write result.json + data docs, gate.
+
+Writes under ``paths.validation_dir``: ``result.json`` (success, every failure, drift, and the
+sha256 of each export file it checked — `hir publish` accepts only files bound to a passing
+result), ``data_docs/index.html`` (GE's HTML report) and ``tables/`` (the derived tables GE
+checked, plus GE's raw checkpoint result). Exits non-zero (HirError) with one line per failed
+expectation: table, column, check, observed value, example ids.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+from omegaconf import DictConfig, OmegaConf
+
+from hir.data.schema import relation_types
+from hir.errors import HirError, InputError
+from hir.progress import progress_steps
+from hir.publish.live import live_entry
+from hir.validate import views
+from hir.validate.binding import RESULT_FILE, export_hashes, read_result, sha256
+from hir.validate.drift import drift_summary, drift_view
+
+log = logging.getLogger(__name__)
+
+# docs/contracts.md, embeddings/<type>.parquet (per-level columns are added per level)
+EMBEDDING_COLUMNS = {
+    "entity_id": "str", "node_id": "int", "entity_type": "str", "embedding": "list<float>", "cold_start": "bool",
+    "model_version": "str", "event_timestamp": "datetime", "created": "datetime",
+}
+
+
+class ValidationFailed(HirError):
+    """At least one expectation failed; the message lists them."""
+
+
+def _read_json(path: Path, fix: str) -> dict[str, Any]:
+    if not path.exists():
+        raise InputError(f"{path} does not exist; {fix}")
+    return json.loads(path.read_text())
+
+
+def _utc(value: str | datetime) -> datetime:
+    ts = datetime.fromisoformat(value) if isinstance(value, str) else value
+    return ts.replace(tzinfo=UTC) if ts.tzinfo is None else ts.astimezone(UTC)
+
+
+def _stage_set(cfg: DictConfig, graph_meta: dict[str, Any]) -> list[str]:
+    """validate.graph.stages, else the dataset's configured stage order, else meta.json's."""
+    for key in ("validate.graph.stages", "data.stage_order", "data.adapter.stage_order"):
+        value = OmegaConf.select(cfg, key, default=None)
+        if value:
+            return list(value)
+    return list(graph_meta["stage_order"])
+
+
+def graph_tables(graph_dir: Path, meta: dict[str, Any], stages: list[str], ts_min: datetime, ts_max: datetime,
+                 split_share: dict[str, tuple[float, float]], max_quarantine: float) -> list:
+    """The prepared snapshot's tables and their suites."""
+    from hir.validate import suites
+
+    nodes: dict[str, int] = {t: int(n) for t, n in meta["nodes"].items()}
+    bounds = {k: _utc(v) for k, v in meta["split_bounds"].items()}
+    events = pl.scan_parquet(graph_dir / "events.parquet")
+    tables = [
+        suites.events_table(views.events_view(events, nodes, bounds), stages, ts_min, ts_max),
+        suites.splits_table(views.split_view(events), split_share),
+        suites.sources_table(views.sources_view(meta), max_quarantine),
+    ]
+    for etype, n in nodes.items():
+        frame = pl.read_parquet(graph_dir / "nodes" / f"{etype}.parquet", columns=["node_id", "key"])
+        tables.append(suites.nodes_table(etype, frame, n))
+    for path in sorted((graph_dir / "edges").glob("*.parquet")):
+        src, dst = relation_types(path.stem)
+        view = views.edges_view(pl.scan_parquet(path), nodes.get(src, 0), nodes.get(dst, 0))
+        tables.append(suites.edges_table(path.stem, view, stages))
+    return tables
+
+
+def embedding_tables(
+    emb_dir: Path, emb_meta: dict[str, Any], graph_dir: Path, graph_meta: dict[str, Any], expected_dim: int,
+    vcfg: DictConfig, previous: dict[str, Any] | None,
+) -> tuple[list, dict[str, Any]]:
+    """Suites for every ``embeddings/<type>.parquet`` and ``meta.json``; returns (tables, report):
+    the report holds ``drift`` per type and ``duplicate_share`` (rows with an exact twin) per type."""
+    from hir.validate import suites
+
+    levels: list[int] = [int(v) for v in emb_meta.get("levels", [])]
+    top_k = emb_meta.get("top_k")
+    test_start = _utc(graph_meta["split_bounds"]["test_start"])
+    expected = dict(EMBEDDING_COLUMNS)
+    for k in range(len(levels)):
+        expected |= {f"tokens_l{k}": "list<int>", f"weights_l{k}": "list<float>"}
+    files = {p.stem: p for p in sorted(emb_dir.glob("*.parquet"))}
+    counts: dict[str, int] = {t: int(n) for t, n in (emb_meta.get("counts") or {}).items()}
+    tables, drift, meta_rows, duplicates = [], {}, [], {}
+    for etype in sorted(set(files) | set(counts)):
+        n_rows = None
+        if etype in files:
+            frame = pl.read_parquet(files[etype])
+            n_rows = frame.height
+            tables.append(suites.embedding_schema_table(etype, views.schema_view(dict(frame.schema), expected)))
+        meta_rows.append({"id": etype, "dim": int(emb_meta.get("dim", -1)), "count_ok": n_rows == counts.get(etype),
+                          "file_ok": etype in files and etype in counts, "type_ok": etype in graph_meta["nodes"]})
+        if etype not in files or "entity_id" not in frame.columns or etype not in graph_meta["nodes"]:
+            continue
+        graph_nodes = pl.read_parquet(graph_dir / "nodes" / f"{etype}.parquet", columns=["node_id", "key", "first_seen"])
+        view = views.embedding_view(frame, graph_nodes, len(levels))
+        tables.append(suites.embedding_table(
+            etype, view, int(graph_meta["nodes"][etype]), expected_dim, levels, top_k,
+            str(emb_meta.get("model_version")), vcfg.embeddings.norm_tolerance, vcfg.embeddings.weight_sum_tolerance,
+            vcfg.embeddings.max_duplicate_share,
+        ))
+        duplicates[etype] = round(1 - float(view["emb_distinct"].mean()), 6) if "emb_distinct" in view.columns else None
+        cover = views.coverage_view(graph_nodes, view, test_start)
+        tables.append(suites.coverage_table(etype, cover, vcfg.embeddings.min_cold_start_coverage))
+        prev_file = ((previous or {}).get("feast", {}).get("offline_files") or {}).get(etype)
+        if prev_file and Path(prev_file).exists():
+            join_key = previous["feast"]["entities"][etype]["join_key"]
+            prev = pl.read_parquet(prev_file).rename({join_key: "entity_id"})
+            dview = drift_view(frame, prev, len(levels))
+            drift[etype] = drift_summary(dview, frame.height)
+            gate = suites.drift_table(etype, dview, vcfg.drift.min_mean_cosine, vcfg.drift.min_mean_jaccard,
+                                      vcfg.examples)
+            if gate is not None:
+                tables.append(gate)
+    tables.append(suites.meta_table(pl.DataFrame(meta_rows, schema={"id": pl.String, "dim": pl.Int64,
+                  "count_ok": pl.Boolean, "file_ok": pl.Boolean, "type_ok": pl.Boolean}), expected_dim))
+    return tables, {"drift": drift, "duplicate_share": duplicates}
+
+
+def _summary(result: dict[str, Any]) -> str:
+    fails = result["failures"]
+    head = (f"validation {'passed' if result['success'] else 'FAILED'}: {result['evaluated'] - len(fails)}/"
+            f"{result['evaluated']} expectations passed for model_version {result['model_version']!r}")
+    lines = [head, *(f"  FAIL {f['table']} | column {f['column']} | {f['check']} ({f['expectation']}): "
+                     f"{f['observed']}" + (f"; e.g. ids {', '.join(f['examples'])}" if f["examples"] else "")
+                     for f in fails)]
+    dup = {t: v for t, v in (result.get("duplicate_share") or {}).items() if v}
+    if dup:
+        lines.append("  rows sharing their exact vector with another row: " +
+                     ", ".join(f"{t} {v:.1%}" for t, v in sorted(dup.items())))
+    for etype, d in (result.get("drift") or {}).items():
+        lines.append(f"  drift {etype} vs live {result['previous_version']!r}: " +
+                     ", ".join(f"{k}={v}" for k, v in d.items()))
+    if result.get("data_docs"):
+        lines.append(f"  data docs: {result['data_docs']}")
+    return "\n".join(lines)
+
+
+def run(cfg: DictConfig) -> dict[str, Any]:
+    """Hydra entry: validate ``paths.graph_dir`` + ``paths.embeddings_dir`` into ``paths.validation_dir``."""
+    graph_dir, emb_dir = Path(cfg.paths.graph_dir), Path(cfg.paths.embeddings_dir)
+    val_dir = Path(cfg.paths.validation_dir)
+    vcfg = cfg.validate
+    graph_meta = _read_json(graph_dir / "meta.json", "run `hir prepare` first (or point paths.graph_dir at a snapshot)")
+    emb_meta = _read_json(emb_dir / "meta.json", "run `hir export` first (or point paths.embeddings_dir at an export)")
+    expected_dim = int(vcfg.embeddings.dim if vcfg.embeddings.dim is not None else emb_meta["dim"])
+    store_dir = OmegaConf.select(cfg, "publish.store_dir", default=None)
+    previous = live_entry(Path(store_dir)) if store_dir else None
+    prev_manifest = previous["manifest"] if previous and previous["version"] != emb_meta.get("model_version") else None
+    binding = {
+        "files": export_hashes(emb_dir),
+        "graph_meta_sha256": sha256(graph_dir / "meta.json"),
+        "config_sha256": hashlib.sha256(
+            json.dumps([OmegaConf.to_container(vcfg, resolve=True), expected_dim], sort_keys=True).encode()
+        ).hexdigest(),
+        "previous_version": prev_manifest["version"] if prev_manifest else None,
+    }
+    old = read_result(val_dir)
+    if old and not cfg.force and all(old.get(k) == v for k, v in binding.items()):
+        log.info("validation of these exact files exists at %s; reusing it (force=true re-runs)", val_dir / RESULT_FILE)
+        result = old
+    else:
+        result = _validate(cfg, graph_dir, emb_dir, val_dir, graph_meta, emb_meta, expected_dim, prev_manifest, binding)
+    summary = _summary(result)
+    if not result["success"]:
+        raise ValidationFailed(summary)  # the hir command logs and prints it
+    log.info("%s", summary)
+    print(summary)
+    keys = ("success", "evaluated", "model_version", "previous_version", "drift", "duplicate_share", "timings_s")
+    return {k: result.get(k) for k in keys}
+
+
+def _validate(cfg: DictConfig, graph_dir: Path, emb_dir: Path, val_dir: Path, graph_meta: dict, emb_meta: dict,
+              expected_dim: int, prev_manifest: dict | None, binding: dict[str, Any]) -> dict[str, Any]:
+    from hir.validate.checkpoint import run_checkpoint
+
+    vcfg = cfg.validate
+    g = vcfg.graph
+    ts_max = _utc(g.max_timestamp) if g.max_timestamp else datetime.now(UTC) + timedelta(days=1)
+    timings: dict[str, float] = {}
+    for sub in ("tables", "data_docs"):
+        shutil.rmtree(val_dir / sub, ignore_errors=True)
+    with progress_steps("validate", 3) as step:
+        t0 = time.perf_counter()
+        tables = graph_tables(graph_dir, graph_meta, _stage_set(cfg, graph_meta), _utc(g.min_timestamp), ts_max,
+                              {k: tuple(v) for k, v in g.split_share.items()}, g.max_quarantine_share)
+        timings["graph_tables"] = time.perf_counter() - t0
+        step("embedding tables")
+        t0 = time.perf_counter()
+        emb_tables, report = embedding_tables(emb_dir, emb_meta, graph_dir, graph_meta, expected_dim, vcfg, prev_manifest)
+        timings["embedding_tables"] = time.perf_counter() - t0
+        step("checkpoint")
+        t0 = time.perf_counter()
+        outcome = run_checkpoint([*tables, *emb_tables], val_dir / "tables", val_dir / "data_docs", vcfg.examples)
+        timings["checkpoint"] = time.perf_counter() - t0
+    created = emb_meta.get("created")
+    if created is None:  # not in every export's meta.json: the newest row's `created`
+        latest = pl.scan_parquet(sorted(emb_dir.glob("*.parquet"))).select(pl.col("created").max()).collect().item() \
+            if list(emb_dir.glob("*.parquet")) else None
+        created = latest.isoformat() if latest else None
+    result = {
+        **outcome.to_json(),
+        "validated_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "embeddings_dir": str(emb_dir.resolve()),
+        "graph_dir": str(graph_dir.resolve()),
+        "model_version": str(emb_meta.get("model_version")),
+        "created": created,
+        "dim": expected_dim,
+        "counts": emb_meta.get("counts"),
+        "drift": report["drift"],
+        "duplicate_share": report["duplicate_share"],
+        "timings_s": {k: round(v, 3) for k, v in timings.items()},
+        **binding,
+    }
+    val_dir.mkdir(parents=True, exist_ok=True)
+    (val_dir / RESULT_FILE).write_text(json.dumps(result, indent=2, default=str))
+    return result
+

@@ -1,0 +1,191 @@
+"""Derived per-row columns that Great Expectations can check.
+
+GE 1.24 cannot look inside list cells (its length expectations flag every row, its range
+expectations raise on lists; ../shared/STACK.md section 7), so every list property becomes a
+scalar column here: ``emb_len``, ``emb_finite``, ``emb_norm``, ``tok_min_l0`` ... Each view keeps
+an ``id`` column (the entity key, or the row number of an event/edge) so a failed expectation
+can name example rows. Pure functions of frames; no GE import.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from hir.data.schema import SPLITS, TS
+
+
+def as_lists(frame: pl.DataFrame) -> pl.DataFrame:
+    """Fixed-size ``Array`` columns (what some writers produce) as ``List``, so one code path
+    reads both."""
+    arrays = [c for c, t in frame.schema.items() if isinstance(t, pl.Array)]
+    return frame.with_columns(pl.col(c).cast(pl.List(frame.schema[c].inner)) for c in arrays) if arrays else frame
+
+
+def _finite(col: str) -> pl.Expr:
+    """True when the list is non-null and every element is a finite number."""
+    return pl.col(col).list.eval(pl.element().is_finite().fill_null(False)).list.all().fill_null(False)
+
+
+def embedding_view(frame: pl.DataFrame, graph_nodes: pl.DataFrame, n_levels: int) -> pl.DataFrame:
+    """One row per embedding row with scalar checks.
+
+    Args:
+        frame: an ``embeddings/<type>.parquet`` table (``embedding`` list<f32> (dim,),
+            ``tokens_l<k>`` list<i32> (top_k,), ``weights_l<k>`` list<f32> (top_k,)).
+        graph_nodes: the snapshot's ``nodes/<type>.parquet`` (``node_id``, ``key``).
+        n_levels: hierarchy levels to derive (only those whose columns exist are derived).
+
+    Returns:
+        ``id`` (entity_id), the scalar source columns, ``in_graph`` (the key exists in the
+        snapshot with the same node_id), ``emb_len``/``emb_finite``/``emb_norm``/``emb_distinct``
+        (no other row has the same vector) and per level
+        ``tok_len/tok_min/tok_max/tok_distinct/w_len_ok/w_sum/w_min/w_finite``.
+    """
+    frame = as_lists(frame)
+    cols = set(frame.columns)
+    exprs: list[pl.Expr] = [pl.col("entity_id").alias("id")]
+    exprs += [pl.col(c) for c in ("node_id", "entity_type", "model_version", "cold_start") if c in cols]
+    if "embedding" in cols:
+        emb = pl.col("embedding")
+        exprs += [
+            emb.list.len().alias("emb_len"),
+            _finite("embedding").alias("emb_finite"),
+            emb.list.eval(pl.element().cast(pl.Float64).pow(2)).list.sum().sqrt().alias("emb_norm"),
+            # another row has exactly this vector (the model could not tell the entities apart)
+            (~emb.is_duplicated() | emb.is_null()).alias("emb_distinct"),
+        ]
+    for k in range(n_levels):
+        tok, w = f"tokens_l{k}", f"weights_l{k}"
+        if tok in cols:
+            exprs += [
+                pl.col(tok).list.len().alias(f"tok_len_l{k}"),
+                pl.col(tok).list.min().alias(f"tok_min_l{k}"),
+                pl.col(tok).list.max().alias(f"tok_max_l{k}"),
+                (pl.col(tok).list.n_unique() == pl.col(tok).list.len()).alias(f"tok_distinct_l{k}"),
+            ]
+        if w in cols:
+            exprs += [
+                pl.col(w).list.eval(pl.element().cast(pl.Float64)).list.sum().alias(f"w_sum_l{k}"),
+                pl.col(w).list.min().cast(pl.Float64).alias(f"w_min_l{k}"),
+                _finite(w).alias(f"w_finite_l{k}"),
+            ]
+        if tok in cols and w in cols:
+            exprs.append((pl.col(w).list.len() == pl.col(tok).list.len()).fill_null(False).alias(f"w_len_ok_l{k}"))
+    view = frame.select(exprs)
+    if "node_id" in cols:
+        keys = graph_nodes.select(pl.col("key").cast(pl.String).alias("id"), pl.col("node_id").alias("_graph_node"))
+        view = view.join(keys, on="id", how="left", coalesce=True).with_columns(
+            (pl.col("_graph_node") == pl.col("node_id")).fill_null(False).alias("in_graph")
+        ).drop("_graph_node")
+    return view
+
+
+def coverage_view(graph_nodes: pl.DataFrame, emb_view: pl.DataFrame, test_start: object) -> pl.DataFrame:
+    """One row per snapshot entity: ``id`` (key), ``cold`` (first event in the test period),
+    ``has_row`` (the export has a row for it) and ``has_embedding`` (that row's embedding is
+    present and finite)."""
+    nodes = graph_nodes.select(
+        pl.col("key").cast(pl.String).alias("id"),
+        (pl.col("first_seen") >= pl.lit(test_start, TS)).fill_null(False).alias("cold"),
+    )
+    usable = emb_view.select("id", pl.col("emb_finite") if "emb_finite" in emb_view.columns else pl.lit(False))
+    usable = usable.rename({usable.columns[1]: "has_embedding"}).unique("id").with_columns(pl.lit(True).alias("has_row"))
+    return nodes.join(usable, on="id", how="left").with_columns(pl.col("has_row", "has_embedding").fill_null(False))
+
+
+def schema_view(frame_schema: dict[str, pl.DataType], expected: dict[str, str]) -> pl.DataFrame:
+    """One row per expected column: ``id`` (column name), ``present``, ``dtype``, ``dtype_ok``.
+
+    ``expected`` maps column -> a dtype family: ``str``, ``int``, ``bool``, ``datetime``,
+    ``list<float>``, ``list<int>``.
+    """
+    rows = []
+    for col, family in expected.items():
+        dtype = frame_schema.get(col)
+        rows.append({"id": col, "present": dtype is not None, "dtype": str(dtype), "expected": family,
+                     "dtype_ok": dtype is not None and _family(dtype) == family})
+    return pl.DataFrame(rows, schema={"id": pl.String, "present": pl.Boolean, "dtype": pl.String,
+                                      "expected": pl.String, "dtype_ok": pl.Boolean})
+
+
+def _family(dtype: pl.DataType) -> str:
+    if isinstance(dtype, pl.List | pl.Array):
+        inner = _family(dtype.inner)
+        return f"list<{inner}>"
+    if dtype.is_float():
+        return "float"
+    if dtype.is_integer():
+        return "int"
+    if dtype == pl.Boolean:
+        return "bool"
+    if isinstance(dtype, pl.Datetime):
+        return "datetime"
+    if dtype in (pl.String, pl.Categorical):
+        return "str"
+    return str(dtype)
+
+
+def _categorical(*cols: str) -> list[pl.Expr]:
+    """Low-cardinality text as Categorical: pandas reads it as `category`, which halves GE's time
+    on millions of event rows (set and null checks run on the codes)."""
+    return [pl.col(c).cast(pl.Categorical) for c in cols]
+
+
+def events_view(events: pl.LazyFrame, nodes: dict[str, int], bounds: dict[str, object]) -> pl.DataFrame:
+    """``graph/events.parquet`` with ``id`` (0-based row), and checks that the row's ids fall in
+    the snapshot's node ranges (``user_ok``, ``entity_ok``) and its split agrees with its
+    timestamp and the split bounds of meta.json (``split_ok``)."""
+    val_start, test_start = pl.lit(bounds["val_start"], TS), pl.lit(bounds["test_start"], TS)
+    expected_split = (
+        pl.when(pl.col("timestamp") >= test_start).then(pl.lit("test"))
+        .when(pl.col("timestamp") >= val_start).then(pl.lit("val"))
+        .otherwise(pl.lit("train"))
+    )
+    n_of_type = pl.col("entity_type").replace_strict(nodes, default=0, return_dtype=pl.Int64)
+    return (
+        events.with_row_index("id")
+        .select(
+            "id", "user_id", "entity_id", *_categorical("entity_type", "stage", "split"), "timestamp",
+            pl.col("user_id").is_between(0, nodes.get("user", 0) - 1).fill_null(False).alias("user_ok"),
+            ((pl.col("entity_id") >= 0) & (pl.col("entity_id") < n_of_type)).fill_null(False).alias("entity_ok"),
+            (pl.col("split") == expected_split).fill_null(False).alias("split_ok"),
+        )
+        .collect()
+    )
+
+
+def split_view(events: pl.LazyFrame) -> pl.DataFrame:
+    """``id`` (split name), ``events`` and ``share`` of all events, one row per split (zeros kept)."""
+    counts = events.group_by("split").agg(pl.len().alias("events")).collect()
+    total = max(int(counts["events"].sum()), 1)
+    have = dict(counts.iter_rows())
+    return pl.DataFrame(
+        {"id": list(SPLITS), "events": [int(have.get(s, 0)) for s in SPLITS]},
+        schema={"id": pl.String, "events": pl.Int64},
+    ).with_columns((pl.col("events") / total).alias("share"))
+
+
+def sources_view(meta: dict) -> pl.DataFrame:
+    """One row per input source of meta.json (events and entity tables) plus ``all events``:
+    ``quarantine_share`` and ``accounting_ok`` (input = kept + quarantined)."""
+    rows = []
+    for kind in ("sources", "entity_sources"):
+        for name, rep in (meta.get(kind) or {}).items():
+            rows.append((name, rep["input_rows"], rep["kept_rows"], rep["quarantined_rows"]))
+    rows.append(("all events", meta["input_rows"], meta["kept_rows"], meta["quarantined_rows"]))
+    return pl.DataFrame(rows, schema={"id": pl.String, "input_rows": pl.Int64, "kept_rows": pl.Int64,
+                                      "quarantined_rows": pl.Int64}, orient="row").with_columns(
+        (pl.col("quarantined_rows") / pl.col("input_rows").clip(lower_bound=1)).alias("quarantine_share"),
+        (pl.col("input_rows") == pl.col("kept_rows") + pl.col("quarantined_rows")).alias("accounting_ok"),
+    )
+
+
+def edges_view(edges: pl.LazyFrame, n_src: int, n_dst: int) -> pl.DataFrame:
+    """An edge table with ``id`` (0-based row) and ``src_ok``/``dst_ok`` (ids in node range)."""
+    names = edges.collect_schema().names()
+    extra = [c for c in ("stage", "split") if c in names]
+    return edges.with_row_index("id").select(
+        "id", "src_id", "dst_id", *_categorical(*extra),
+        pl.col("src_id").is_between(0, n_src - 1).fill_null(False).alias("src_ok"),
+        pl.col("dst_id").is_between(0, n_dst - 1).fill_null(False).alias("dst_ok"),
+    ).collect()

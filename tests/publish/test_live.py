@@ -1,0 +1,31 @@
+"""live.json and the store lock: small pieces the publish guarantees rest on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hir.errors import HirError
+from hir.publish.live import read_state, slug, store_lock, write_state
+
+
+def test_slug_keeps_safe_names_and_separates_unsafe_ones() -> None:
+    assert slug("v1") == "v1" and slug("20261129_abc") == "20261129_abc"
+    a, b = slug("2026-11-29/a"), slug("2026_11_29_a")
+    assert a != b and a.startswith("2026_11_29_a_") and set(a) <= set("0123456789abcdefghijklmnopqrstuvwxyz_")
+
+
+def test_state_round_trip_is_atomic(tmp_path: Path) -> None:
+    assert read_state(tmp_path) == {"format": 1, "live": None, "versions": {}, "history": []}
+    state = {"format": 1, "live": "v1", "versions": {"v1": {"version": "v1"}}, "history": []}
+    write_state(tmp_path, state)
+    assert read_state(tmp_path) == state and not list(tmp_path.glob("*.tmp"))
+
+
+def test_one_writer_per_store(tmp_path: Path) -> None:
+    with (store_lock(tmp_path, "publish"), pytest.raises(HirError, match=r"locked by hir publish \(pid \d+\)"),
+          store_lock(tmp_path, "refresh")):
+        pass
+    with store_lock(tmp_path, "refresh"):  # released when the holder leaves
+        pass

@@ -1,0 +1,30 @@
+"""Index-side details of the Milvus publish that need no server."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hir.publish.milvus_store import break_ties
+
+
+def test_break_ties_nudges_all_but_one_of_each_twin_group() -> None:
+    rng = np.random.default_rng(0)
+    v = rng.normal(size=(6, 8)).astype(np.float32)
+    v /= np.linalg.norm(v, axis=1, keepdims=True)
+    v[3] = v[4] = v[5] = v[0]  # a group of four identical vectors
+    data = {"vectors": v.copy()}
+    assert break_ties(data, 1e-3) == 3
+    out, group = data["vectors"], data["twin_group"]
+    assert len(np.unique(out, axis=0)) == 6                      # all distinct now
+    assert np.array_equal(out[[0, 1, 2]], v[[0, 1, 2]])          # first of a group and singletons untouched
+    assert np.all(out[[3, 4, 5]] @ v[0] > 0.9999)                # twins stay (almost) where they were
+    assert np.allclose(np.linalg.norm(out, axis=1), 1, atol=1e-6)
+    assert len(set(group[[0, 3, 4, 5]])) == 1 and len(set(group)) == 3
+
+
+def test_break_ties_off_or_without_twins_changes_nothing() -> None:
+    v = np.eye(4, dtype=np.float32)
+    data = {"vectors": v}
+    assert break_ties(data, 1e-3) == 0 and data["vectors"] is v
+    twins = {"vectors": np.ones((3, 4), np.float32) / 2}
+    assert break_ties(twins, 0.0) == 0 and len(set(twins["twin_group"])) == 1

@@ -1,0 +1,144 @@
+"""`hir publish` into Feast (duckdb offline, SQLite online) + Milvus Lite, read back with plain
+Feast calls and the retrieval helper. One published store is shared by the module."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import polars as pl
+import pytest
+
+from hir.publish import stage as publish
+from hir.publish.live import read_state
+from hir.validate import stage as validate
+from hir.validate.binding import NotValidated
+from tests.publish.conftest import assert_serving, export_run
+
+CREATED = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+@pytest.fixture(scope="module")
+def served(tiny_graph: Path, tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
+    base = tmp_path_factory.mktemp("served")
+    cfg = export_run(tiny_graph, base / "v1", "v1", created=CREATED)
+    validate.run(cfg)
+    metrics = publish.run(cfg)
+    manifest = json.loads((base / "v1" / "publish" / "manifest.json").read_text())
+    return SimpleNamespace(cfg=cfg, base=base, store_dir=base / "store", metrics=metrics, manifest=manifest,
+                           emb={t: pl.read_parquet(base / "v1" / "embeddings" / f"{t}.parquet") for t in ("user", "product")})
+
+
+def test_manifest_says_what_was_published_where(served: SimpleNamespace) -> None:
+    m = served.manifest
+    types = {"advertiser", "campaign", "category", "product", "user"}
+    assert m["version"] == "v1" and not served.metrics["noop"]
+    assert set(m["feast"]["feature_views"]) == types == set(m["milvus"]["aliases"])
+    assert m["feast"]["feature_service"] == "rankers_v1" and m["feast"]["live_feature_service"] == "rankers"
+    assert Path(m["feast"]["repo_path"], "feature_store.yaml").exists()
+    assert m["milvus"]["uri"] == str(served.store_dir / "milvus.db")
+    assert m["rows"]["product"] == served.emb["product"].height
+    assert all(s["self_hit"] >= 0.9 for s in m["milvus"]["sanity"].values())
+    assert read_state(served.store_dir)["live"] == "v1"
+    assert_serving(served.store_dir, "v1")
+
+
+def test_readme_snippet_online_and_point_in_time(served: SimpleNamespace) -> None:
+    """The README's snippet, verbatim apart from the manifest path and the ids."""
+    manifest_path = served.base / "v1" / "publish" / "manifest.json"
+    user, product = served.emb["user"]["entity_id"][5], served.emb["product"]["entity_id"][7]
+    t_known = CREATED + timedelta(days=1)
+    t_before = CREATED - timedelta(days=1)
+    # --- README snippet ---
+    import json
+
+    from feast import FeatureStore
+
+    manifest = json.loads(Path(manifest_path).read_text())
+    store = FeatureStore(repo_path=manifest["feast"]["repo_path"])
+    service = store.get_feature_service(manifest["feast"]["feature_service"])  # user + product, this version
+
+    online = store.get_online_features(
+        features=service, entity_rows=[{"user_id": user, "product_id": product}], full_feature_names=True,
+    ).to_dict()
+    # online["user__embedding"][0] -> 64 floats; online["product__tokens_l0"][0] -> top-k level-0 tokens
+
+    entity_df = pd.DataFrame({
+        "user_id": [user, user], "product_id": [product, product],
+        "event_timestamp": pd.to_datetime([t_known, t_before], utc=True),  # as of each row's time
+    })
+    training = store.get_historical_features(entity_df=entity_df, features=service, full_feature_names=True).to_df()
+    # --- end of snippet ---
+    u_row = served.emb["user"].filter(pl.col("entity_id") == user).row(0, named=True)
+    p_row = served.emb["product"].filter(pl.col("entity_id") == product).row(0, named=True)
+    np.testing.assert_allclose(online["user__embedding"][0], u_row["embedding"], rtol=1e-6)
+    np.testing.assert_allclose(online["product__embedding"][0], p_row["embedding"], rtol=1e-6)
+    assert online["product__tokens_l0"][0] == p_row["tokens_l0"]
+    np.testing.assert_allclose(online["user__weights_l1"][0], u_row["weights_l1"], rtol=1e-6)
+    assert online["user__model_version"] == ["v1"]
+
+    training = training.sort_values("event_timestamp").reset_index(drop=True)
+    assert len(training) == 2
+    assert training["product__model_version"].tolist()[0] is None  # before the version existed
+    assert training["product__model_version"].tolist()[1] == "v1"
+    np.testing.assert_allclose(training["user__embedding"][1], u_row["embedding"], rtol=1e-6)
+    assert list(training["product__tokens_l1"][1]) == p_row["tokens_l1"]
+
+    unknown = store.get_online_features(features=service, entity_rows=[{"user_id": "nope", "product_id": "nope"}],
+                                        full_feature_names=True).to_dict()
+    assert unknown["user__embedding"] == [None]
+
+
+def test_same_version_again_is_a_noop(served: SimpleNamespace, capsys: pytest.CaptureFixture) -> None:
+    history = len(read_state(served.store_dir)["history"])
+    metrics = publish.run(served.cfg)
+    assert metrics["noop"] and "already live" in capsys.readouterr().out
+    assert len(read_state(served.store_dir)["history"]) == history
+
+
+def test_retrieval_user_to_products_exact_and_filtered(served: SimpleNamespace) -> None:
+    from hir.publish.retrieval import Retriever
+
+    products = served.emb["product"]
+    vecs = np.stack(products["embedding"].to_numpy())
+    w0, t0 = products["weights_l0"].to_list(), products["tokens_l0"].to_list()
+    coarse = np.array([t[int(np.argmax(w))] for t, w in zip(t0, w0)])
+    user = served.emb["user"].row(3, named=True)
+    r = Retriever.live(served.store_dir)
+    try:
+        hits = r.for_user(user["entity_id"], "product", k=10)
+        exact = products["entity_id"].to_numpy()[np.argsort(-vecs @ np.asarray(user["embedding"]))[:10]]
+        assert len(hits) == 10 and len({h[0] for h in hits} & set(exact)) >= 9
+        assert [s for _, s in hits] == sorted((s for _, s in hits), reverse=True)
+        token = int(coarse[0])
+        filtered = r.for_user(user["entity_id"], "product", k=5, coarse_tokens=[token])
+        allowed = set(products["entity_id"].to_numpy()[coarse == token])
+        assert filtered and {h[0] for h in filtered} <= allowed
+    finally:
+        r.close()
+
+
+def test_drift_against_the_live_version_is_reported_and_gated(served: SimpleNamespace) -> None:
+    # same seed + noise: a refresh of v1 (cosine ~0.95 on shared ids, identical tokens)
+    cfg = export_run(Path(served.cfg.paths.graph_dir), served.base / "v2", "v2", "validate.drift.min_mean_cosine=0.99",
+                     created=CREATED + timedelta(days=1), noise=0.3)
+    with pytest.raises(validate.ValidationFailed, match=r"product\.parquet \(drift vs live\) \| column embedding \| "
+                                                        r"mean cosine to the live version >= 0\.99 "):
+        validate.run(cfg)
+    ok = export_run(Path(served.cfg.paths.graph_dir), served.base / "v2", "v2", "validate.drift.min_mean_cosine=0.9",
+                    "validate.drift.min_mean_jaccard=0.99", created=CREATED + timedelta(days=1), noise=0.3)
+    metrics = validate.run(ok)
+    assert metrics["previous_version"] == "v1"
+    d = metrics["drift"]["product"]
+    assert d["shared_share"] == 1.0 and 0.9 < d["mean_cosine"] < 0.99 and d["mean_jaccard_l0"] == 1.0
+
+
+def test_unvalidated_exports_are_refused(served: SimpleNamespace) -> None:
+    cfg = export_run(Path(served.cfg.paths.graph_dir), served.base / "v3", "v3", created=CREATED + timedelta(days=2))
+    with pytest.raises(NotValidated, match="no validation result"):
+        publish.run(cfg)
+    assert read_state(served.store_dir)["live"] == "v1"

@@ -1,0 +1,143 @@
+"""A publish that dies at any point leaves the previous version serving in Feast and Milvus, and a
+re-run completes; versions are immutable, rollbacks explicit, old versions retired.
+
+The tests of this module run in order on one store: v1 live -> failed attempts at v2 -> v2 ->
+an interrupted switch to v3 -> v3 -> rollback to v1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from hir.errors import HirError
+from hir.publish import faults, milvus_store, switch
+from hir.publish import stage as publish
+from hir.publish.live import read_state
+from hir.validate import stage as validate
+from tests.conftest import run_hir
+from tests.publish.conftest import TINY, assert_serving, export_run
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+# every point before the commit record is written; the full list runs with -m slow
+FAST_POINTS = ["feast_materialize", "milvus_sanity", "switch_milvus", "commit"]
+SLOW_POINTS = [p for p in faults.POINTS if p not in FAST_POINTS and p != "cleanup"]
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_graph: Path, tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
+    """v1 published; v2 and v3 exported and validated (validated before any publish, so the
+    drift report compares against v1 and stays valid)."""
+    base = tmp_path_factory.mktemp("reliability")
+    cfgs = {}
+    for i, version in enumerate(("v1", "v2", "v3")):
+        cfgs[version] = export_run(tiny_graph, base / version, version, created=T0 + timedelta(days=i), seed=i)
+    validate.run(cfgs["v1"])
+    publish.run(cfgs["v1"])
+    for v in ("v2", "v3"):
+        validate.run(cfgs[v])
+    return SimpleNamespace(cfg=cfgs, store_dir=base / "store", base=base)
+
+
+def _attempt(cfg, monkeypatch: pytest.MonkeyPatch, point: str) -> None:
+    monkeypatch.setenv(faults.FAIL_ENV, point)
+    with pytest.raises(faults.InjectedFailure):
+        publish.run(cfg)
+    monkeypatch.delenv(faults.FAIL_ENV)
+
+
+@pytest.mark.parametrize("point", FAST_POINTS)
+def test_failure_at_a_phase_leaves_previous_version_serving(runs, monkeypatch, point: str) -> None:
+    _attempt(runs.cfg["v2"], monkeypatch, point)
+    assert_serving(runs.store_dir, "v1")
+    assert read_state(runs.store_dir)["versions"]["v2"]["status"] == "staged"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point", SLOW_POINTS)
+def test_failure_at_every_other_phase_leaves_previous_version_serving(runs, monkeypatch, point: str) -> None:
+    _attempt(runs.cfg["v2"], monkeypatch, point)
+    assert_serving(runs.store_dir, "v1")
+
+
+def test_rerun_after_failures_completes(runs) -> None:
+    metrics = publish.run(runs.cfg["v2"])
+    assert not metrics["noop"] and metrics["version"] == "v2"
+    assert_serving(runs.store_dir, "v2")
+    state = read_state(runs.store_dir)
+    assert state["versions"]["v1"]["status"] == "kept"       # keep_versions=2: v1 stays for a rollback
+    assert [h["version"] for h in state["history"]] == ["v1", "v2"]
+
+
+def test_switch_interrupted_by_a_kill_is_repaired_then_completed(runs, monkeypatch) -> None:
+    """A SIGKILL between two alias flips leaves the pointers mixed (no error handler runs); the
+    next publish first restores what live.json says, then finishes."""
+    monkeypatch.setattr(switch, "_restore", lambda *a, **k: None)  # what a kill skips
+    _attempt(runs.cfg["v3"], monkeypatch, "switch_milvus")
+    monkeypatch.undo()
+    state = read_state(runs.store_dir)
+    assert state["live"] == "v2"
+    v3 = state["versions"]["v3"]["manifest"]
+    client = milvus_store.connect(v3["milvus"]["uri"])
+    mixed = {t: milvus_store.alias_target(client, a) for t, a in v3["milvus"]["aliases"].items()}
+    milvus_store.disconnect(client, v3["milvus"]["uri"])
+    v2 = state["versions"]["v2"]["manifest"]["milvus"]["collections"]
+    assert mixed == {**v2, "advertiser": v3["milvus"]["collections"]["advertiser"]}  # only the first alias moved
+
+    repaired = publish.recover(runs.cfg["v3"], read_state(runs.store_dir))
+    assert repaired == [v3["milvus"]["aliases"]["advertiser"]]
+    assert_serving(runs.store_dir, "v2")
+
+    publish.run(runs.cfg["v3"])
+    assert_serving(runs.store_dir, "v3")
+    state = read_state(runs.store_dir)
+    assert state["versions"]["v1"]["status"] == "retired" and state["versions"]["v2"]["status"] == "kept"
+    v1 = state["versions"]["v1"]["manifest"]
+    client = milvus_store.connect(v3["milvus"]["uri"])
+    assert not any(client.has_collection(c) for c in v1["milvus"]["collections"].values())
+    milvus_store.disconnect(client, v3["milvus"]["uri"])
+    assert not Path(v1["feast"]["repo_path"]).exists()
+    from feast import FeatureStore
+
+    store = FeatureStore(repo_path=v3["feast"]["repo_path"])
+    views = {fv.name for fv in store.list_feature_views()}
+    assert views == set(v3["feast"]["feature_views"].values()) | set(state["versions"]["v2"]["manifest"]["feast"]["feature_views"].values())
+
+
+def test_versions_are_immutable_and_rollback_is_explicit(runs) -> None:
+    # v1 (created before the live v3) needs the flag
+    with pytest.raises(HirError, match="allow_rollback=true"):
+        publish.run(runs.cfg["v1"])
+    assert_serving(runs.store_dir, "v3")
+    rollback = export_run(Path(runs.cfg["v1"].paths.graph_dir), runs.base / "v1", "v1", "publish.allow_rollback=true",
+                          created=T0, seed=0)
+    assert publish.run(rollback)["version"] == "v1"
+    assert_serving(runs.store_dir, "v1")
+
+    # the same version string with other content is refused
+    edited = export_run(Path(runs.cfg["v1"].paths.graph_dir), runs.base / "v1b", "v1", created=T0, seed=5)
+    validate.run(edited)
+    with pytest.raises(HirError, match="immutable"):
+        publish.run(edited)
+
+
+def test_real_sigkill_mid_publish_then_rerun(runs) -> None:
+    """A real SIGKILL (no Python cleanup at all) while Milvus is being staged: v1 keeps serving,
+    the lock dies with the process, and the re-run publishes v2."""
+    run = Path(runs.cfg["v2"].paths.output_dir)
+    proc = run_hir("publish", f"hydra.run.dir={run}", f"paths.cache_dir={run.parent}/.cache",
+                   f"publish.store_dir={runs.store_dir}", *TINY, cwd=run.parent,
+                   env={faults.KILL_ENV: "milvus_sanity"})
+    assert proc.returncode == -signal.SIGKILL, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert_serving(runs.store_dir, "v1")
+    state = json.loads((runs.store_dir / "live.json").read_text())
+    assert state["versions"]["v2"]["status"] in ("staged", "kept")
+    publish.run(runs.cfg["v2"])
+    assert_serving(runs.store_dir, "v2")
+    assert os.environ.get(faults.KILL_ENV) is None

@@ -1,0 +1,95 @@
+"""`hir validate` on a real (tiny) prepared snapshot + an export written per the contract: the
+checks CI runs on a small pipeline output, and the gate in front of `hir publish`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from hir.validate import stage
+from hir.validate.binding import NotValidated, require_validated
+from tests.conftest import run_hir
+from tests.publish.conftest import TINY
+
+
+def _run_dir(cfg) -> Path:
+    return Path(cfg.paths.output_dir)
+
+
+def test_clean_outputs_pass_and_are_bound_to_their_files(make_run) -> None:
+    cfg = make_run("v1")
+    metrics = stage.run(cfg)
+    run = _run_dir(cfg)
+    assert metrics["success"] and metrics["evaluated"] > 100
+    result = json.loads((run / "validation" / "result.json").read_text())
+    assert result["success"] and result["failures"] == []
+    assert set(result["files"]) == {"meta.json", *(f"{t}.parquet" for t in ("advertiser", "campaign", "category",
+                                                                                "product", "user"))}
+    assert (run / "validation" / "data_docs" / "index.html").exists()
+    assert require_validated(run / "embeddings", run / "validation")["model_version"] == "v1"
+
+    # the same files are not re-validated; an edited file is refused by publish's gate
+    assert stage.run(cfg)["timings_s"] == metrics["timings_s"]
+    path = run / "embeddings" / "user.parquet"
+    frame = pl.read_parquet(path)
+    frame.with_columns(pl.col("model_version").str.replace("v1", "v1-edited")).write_parquet(path)
+    with pytest.raises(NotValidated, match=r"user\.parquet \(content changed\)"):
+        require_validated(run / "embeddings", run / "validation")
+
+
+def test_corrupted_embeddings_fail_with_table_column_and_ids(make_run) -> None:
+    """A NaN, a short vector and a duplicate id: `hir validate` exits non-zero naming each, and
+    `hir publish` refuses the outputs."""
+    cfg = make_run("v1")
+    run = _run_dir(cfg)
+    path = run / "embeddings" / "product.parquet"
+    frame = pl.read_parquet(path)
+    ids = frame["entity_id"].to_list()
+    emb = frame["embedding"].to_list()
+    emb[3][5] = float("nan")
+    emb[7] = emb[7][:10]
+    ids[12] = ids[11]
+    frame.with_columns(pl.Series("embedding", emb, dtype=pl.List(pl.Float32)), pl.Series("entity_id", ids)).write_parquet(path)
+
+    proc = run_hir("validate", f"hydra.run.dir={run}", f"paths.cache_dir={run.parent}/.cache",
+                   f"publish.store_dir={run.parent}/store", *TINY, cwd=run.parent)
+    assert proc.returncode != 0
+    err = proc.stdout + proc.stderr  # the hir command logs user errors (Hydra's console handler)
+    assert "validation FAILED" in err and "Traceback" not in err
+    nan_id, short_id, dup_id = frame["entity_id"][3], frame["entity_id"][7], frame["entity_id"][11]
+    for needle in ("embeddings/product.parquet | column embedding | all values finite", nan_id,
+                   "column embedding | length = 64", short_id,
+                   "column entity_id | unique", dup_id):
+        assert needle in err, needle
+    result = json.loads((run / "validation" / "result.json").read_text())
+    assert not result["success"]
+    assert {(f["table"], f["column"]) for f in result["failures"]} >= {
+        ("embeddings/product.parquet", "embedding"), ("embeddings/product.parquet", "entity_id")}
+
+    from hir.publish import stage as publish
+
+    with pytest.raises(NotValidated, match="did not pass validation"):
+        publish.run(cfg)
+    assert not (Path(cfg.publish.store_dir) / "live.json").exists()
+
+
+def test_graph_gates_stage_set_split_share_and_quarantine(make_run) -> None:
+    cfg = make_run("v1", "validate.graph.stages=[view,click,cart]", "validate.graph.split_share.test=[0.3,0.9]")
+    meta_path = _run_dir(cfg) / "graph" / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    # as if prepare had quarantined 1000 bad rows of the events source
+    src = next(iter(meta["sources"].values()))
+    for node in (src, meta):
+        node["input_rows"] += 1000
+        node["quarantined_rows"] += 1000
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(stage.ValidationFailed) as err:
+        stage.run(cfg)
+    msg = str(err.value)
+    assert "graph/events.parquet | column stage | stage in the configured set" in msg
+    assert "test share of events within [0.3, 0.9]" in msg
+    assert "graph/meta.json (sources) | column quarantined_rows | quarantined share <= 0.05" in msg
+    assert "embeddings/" not in msg  # the export itself is fine

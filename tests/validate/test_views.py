@@ -1,0 +1,131 @@
+"""Derived check columns on hand-built frames (no Great Expectations involved)."""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime
+
+import polars as pl
+import pytest
+
+from hir.validate import views
+from hir.validate.drift import drift_summary, drift_view
+
+S = 1 / math.sqrt(2)
+
+
+def _emb(rows: list[dict]) -> pl.DataFrame:
+    return pl.DataFrame(rows, schema={
+        "entity_id": pl.String, "node_id": pl.Int64, "embedding": pl.List(pl.Float32),
+        "tokens_l0": pl.List(pl.Int32), "weights_l0": pl.List(pl.Float32),
+    })
+
+
+GRAPH = pl.DataFrame({"node_id": [0, 1, 2, 3], "key": ["a", "b", "c", "d"],
+                      "first_seen": [datetime(2024, 1, d, tzinfo=UTC) for d in (1, 2, 9, 10)]})
+
+
+def test_embedding_view_flags_each_defect() -> None:
+    frame = _emb([
+        {"entity_id": "a", "node_id": 0, "embedding": [S, S], "tokens_l0": [1, 2], "weights_l0": [0.75, 0.25]},
+        {"entity_id": "b", "node_id": 1, "embedding": [1.0, float("nan")], "tokens_l0": [3, 3], "weights_l0": [0.5, 0.6]},
+        {"entity_id": "c", "node_id": 7, "embedding": [1.0, 1.0, 0.0], "tokens_l0": [0], "weights_l0": [1.0, 0.0]},
+        {"entity_id": "x", "node_id": 3, "embedding": None, "tokens_l0": [-1, 9], "weights_l0": [-0.5, 1.5]},
+    ])
+    v = views.embedding_view(frame, GRAPH, n_levels=1).sort("id")
+    assert v["id"].to_list() == ["a", "b", "c", "x"]
+    assert v["emb_len"].to_list() == [2, 2, 3, None]
+    assert v["emb_finite"].to_list() == [True, False, True, False]
+    assert v["emb_norm"][0] == pytest.approx(1.0, abs=1e-6) and v["emb_norm"][2] == pytest.approx(math.sqrt(2))
+    assert v["tok_distinct_l0"].to_list() == [True, False, True, True]
+    assert v["tok_min_l0"].to_list() == [1, 3, 0, -1] and v["tok_max_l0"].to_list() == [2, 3, 0, 9]
+    assert v["w_sum_l0"].to_list() == pytest.approx([1.0, 1.1, 1.0, 1.0])
+    assert v["w_min_l0"].to_list() == pytest.approx([0.25, 0.5, 0.0, -0.5])
+    assert v["w_len_ok_l0"].to_list() == [True, True, False, True]
+    # c has the wrong node id, x is not in the snapshot
+    assert v["in_graph"].to_list() == [True, True, False, False]
+
+
+def test_fixed_size_arrays_are_read_like_lists() -> None:
+    frame = _emb([{"entity_id": "a", "node_id": 0, "embedding": [S, S], "tokens_l0": [1, 2], "weights_l0": [0.5, 0.5]}])
+    arr = frame.with_columns(pl.col("embedding").cast(pl.Array(pl.Float32, 2)))
+    assert views.embedding_view(arr, GRAPH, 1)["emb_len"].to_list() == [2]
+
+
+def test_coverage_view_marks_cold_entities_without_rows() -> None:
+    frame = _emb([
+        {"entity_id": "a", "node_id": 0, "embedding": [S, S], "tokens_l0": [1], "weights_l0": [1.0]},
+        {"entity_id": "c", "node_id": 2, "embedding": [float("inf"), 0.0], "tokens_l0": [1], "weights_l0": [1.0]},
+    ])
+    emb = views.embedding_view(frame, GRAPH, 1)
+    cov = views.coverage_view(GRAPH, emb, datetime(2024, 1, 9, tzinfo=UTC)).sort("id")
+    assert cov["cold"].to_list() == [False, False, True, True]        # c, d first seen in test
+    assert cov["has_row"].to_list() == [True, False, True, False]
+    assert cov["has_embedding"].to_list() == [True, False, False, False]
+
+
+def test_events_view_checks_ranges_and_split_bounds() -> None:
+    ts = [datetime(2024, 1, d, tzinfo=UTC) for d in (1, 5, 8, 9)]
+    events = pl.LazyFrame({
+        "user_id": [0, 1, 5, 0], "entity_id": [0, 3, 1, 2], "entity_type": ["product"] * 4,
+        "stage": ["view"] * 4, "split": ["train", "val", "train", "test"], "timestamp": ts,
+    })
+    bounds = {"val_start": datetime(2024, 1, 5, tzinfo=UTC), "test_start": datetime(2024, 1, 8, tzinfo=UTC)}
+    v = views.events_view(events, {"user": 2, "product": 3}, bounds)
+    assert v["user_ok"].to_list() == [True, True, False, True]
+    assert v["entity_ok"].to_list() == [True, False, True, True]
+    assert v["split_ok"].to_list() == [True, True, False, True]       # row 2 is after test_start
+    shares = views.split_view(events)
+    assert dict(zip(shares["id"], shares["share"])) == {"train": 0.5, "val": 0.25, "test": 0.25}
+
+
+def test_sources_view_quarantine_share_and_accounting() -> None:
+    meta = {"input_rows": 10, "kept_rows": 8, "quarantined_rows": 2,
+            "sources": {"events": {"input_rows": 10, "kept_rows": 8, "quarantined_rows": 2}},
+            "entity_sources": {"products": {"input_rows": 4, "kept_rows": 4, "quarantined_rows": 1}}}
+    v = views.sources_view(meta)
+    assert v["quarantine_share"].to_list() == pytest.approx([0.2, 0.25, 0.2])
+    assert v["accounting_ok"].to_list() == [True, False, True]
+
+
+def test_schema_view_dtype_families() -> None:
+    schema = {"entity_id": pl.String, "embedding": pl.Array(pl.Float32, 4), "node_id": pl.Float64}
+    v = views.schema_view(schema, {"entity_id": "str", "embedding": "list<float>", "node_id": "int", "created": "datetime"})
+    assert v["present"].to_list() == [True, True, True, False]
+    assert v["dtype_ok"].to_list() == [True, True, False, False]
+
+
+def test_drift_cosine_and_jaccard_on_shared_ids() -> None:
+    cur = _emb([
+        {"entity_id": "a", "node_id": 0, "embedding": [1.0, 0.0], "tokens_l0": [1, 2], "weights_l0": [0.5, 0.5]},
+        {"entity_id": "b", "node_id": 1, "embedding": [0.0, 1.0], "tokens_l0": [3, 4], "weights_l0": [0.5, 0.5]},
+        {"entity_id": "new", "node_id": 2, "embedding": [1.0, 0.0], "tokens_l0": [1, 2], "weights_l0": [0.5, 0.5]},
+    ])
+    prev = _emb([
+        {"entity_id": "a", "node_id": 0, "embedding": [S, S], "tokens_l0": [2, 1], "weights_l0": [0.5, 0.5]},
+        {"entity_id": "b", "node_id": 1, "embedding": [0.0, -2.0], "tokens_l0": [4, 5], "weights_l0": [0.5, 0.5]},
+        {"entity_id": "gone", "node_id": 3, "embedding": [1.0, 0.0], "tokens_l0": [1, 2], "weights_l0": [0.5, 0.5]},
+    ])
+    d = drift_view(cur, prev, n_levels=1).sort("id")
+    assert d["id"].to_list() == ["a", "b"]
+    assert d["cosine"].to_list() == pytest.approx([S, -1.0])
+    assert d["jaccard_l0"].to_list() == pytest.approx([1.0, 1 / 3])
+    s = drift_summary(d, n_current=3)
+    assert s["shared_ids"] == 2 and s["shared_share"] == pytest.approx(2 / 3)
+    assert s["mean_cosine"] == pytest.approx((S - 1) / 2, abs=1e-6)
+
+
+def test_drift_with_changed_dimension_reports_no_cosine() -> None:
+    cur = _emb([{"entity_id": "a", "node_id": 0, "embedding": [1.0, 0.0, 0.0], "tokens_l0": [1], "weights_l0": [1.0]}])
+    prev = _emb([{"entity_id": "a", "node_id": 0, "embedding": [1.0, 0.0], "tokens_l0": [1], "weights_l0": [1.0]}])
+    d = drift_view(cur, prev, 1)
+    assert d["cosine"].to_list() == [None] and d["jaccard_l0"].to_list() == [1.0]
+
+
+def test_exact_twins_are_flagged() -> None:
+    frame = _emb([
+        {"entity_id": "a", "node_id": 0, "embedding": [S, S], "tokens_l0": [1], "weights_l0": [1.0]},
+        {"entity_id": "b", "node_id": 1, "embedding": [S, S], "tokens_l0": [2], "weights_l0": [1.0]},
+        {"entity_id": "c", "node_id": 2, "embedding": [S, -S], "tokens_l0": [1], "weights_l0": [1.0]},
+    ])
+    assert views.embedding_view(frame, GRAPH, 1).sort("id")["emb_distinct"].to_list() == [False, False, True]
