@@ -117,22 +117,26 @@ def _user_error(err: BaseException) -> BaseException | None:
     return None
 
 
-def _hydra_entry() -> Any:
+def _hydra_entry(stage: str) -> Any:
     import hydra
-    from omegaconf import DictConfig, OmegaConf
+    from omegaconf import DictConfig, OmegaConf, open_dict
 
     @hydra.main(version_base="1.3", config_path=str(ROOT / "conf"), config_name="config")
     def _main(cfg: DictConfig) -> float | None:
-        log.info("hir %s (git %s)", cfg.stage, git_sha())
+        # the stage comes from the command line's first word, not from an override, so Hydra's
+        # own argument parsing (-m, --cfg, overrides in any order) is untouched
+        with open_dict(cfg):
+            cfg.stage = stage
+        log.info("hir %s (git %s)", stage, git_sha())
         log.debug("resolved config:\n%s", OmegaConf.to_yaml(cfg, resolve=True))
         try:
-            metrics = run_pipeline(cfg) if cfg.stage == "pipeline" else run_stage(cfg.stage, cfg)
+            metrics = run_pipeline(cfg) if stage == "pipeline" else run_stage(stage, cfg)
         except Exception as err:
             user_error = _user_error(err)
             if user_error is None:
                 raise
             # one readable line, no traceback: the user can fix this
-            log.error("hir %s: %s", cfg.stage, user_error)
+            log.error("hir %s: %s", stage, user_error)
             sys.exit(2)
         if cfg.get("optimized_metric"):
             return _lookup(metrics, cfg.optimized_metric)
@@ -153,10 +157,16 @@ def main(argv: list[str] | None = None) -> None:
     # torch's OpenMP threads spin while idle by default, which starves the other thread on a
     # busy 2-core machine (measured 5x slower MiniLM encoding); must be set before torch loads
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    if stage in HELPERS:
+        module = importlib.import_module(HELPERS[stage][0])
+        if hasattr(module, "main"):
+            # tools with their own arguments (e.g. `hir gather multirun/DIR`) bypass Hydra
+            module.main(rest)
+            return
     _register_resolvers()
-    # Hydra reads sys.argv; the stage travels as an ordinary override.
-    sys.argv = [f"hir {stage}", f"stage={stage}", *rest]
-    _hydra_entry()()
+    # Hydra parses sys.argv[1:]; argv[0] only names the job
+    sys.argv = [f"hir {stage}", *rest]
+    _hydra_entry(stage)()
 
 
 if __name__ == "__main__":

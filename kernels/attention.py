@@ -18,8 +18,9 @@ from types import ModuleType
 from typing import Any
 
 import torch
-from hir_kernels.reference import biased_attention_reference, dense_bias_attention_reference
 from torch import Tensor
+
+from hir_kernels.reference import biased_attention_reference, dense_bias_attention_reference
 
 
 def _triton() -> ModuleType:

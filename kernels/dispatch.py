@@ -14,6 +14,8 @@ from __future__ import annotations
 import logging
 import os
 
+from torch import Tensor
+
 from hir_kernels.attention import biased_attention, dense_bias_attention
 from hir_kernels.reference import (
     biased_attention_reference,
@@ -21,7 +23,6 @@ from hir_kernels.reference import (
     dense_bias_attention_reference,
     dense_bias_attention_sdpa,
 )
-from torch import Tensor
 
 log = logging.getLogger(__name__)
 

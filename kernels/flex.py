@@ -13,8 +13,9 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from hir_kernels.attention import column_bias
 from torch import Tensor
+
+from hir_kernels.attention import column_bias
 
 _COMPILED: Any = None
 

@@ -11,6 +11,7 @@ import dataclasses
 
 import pytest
 import torch
+
 from hir_kernels import (
     biased_attention,
     biased_attention_reference,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from hir_kernels import biased_attention, biased_attention_reference, dense_bias_attention
 from hir_kernels.reference import dense_bias_attention_reference
 

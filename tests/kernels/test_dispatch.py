@@ -6,6 +6,7 @@ import logging
 
 import pytest
 import torch
+
 from hir_kernels import (
     BACKENDS,
     attention,

@@ -1,0 +1,90 @@
+"""Content-only features: the enrich stage's MiniLM text vectors (``content/<type>.parquet``) and
+user profiles that average the vectors of the entities a user engaged with."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from hir.errors import InputError
+from hir_evaluation.snapshot import Snapshot
+
+
+def load_content(content_dir: Path, entity_type: str, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(vectors (n, d) float32 L2-normalised with zero rows for entities without text, has (n,) bool)."""
+    path = Path(content_dir) / f"{entity_type}.parquet"
+    if not path.exists():
+        raise InputError(
+            f"{path} is missing: no content vectors for {entity_type}; run `hir enrich` first, "
+            "or set eval.require_content=false to skip the content arms"
+        )
+    frame = pl.read_parquet(path, columns=["node_id", "has_text", "text_vec"])
+    if frame["node_id"].max() is not None and int(frame["node_id"].max()) >= n:
+        raise InputError(f"{path} has node_id {frame['node_id'].max()} but the snapshot has {n} {entity_type} nodes; "
+                         "it belongs to another snapshot, rerun `hir enrich force=true`")
+    dim = int(frame["text_vec"].list.len().max() or 0)
+    vecs = np.zeros((n, dim), dtype=np.float32)
+    has = np.zeros(n, dtype=bool)
+    keep = frame.filter(pl.col("has_text"))
+    if keep.height:
+        v = keep["text_vec"].cast(pl.List(pl.Float32)).list.to_array(dim).to_numpy()
+        norms = np.linalg.norm(v, axis=1, keepdims=True)
+        ids = keep["node_id"].to_numpy()
+        vecs[ids] = v / np.maximum(norms, 1e-12)
+        has[ids] = norms[:, 0] > 0
+    return vecs, has
+
+
+def user_profiles(
+    vecs: np.ndarray, has: np.ndarray, user_ids: np.ndarray, entity_ids: np.ndarray, n_users: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Mean content vector of each user's interactions (one per (user, entity) pair given),
+    re-normalised. Returns (profiles (n_users, d), has_profile (n_users,))."""
+    mask = has[entity_ids]
+    u, e = user_ids[mask], entity_ids[mask]
+    sums = np.zeros((n_users, vecs.shape[1]), dtype=np.float64)
+    np.add.at(sums, u, vecs[e])
+    norms = np.linalg.norm(sums, axis=1, keepdims=True)
+    present = norms[:, 0] > 0
+    return (sums / np.maximum(norms, 1e-12)).astype(np.float32), present
+
+
+def history_pairs(snap: Snapshot, entity_type: str, before: datetime, stages: list[str] | None) -> pl.DataFrame:
+    """Distinct (user_id, entity_id) pairs with an event (of ``stages``, all when None) before ``before``."""
+    ev = snap.events.filter(
+        (pl.col("entity_type") == entity_type) & (pl.col("timestamp") < pl.lit(before, pl.Datetime("us", "UTC")))
+    )
+    if stages:
+        ev = ev.filter(pl.col("stage").is_in(stages))
+    return ev.select("user_id", "entity_id").unique()
+
+
+def content_blocks(
+    snap: Snapshot,
+    content_dir: Path,
+    rows: pl.DataFrame,
+    entity_type: str,
+    profile_cutoff: datetime,
+    stages: list[str] | None,
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """(dense, vectors) blocks of the content arm for ``rows``.
+
+    The entity's own text vector is catalogue metadata (always known). The user profile averages
+    the text of entities the user engaged with before ``profile_cutoff`` and is given only to rows
+    at or after the cutoff (point-in-time, the same cutoff the HIR embeddings are trained to).
+    """
+    n_items = snap.num_nodes(entity_type)
+    vecs, has = load_content(content_dir, entity_type, n_items)
+    pairs = history_pairs(snap, entity_type, profile_cutoff, stages)
+    profiles, has_profile = user_profiles(
+        vecs, has, pairs["user_id"].to_numpy(), pairs["entity_id"].to_numpy(), snap.num_nodes("user")
+    )
+    uid, eid = rows["user_id"].to_numpy(), rows["entity_id"].to_numpy()
+    visible = rows.select(pl.col("ts") >= pl.lit(profile_cutoff, pl.Datetime("us", "UTC"))).to_series().to_numpy()
+    user_has = has_profile[uid] & visible
+    user_vec = np.where(user_has[:, None], profiles[uid], 0.0).astype(np.float32)
+    dense = {"has_content_entity": has[eid].astype(np.float32), "has_content_user": user_has.astype(np.float32)}
+    return dense, {"content_entity": vecs[eid], "content_user": user_vec}

@@ -1,0 +1,192 @@
+"""Representation diagnostics of an export: token usage per level, NMI of tokens against a known
+taxonomy (or the synthetic data's planted interests), super-graph density gain, token stability
+between two trainings, the labels of the most used prototypes, and a 2-D map of embeddings."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+from scipy.optimize import linear_sum_assignment
+from sklearn.metrics import normalized_mutual_info_score
+
+from hir_evaluation.hir_source import token_levels
+from hir_evaluation.snapshot import Snapshot
+
+log = logging.getLogger(__name__)
+
+
+def top1(frame: pl.DataFrame, level: int) -> np.ndarray:
+    """Each row's highest-weight token of ``level`` (-1 when it has none)."""
+    tok = frame[f"tokens_l{level}"]
+    wts = frame[f"weights_l{level}"]
+    best = wts.list.arg_max()
+    return tok.list.get(best.fill_null(0), null_on_oob=True).fill_null(-1).to_numpy().astype(np.int64)
+
+
+def token_usage(frames: dict[str, pl.DataFrame], vocab: list[int] | None) -> list[dict[str, Any]]:
+    """Per level: prototypes used as any entity's top-1 token, their share of the vocabulary, the
+    perplexity of the top-1 distribution (effective number of prototypes) and the sorted counts."""
+    levels = min(token_levels(f.columns) for f in frames.values())
+    out = []
+    for level in range(levels):
+        tokens = np.concatenate([top1(f, level) for f in frames.values()])
+        tokens = tokens[tokens >= 0]
+        size = int(vocab[level]) if vocab and level < len(vocab) else int(tokens.max(initial=-1)) + 1
+        counts = np.bincount(tokens, minlength=size)
+        p = counts[counts > 0] / max(counts.sum(), 1)
+        out.append({
+            "level": level,
+            "vocab": size,
+            "used": int((counts > 0).sum()),
+            "used_fraction": float((counts > 0).sum() / max(size, 1)),
+            "perplexity": float(np.exp(-(p * np.log(p)).sum())) if p.size else 0.0,
+            "counts": sorted((int(c) for c in counts), reverse=True),
+        })
+    return out
+
+
+def taxonomy_labels(snap: Snapshot, entity_type: str) -> dict[str, np.ndarray]:
+    """Known classes per entity node_id (-1 = unknown): ``taxonomy_d<k>`` = the category ancestor at
+    depth k (1 = root) through ``<type>__in_category__category`` and the child_of edges, and for
+    the synthetic data the planted ``truth_coarse`` / ``truth_fine`` interests."""
+    n = snap.num_nodes(entity_type)
+    out: dict[str, np.ndarray] = {}
+    in_cat = snap.edges(f"{entity_type}__in_category__category")
+    parents = snap.edges("category__child_of__category")
+    if in_cat is not None and snap.has_nodes("category"):
+        n_cat = snap.num_nodes("category")
+        parent = np.full(n_cat, -1)
+        if parents is not None:
+            parent[parents["src_id"].to_numpy()] = parents["dst_id"].to_numpy()
+        # path root -> leaf for every category, by walking up (taxonomies are shallow)
+        paths: list[list[int]] = []
+        for c in range(n_cat):
+            path, node = [], c
+            while node >= 0 and len(path) < 32:
+                path.append(node)
+                node = parent[node]
+            paths.append(path[::-1])
+        depth = max((len(p) for p in paths), default=0)
+        leaf = np.full(n, -1)
+        first = in_cat.unique(subset=["src_id"], keep="first")
+        leaf[first["src_id"].to_numpy()] = first["dst_id"].to_numpy()
+        for d in range(1, depth + 1):
+            labels = np.array([paths[c][d - 1] if c >= 0 and len(paths[c]) >= d else -1 for c in leaf])
+            if (labels >= 0).sum() > 1:
+                out[f"taxonomy_d{d}"] = labels
+    truth_path = snap.dir / "synthetic_truth.parquet"
+    if truth_path.exists():
+        truth = pl.read_parquet(truth_path).filter(pl.col("entity_type") == entity_type)
+        keyed = snap.nodes(entity_type).select("node_id", "key").join(truth, on="key", how="inner")
+        for col in ("coarse", "fine"):
+            if col in keyed.columns:
+                labels = np.full(n, -1)
+                labels[keyed["node_id"].to_numpy()] = keyed[col].to_numpy()
+                out[f"truth_{col}"] = labels
+    return out
+
+
+def nmi_table(frame: pl.DataFrame, labels: dict[str, np.ndarray]) -> dict[str, dict[str, float]]:
+    """NMI between each level's top-1 token and each known labelling, over entities that have both.
+
+    ``frame`` holds ``node_id`` and the token columns of one entity type.
+    """
+    ids = frame["node_id"].to_numpy()
+    out: dict[str, dict[str, float]] = {}
+    for level in range(token_levels(frame.columns)):
+        tokens = top1(frame, level)
+        row: dict[str, float] = {}
+        for name, lab in labels.items():
+            y = lab[ids]
+            keep = (y >= 0) & (tokens >= 0)
+            if keep.sum() > 1:
+                row[name] = float(normalized_mutual_info_score(y[keep], tokens[keep]))
+        out[f"l{level}"] = row
+    return out
+
+
+def align_tokens(a: np.ndarray, b: np.ndarray) -> dict[int, int]:
+    """Map run-B prototype ids onto run-A ids maximising top-1 agreement (Hungarian matching):
+    prototype ids are arbitrary per training, so raw ids of two seeds never match."""
+    size = int(max(a.max(initial=0), b.max(initial=0))) + 1
+    table = np.zeros((size, size))
+    np.add.at(table, (b, a), 1)
+    rows, cols = linear_sum_assignment(-table)
+    return {int(r): int(c) for r, c in zip(rows, cols)}
+
+
+def token_stability(first: pl.DataFrame, second: pl.DataFrame) -> list[dict[str, float]]:
+    """Per level: mean Jaccard of the (aligned) top-k token sets of the same entities in two
+    exports, the top-1 agreement after alignment, and the alignment-free NMI of top-1 tokens."""
+    joined = first.join(second, on="entity_id", how="inner", suffix="_b")
+    out = []
+    for level in range(min(token_levels(first.columns), token_levels(second.columns))):
+        a_top = top1(joined, level)
+        b_top = top1(joined.select(pl.col(f"tokens_l{level}_b").alias(f"tokens_l{level}"),
+                                   pl.col(f"weights_l{level}_b").alias(f"weights_l{level}")), level)
+        mapping = align_tokens(a_top, b_top)
+        jac = []
+        for ta, tb in zip(joined[f"tokens_l{level}"].to_list(), joined[f"tokens_l{level}_b"].to_list()):
+            sa, sb = set(ta or []), {mapping.get(int(t), -1) for t in (tb or [])}
+            jac.append(len(sa & sb) / len(sa | sb) if sa | sb else 1.0)
+        mapped = np.array([mapping.get(int(t), -1) for t in b_top])
+        out.append({
+            "level": level,
+            "entities": joined.height,
+            "jaccard": float(np.mean(jac)) if jac else float("nan"),
+            "top1_agreement": float((mapped == a_top).mean()) if len(a_top) else float("nan"),
+            "nmi": float(normalized_mutual_info_score(a_top, b_top)) if len(a_top) > 1 else float("nan"),
+        })
+    return out
+
+
+def supergraph_gain(hierarchy_dir: Path) -> dict[str, Any] | None:
+    """``hierarchy/supergraph.json`` (raw user->entity density and its projection onto each
+    level's prototypes), with ``gain`` = projected / raw density filled in where missing: a denser
+    super-graph shares signal across sparse users."""
+    path = Path(hierarchy_dir) / "supergraph.json"
+    if not path.exists():
+        return None
+    data = json.loads(path.read_text())
+    raw = data.get("raw_density", (data.get("raw") or {}).get("density"))
+    for entry in data.get("levels") or []:
+        dens = entry.get("density") if isinstance(entry, dict) else None
+        if entry.get("gain") is None and isinstance(dens, int | float) and isinstance(raw, int | float) and raw > 0:
+            entry["gain"] = float(dens / raw)
+    data["raw_density"] = raw
+    return data
+
+
+def top_prototypes(hierarchy_dir: Path, per_level: int) -> list[dict[str, Any]]:
+    """The ``per_level`` most used prototypes of each level with their readable labels."""
+    path = Path(hierarchy_dir) / "prototypes.parquet"
+    if not path.exists():
+        return []
+    protos = pl.read_parquet(path, columns=["level", "proto_id", "parent_id", "label", "usage"])
+    top = protos.sort(["level", "usage"], descending=[False, True]).group_by("level", maintain_order=True).head(per_level)
+    return top.to_dicts()
+
+
+def embedding_map(frame: pl.DataFrame, points: int, seed: int) -> dict[str, list]:
+    """2-D map (UMAP when the package is installed, else PCA) of up to ``points`` embeddings,
+    coloured by their coarsest top-1 token."""
+    rng = np.random.default_rng(seed)
+    idx = np.sort(rng.choice(frame.height, size=min(points, frame.height), replace=False))
+    sub = frame[idx]
+    dim = int(sub["embedding"].list.len().max() or 0)
+    x = sub["embedding"].cast(pl.List(pl.Float32)).list.to_array(dim).to_numpy().astype(np.float64)
+    try:
+        import umap  # optional; not a dependency of hir
+
+        xy, method = umap.UMAP(n_components=2, random_state=seed).fit_transform(x), "umap"
+    except ImportError:
+        x = x - x.mean(0)
+        _, _, vt = np.linalg.svd(x, full_matrices=False)
+        xy, method = x @ vt[:2].T, "pca"
+    color = top1(sub, 0) if "tokens_l0" in sub.columns else np.zeros(len(idx), dtype=np.int64)
+    return {"x": xy[:, 0].tolist(), "y": xy[:, 1].tolist(), "token": color.tolist(), "method": method}

@@ -1,0 +1,164 @@
+"""LightGCN baseline (He et al. 2020) with PyG's ``torch_geometric.nn.LightGCN``: BPR on the
+train-period history, early stopping on val recall@20, then top-K over the train+val graph."""
+
+from __future__ import annotations
+
+import logging
+import time
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch_geometric.nn import LightGCN
+
+from hir_evaluation.metrics import recall_ndcg_at_k
+from hir_evaluation.ranker import torch_threads
+from hir_evaluation.retrieval import RetrievalData, topk_dense
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LightGCNConfig:
+    """Args:
+    dim, layers: embedding width and propagation depth.
+    lr, lambda_reg: Adam step and BPR L2 weight.
+    batch_size: (user, positive, negative) triples per step; each step propagates the full graph.
+    steps_per_epoch: steps between two val checks (0 = one pass over the train pairs).
+    max_epochs, patience: early stopping on val recall@20.
+    max_seconds: wall-clock cap on training (the time budget of `hir evaluate`).
+    threads: torch CPU threads while training (1 measured 3.6x faster than 2 on a busy 2-core box).
+    """
+
+    dim: int = 64
+    layers: int = 2
+    lr: float = 0.01
+    lambda_reg: float = 1e-4
+    batch_size: int = 8192
+    steps_per_epoch: int = 25
+    max_epochs: int = 40
+    patience: int = 3
+    max_seconds: float = 60.0
+    threads: int = 1
+
+
+def normalized_adjacency(users: np.ndarray, items: np.ndarray, n_users: int, n_nodes: int) -> torch.Tensor:
+    """D^-½ A D^-½ of the bipartite user-item graph over U + I nodes (items offset by U), as a
+    sparse CSR (n_nodes, n_nodes) float32 tensor; symmetric by construction."""
+    src = np.concatenate([users, items + n_users])
+    dst = np.concatenate([items + n_users, users])
+    deg = np.bincount(dst, minlength=n_nodes).astype(np.float64)
+    values = (1.0 / np.sqrt(deg[src] * deg[dst])).astype(np.float32)
+    index = torch.from_numpy(np.stack([dst, src]))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*[Ss]parse.*")  # CSR "beta" / invariant-check notices
+        coo = torch.sparse_coo_tensor(index, torch.from_numpy(values), (n_nodes, n_nodes), check_invariants=True)
+        return coo.coalesce().to_sparse_csr()
+
+
+class _SymmetricSpmm(torch.autograd.Function):
+    """y = A x for a symmetric sparse A; the backward is A g (Aᵀ = A), so torch never builds Aᵀ
+    (its CSR backward re-transposes A at every step, ~5x slower on a 1M-edge graph)."""
+
+    @staticmethod
+    def forward(ctx, adj: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        ctx.adj = adj
+        return torch.sparse.mm(adj, x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[None, torch.Tensor]:
+        return None, torch.sparse.mm(ctx.adj, grad)
+
+
+def propagate(model: LightGCN, adj: torch.Tensor) -> torch.Tensor:
+    """``model.get_embedding`` for a pre-normalised symmetric adjacency (the model is built with
+    ``normalize=False``): Σ_l α_l Aˡ E, (U + I, dim). Same maths, faster backward."""
+    x = model.embedding.weight
+    out = x * model.alpha[0]
+    for layer in range(model.num_layers):
+        x = _SymmetricSpmm.apply(adj, x)
+        out = out + x * model.alpha[layer + 1]
+    return out
+
+
+@dataclass
+class LightGCNResult:
+    topk: np.ndarray
+    epochs: int
+    best_val_recall: float
+    seconds: float
+    stopped_by_budget: bool = False
+
+
+def fit_lightgcn(
+    train: RetrievalData, val: RetrievalData, test: RetrievalData, k: int, cfg: LightGCNConfig, seed: int
+) -> LightGCNResult:
+    """Train on ``train.history`` (the train period), select the epoch by recall@20 on ``val``,
+    then score ``test`` users propagating over ``test.history`` (train + val) with the best weights.
+
+    Returns the test users' (U, k) top-k entity ids.
+    """
+    with torch_threads(cfg.threads):
+        return _fit(train, val, test, k, cfg, seed)
+
+
+def _fit(
+    train: RetrievalData, val: RetrievalData, test: RetrievalData, k: int, cfg: LightGCNConfig, seed: int
+) -> LightGCNResult:
+    t0 = time.perf_counter()
+    torch.manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    n_users, n_items = test.n_users, test.n_items
+    n_nodes = n_users + n_items
+    u = train.history["user_id"].to_numpy()
+    i = train.history["entity_id"].to_numpy()
+    if len(u) == 0:
+        raise ValueError("LightGCN: the train period has no history pairs")
+    adj_train = normalized_adjacency(u, i, n_users, n_nodes)
+    model = LightGCN(n_nodes, cfg.dim, cfg.layers, normalize=False)  # adj_train is already D^-1/2 A D^-1/2
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    steps = cfg.steps_per_epoch or max(1, len(u) // cfg.batch_size)
+    best, best_state, best_epoch, bad, epoch, budget_hit = -1.0, None, 0, 0, 0, False
+    for epoch in range(1, cfg.max_epochs + 1):
+        model.train()
+        for _ in range(steps):
+            pick = rng.integers(0, len(u), size=min(cfg.batch_size, len(u)))
+            uu = torch.from_numpy(u[pick])
+            pos = torch.from_numpy(i[pick] + n_users)
+            neg = torch.from_numpy(rng.integers(0, n_items, size=len(pick)) + n_users)
+            emb = propagate(model, adj_train)  # (U + I, dim), full propagation
+            pos_rank = (emb[uu] * emb[pos]).sum(-1)
+            neg_rank = (emb[uu] * emb[neg]).sum(-1)
+            loss = model.recommendation_loss(
+                pos_rank, neg_rank, node_id=torch.cat([uu, pos, neg]), lambda_reg=cfg.lambda_reg
+            )
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+        model.eval()
+        with torch.no_grad():
+            emb = propagate(model, adj_train).numpy()
+        top = topk_dense(emb[val.users], emb[n_users:], 20)
+        recall = recall_ndcg_at_k(top, val.relevant, (20,))["recall@20"]
+        log.info("lightgcn epoch %d: loss %.4f, val recall@20 %.4f", epoch, loss.item(), recall)
+        if recall > best + 1e-6:
+            best, best_epoch, bad = recall, epoch, 0
+            best_state = {key: v.detach().clone() for key, v in model.state_dict().items()}
+        else:
+            bad += 1
+        if bad >= cfg.patience:
+            break
+        if time.perf_counter() - t0 > cfg.max_seconds:
+            log.warning("lightgcn: stopped at epoch %d by the %.0fs budget (eval.lightgcn.max_seconds)", epoch, cfg.max_seconds)
+            budget_hit = True
+            break
+    if best_state is not None:
+        model.load_state_dict(best_state)
+    adj_full = normalized_adjacency(
+        test.history["user_id"].to_numpy(), test.history["entity_id"].to_numpy(), n_users, n_nodes
+    )
+    with torch.no_grad():
+        emb = propagate(model, adj_full).numpy()
+    return LightGCNResult(topk_dense(emb[test.users], emb[n_users:], k), best_epoch, best, time.perf_counter() - t0,
+                          budget_hit)

@@ -1,0 +1,188 @@
+"""Metric functions: pure numpy over labels, scores and (bootstrap) row weights.
+
+Ranking: AUC, log loss, normalized entropy (He et al. 2014: the log loss divided by the entropy
+of the background positive rate, here the rate of the evaluated rows, so NE < 1 means better
+than always predicting the base rate), calibration (mean prediction / observed rate).
+Retrieval: recall@K and NDCG@K with binary relevance. Lift over a named baseline is computed in
+one place, :func:`relative_lift`, for point values and bootstrap draws alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+EPS = 1e-7
+
+
+def _weights(y: np.ndarray, w: np.ndarray | None) -> np.ndarray:
+    return np.ones(len(y), dtype=np.float64) if w is None else np.asarray(w, dtype=np.float64)
+
+
+def log_loss(y: np.ndarray, p: np.ndarray, w: np.ndarray | None = None) -> float:
+    """Mean binary cross-entropy (nats) of probabilities ``p`` (n,) for labels ``y`` (n,) in {0, 1}."""
+    w = _weights(y, w)
+    p = np.clip(p, EPS, 1 - EPS)
+    ll = -(y * np.log(p) + (1 - y) * np.log(1 - p))
+    return float((w * ll).sum() / w.sum())
+
+
+def entropy(rate: float) -> float:
+    """Binary entropy (nats) of a positive rate."""
+    r = min(max(rate, EPS), 1 - EPS)
+    return float(-(r * np.log(r) + (1 - r) * np.log(1 - r)))
+
+
+def normalized_entropy(y: np.ndarray, p: np.ndarray, w: np.ndarray | None = None) -> float:
+    """Log loss over the entropy of the (weighted) background rate of ``y``; nan if y is constant."""
+    w = _weights(y, w)
+    rate = float((w * y).sum() / w.sum())
+    if rate <= 0 or rate >= 1:
+        return float("nan")
+    return log_loss(y, p, w) / entropy(rate)
+
+
+def calibration(y: np.ndarray, p: np.ndarray, w: np.ndarray | None = None) -> float:
+    """Mean predicted probability over the observed positive rate (1 = calibrated)."""
+    w = _weights(y, w)
+    observed = float((w * y).sum())
+    return float((w * p).sum() / observed) if observed > 0 else float("nan")
+
+
+class AucPrep:
+    """Sorted tie groups of one score vector, so weighted AUCs (bootstrap draws) cost O(n)."""
+
+    def __init__(self, y: np.ndarray, p: np.ndarray) -> None:
+        order = np.argsort(p, kind="mergesort")
+        self.y = np.asarray(y, dtype=np.float64)[order]
+        self.order = order
+        _, self.group = np.unique(np.asarray(p)[order], return_inverse=True)
+        self.n_groups = int(self.group.max()) + 1 if len(p) else 0
+
+    def auc(self, w: np.ndarray | None = None) -> float:
+        """Weighted AUC (ties count half); ``w`` in the caller's original row order."""
+        ws = np.ones(len(self.y)) if w is None else np.asarray(w, dtype=np.float64)[self.order]
+        pos = np.bincount(self.group, weights=ws * self.y, minlength=self.n_groups)
+        neg = np.bincount(self.group, weights=ws * (1 - self.y), minlength=self.n_groups)
+        n_pos, n_neg = pos.sum(), neg.sum()
+        if n_pos <= 0 or n_neg <= 0:
+            return float("nan")
+        below = np.cumsum(neg) - neg  # negative weight strictly below each group
+        return float((pos * (below + 0.5 * neg)).sum() / (n_pos * n_neg))
+
+
+def auc(y: np.ndarray, p: np.ndarray, w: np.ndarray | None = None) -> float:
+    """Area under the ROC curve (ties count half); nan when a class is absent."""
+    return AucPrep(y, p).auc(w)
+
+
+def ranking_metrics(y: np.ndarray, p: np.ndarray, w: np.ndarray | None = None) -> dict[str, float]:
+    return {
+        "auc": auc(y, p, w),
+        "ne": normalized_entropy(y, p, w),
+        "log_loss": log_loss(y, p, w),
+        "calibration": calibration(y, p, w),
+    }
+
+
+def relative_lift(baseline: np.ndarray | float, other: np.ndarray | float) -> np.ndarray | float:
+    """Relative NE lift of ``other`` over ``baseline``: (NE_base - NE_other) / NE_base.
+
+    Positive means ``other`` has the lower (better) normalized entropy.
+    """
+    return (np.asarray(baseline) - np.asarray(other)) / np.asarray(baseline)
+
+
+def bootstrap_weights(groups: np.ndarray, n_resamples: int, seed: int) -> np.ndarray:
+    """(n_resamples, n) row weights of a cluster bootstrap: draw the clusters in ``groups`` (n,)
+    with replacement; a row's weight is how often its cluster was drawn. Pass one group per row
+    for a plain row bootstrap. Every arm uses the same draws, so differences are paired."""
+    _, idx = np.unique(groups, return_inverse=True)
+    k = int(idx.max()) + 1
+    rng = np.random.default_rng(seed)
+    draws = rng.integers(0, k, size=(n_resamples, k))
+    counts = np.stack([np.bincount(d, minlength=k) for d in draws])
+    return counts[:, idx].astype(np.float64)
+
+
+def bootstrap_ranking(
+    y: np.ndarray,
+    preds: Mapping[str, np.ndarray],
+    weights: np.ndarray,
+    baseline: str = "baseline",
+) -> dict[str, dict[str, np.ndarray]]:
+    """Per-arm metric draws under shared bootstrap ``weights`` (R, n), plus ``ne_lift`` draws of
+    every other arm over ``baseline``.
+
+    Returns:
+        {arm: {"auc": (R,), "ne": (R,), "calibration": (R,), "ne_lift": (R,) (not for baseline)}}
+    """
+    out: dict[str, dict[str, np.ndarray]] = {}
+    total = weights.sum(1)
+    positives = weights @ y
+    rate = np.clip(positives / total, EPS, 1 - EPS)
+    background = -(rate * np.log(rate) + (1 - rate) * np.log(1 - rate))
+    for arm, p in preds.items():
+        prep = AucPrep(y, p)
+        q = np.clip(p, EPS, 1 - EPS)
+        row_loss = -(y * np.log(q) + (1 - y) * np.log(1 - q))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ne = np.where((positives > 0) & (positives < total), (weights @ row_loss) / total / background, np.nan)
+            cal = np.where(positives > 0, (weights @ p) / positives, np.nan)
+        out[arm] = {"auc": np.array([prep.auc(w) for w in weights]), "ne": ne, "calibration": cal}
+    for arm in preds:
+        if arm != baseline and baseline in out:
+            out[arm]["ne_lift"] = relative_lift(out[baseline]["ne"], out[arm]["ne"])
+    return out
+
+
+def interval(draws: np.ndarray, level: float = 0.95) -> list[float]:
+    """Percentile interval of bootstrap draws (nan draws, from a resample without positives, dropped)."""
+    d = np.asarray(draws, dtype=np.float64)
+    d = d[np.isfinite(d)]
+    if d.size == 0:
+        return [float("nan"), float("nan")]
+    lo, hi = np.quantile(d, [(1 - level) / 2, 1 - (1 - level) / 2])
+    return [float(lo), float(hi)]
+
+
+def reliability(y: np.ndarray, p: np.ndarray, bins: int = 10) -> dict[str, list[float]]:
+    """Calibration curve over equal-count bins of ``p``: mean prediction, observed rate, count."""
+    order = np.argsort(p)
+    chunks = [c for c in np.array_split(order, bins) if len(c)]
+    return {
+        "predicted": [float(p[c].mean()) for c in chunks],
+        "observed": [float(y[c].mean()) for c in chunks],
+        "count": [float(len(c)) for c in chunks],
+    }
+
+
+def recall_ndcg_at_k(
+    topk: np.ndarray, relevant: Sequence[set[int]], ks: Sequence[int]
+) -> dict[str, float]:
+    """Mean recall@K and NDCG@K over users with at least one relevant item.
+
+    Args:
+        topk: (U, Kmax) retrieved item ids per user, best first (-1 = empty slot).
+        relevant: per user, the set of held-out item ids.
+        ks: cut-offs, each <= Kmax.
+    Returns:
+        {"recall@K": ..., "ndcg@K": ...} for each K, and "users": the number of users scored.
+    """
+    kmax = max(ks)
+    if topk.shape[1] < kmax:
+        raise ValueError(f"retrieved {topk.shape[1]} items per user, fewer than the largest K={kmax}")
+    keep = [i for i, r in enumerate(relevant) if r]
+    out: dict[str, float] = {"users": float(len(keep))}
+    if not keep:
+        return out | {f"{m}@{k}": float("nan") for k in ks for m in ("recall", "ndcg")}
+    hits = np.array([[item in relevant[i] for item in topk[i, :kmax]] for i in keep], dtype=np.float64)
+    n_rel = np.array([len(relevant[i]) for i in keep], dtype=np.float64)
+    discount = 1.0 / np.log2(np.arange(2, kmax + 2))
+    for k in ks:
+        out[f"recall@{k}"] = float((hits[:, :k].sum(1) / n_rel).mean())
+        dcg = (hits[:, :k] * discount[:k]).sum(1)
+        ideal = np.array([discount[: int(min(n, k))].sum() for n in n_rel])
+        out[f"ndcg@{k}"] = float((dcg / ideal).mean())
+    return out

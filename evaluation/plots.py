@@ -1,0 +1,101 @@
+"""The report's matplotlib figures, each returned as PNG bytes (embedded in report.html and
+written next to it)."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Mapping
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # headless: the report is written to files, never shown
+import matplotlib.pyplot as plt
+
+COLORS = {"baseline": "#7f7f7f", "hir": "#d62728", "content": "#1f77b4", "popularity": "#bcbd22",
+          "itemknn": "#2ca02c", "lightgcn": "#9467bd", "repeat": "#8c564b"}
+
+
+def _png(fig: plt.Figure) -> bytes:
+    buf = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, int | float) and x == x
+
+
+def lift_bars(ranking: Mapping[str, Any]) -> bytes:
+    """Left: NE lift of each arm over the baseline with its bootstrap interval. Right: AUC per arm."""
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.4))
+    lifts = [(arm, ranking.get(f"ne_lift_{arm}" if arm != "hir" else "ne_lift") or {}) for arm in ("hir", "content")]
+    lifts = [(a, v) for a, v in lifts if _finite(v.get("value"))]
+    for i, (arm, v) in enumerate(lifts):
+        lo, hi = v.get("ci", [v["value"], v["value"]])
+        ax1.bar(i, 100 * v["value"], color=COLORS[arm], yerr=[[100 * (v["value"] - lo)], [100 * (hi - v["value"])]], capsize=6)
+    ax1.axhline(0, color="black", lw=0.8)
+    ax1.set_xticks(range(len(lifts)), [a for a, _ in lifts])
+    ax1.set_ylabel("NE lift over baseline (%)")
+    ax1.set_title("Relative NE lift (95% CI)")
+    arms = [a for a in ("baseline", "hir", "content") if _finite((ranking.get(a) or {}).get("auc"))]
+    for i, arm in enumerate(arms):
+        m = ranking[arm]
+        lo, hi = m.get("auc_ci", [m["auc"], m["auc"]])
+        ax2.bar(i, m["auc"], color=COLORS[arm], yerr=[[m["auc"] - lo], [hi - m["auc"]]], capsize=6)
+    ax2.set_xticks(range(len(arms)), arms)
+    lows = [ranking[a]["auc"] for a in arms]
+    ax2.set_ylim(max(0.0, min(lows, default=0.5) - 0.1), 1.0)
+    ax2.set_title("Test AUC (95% CI)")
+    return _png(fig)
+
+
+def recall_curves(retrieval: Mapping[str, Any], ks: list[int]) -> bytes:
+    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    for arm in ("hir", "popularity", "itemknn", "lightgcn", "content", "repeat"):
+        m = retrieval.get(arm) or {}
+        ys = [m.get(f"recall@{k}") for k in ks]
+        if all(_finite(y) for y in ys):
+            ax.plot(ks, ys, marker="o", label=arm, color=COLORS[arm], lw=2.2 if arm == "hir" else 1.4)
+    ax.set_xlabel("K")
+    ax.set_ylabel("recall@K")
+    ax.set_title("Retrieval recall@K on held-out deep-funnel events")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return _png(fig)
+
+
+def calibration_plot(curves: Mapping[str, Mapping[str, list[float]]]) -> bytes:
+    fig, ax = plt.subplots(figsize=(4.6, 4.2))
+    top = 0.0
+    for arm, c in curves.items():
+        ax.plot(c["predicted"], c["observed"], marker="o", label=arm, color=COLORS.get(arm))
+        top = max(top, *c["predicted"], *c["observed"])
+    ax.plot([0, top], [0, top], ls="--", color="black", lw=0.8, label="perfect")
+    ax.set_xlabel("mean predicted probability")
+    ax.set_ylabel("observed positive rate")
+    ax.set_title("Calibration (test, equal-count bins)")
+    ax.legend(fontsize=8)
+    return _png(fig)
+
+
+def token_usage_plot(usage: list[Mapping[str, Any]]) -> bytes:
+    fig, axes = plt.subplots(1, max(len(usage), 1), figsize=(3.2 * max(len(usage), 1), 3.0), squeeze=False)
+    for ax, level in zip(axes[0], usage):
+        counts = level["counts"]
+        ax.bar(range(len(counts)), counts, width=1.0, color="#d62728")
+        ax.set_title(f"level {level['level']}: {level['used']}/{level['vocab']} used, ppl {level['perplexity']:.1f}", fontsize=9)
+        ax.set_xlabel("prototype (by usage)")
+        ax.set_ylabel("entities (top-1)")
+    return _png(fig)
+
+
+def embedding_map_plot(points: Mapping[str, Any], title: str) -> bytes:
+    fig, ax = plt.subplots(figsize=(5.2, 4.6))
+    ax.scatter(points["x"], points["y"], c=points["token"], cmap="tab20", s=4, alpha=0.7, linewidths=0)
+    ax.set_title(title, fontsize=10)
+    ax.set_xticks([])
+    ax.set_yticks([])
+    return _png(fig)

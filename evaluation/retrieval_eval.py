@@ -1,0 +1,117 @@
+"""Retrieval lift: run every arm on the same test users and catalogue and score them."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict
+from typing import Any
+
+import numpy as np
+
+from hir_evaluation.lightgcn import LightGCNConfig, fit_lightgcn
+from hir_evaluation.retrieval import (
+    RetrievalTask,
+    TopK,
+    itemknn_topk,
+    popularity_topk,
+    profile_topk,
+    repeat_topk,
+    retrieval_data,
+    score_arm,
+)
+from hir_evaluation.snapshot import Snapshot
+
+log = logging.getLogger(__name__)
+
+ARMS = ("hir", "popularity", "itemknn", "lightgcn", "content", "repeat")
+# the baselines hir is ranked against; `repeat` (the user's own past entities) is reported beside
+# them as a reference point, since repeat engagement dominates grocery-like data
+BASELINES = ("popularity", "itemknn", "lightgcn", "content")
+
+
+def evaluate_retrieval(
+    snap: Snapshot,
+    task: RetrievalTask,
+    lightgcn: LightGCNConfig,
+    hir: TopK | None,
+    content: tuple[np.ndarray, np.ndarray] | None,
+    seed: int,
+    neighbours: int = 100,
+    history_splits: list[str] | None = None,
+) -> dict[str, Any]:
+    """The ``retrieval`` section of metrics.json.
+
+    Args:
+        hir: the HIR arm (Milvus search or the file fallback), None when unavailable.
+        content: (entity content vectors (I, d), has-vector (I,)) for the content arm, or None.
+        neighbours: item-kNN neighbourhood size (0 = every co-occurring item).
+        history_splits: the periods every arm learns from (default train + val); set to the
+            periods the HIR export saw, so every arm gets the same information.
+    """
+    ks = tuple(sorted(task.ks))
+    kmax = ks[-1]
+    data = retrieval_data(snap, task, "test", seed, history_splits)
+    log.info("retrieval: %d test users, %d history pairs, %d entities", len(data.users), data.history.height, data.n_items)
+    runs: dict[str, Callable[[], np.ndarray]] = {
+        "popularity": lambda: popularity_topk(data, kmax),
+        "itemknn": lambda: itemknn_topk(data, kmax, neighbours),
+        "repeat": lambda: repeat_topk(data, kmax),
+    }
+    fits: dict[str, Any] = {}
+
+    def run_lightgcn() -> np.ndarray:
+        # val's history is the train period: LightGCN trains on it and early-stops on val's held-out set
+        val = retrieval_data(snap, task, "val", seed)
+        res = fit_lightgcn(val, val, data, kmax, lightgcn, seed)
+        fits["lightgcn"] = {"best_epoch": res.epochs, "best_val_recall@20": res.best_val_recall, "seconds": res.seconds,
+                            "stopped_by_budget": res.stopped_by_budget}
+        return res.topk
+
+    runs["lightgcn"] = run_lightgcn
+    if content is not None:
+        runs["content"] = lambda: profile_topk(data, content[0], content[1], kmax)
+    if hir is not None:
+        runs["hir"] = lambda: hir(data, kmax)
+    scores: dict[str, dict[str, dict[str, float]]] = {}
+    seconds: dict[str, float] = {}
+    for arm, fn in runs.items():
+        t0 = time.perf_counter()
+        scores[arm] = score_arm(fn(), data, ks)
+        seconds[arm] = time.perf_counter() - t0
+        log.info("retrieval %s: recall@20 %.4f (%.1fs)", arm, scores[arm]["all"].get("recall@20", float("nan")), seconds[arm])
+    empty = {f"{m}@{k}": None for k in ks for m in ("recall", "ndcg")}
+    out: dict[str, Any] = {
+        "task": asdict(task),
+        "history_splits": history_splits or ["train", "val"],
+        "ks": list(ks),
+        "users": len(data.users),
+        "seconds": seconds,
+        "fits": fits,
+    }
+    for arm in ARMS:
+        out[arm] = {k: v for k, v in scores[arm]["all"].items() if k != "users"} if arm in scores else dict(empty)
+    out["slices"] = {
+        name: {"users": int(next(iter(scores.values()))[name]["users"])}
+        | {arm: ({k: v for k, v in scores[arm][name].items() if k != "users"} if arm in scores else dict(empty))
+           for arm in ARMS}
+        for name in ("new_to_user", "item_cold")
+    }
+    out["hir_over_best_baseline"] = best_baseline_ratio(out, "recall@20")
+    out["hir_over_repeat"] = best_baseline_ratio(out, "recall@20", ("repeat",))
+    return out
+
+
+def best_baseline_ratio(
+    section: Mapping[str, Any], metric: str, baselines: tuple[str, ...] = BASELINES
+) -> dict[str, Any]:
+    """hir's ``metric`` over the best of ``baselines`` (null when either is missing or the best is 0)."""
+    values = {arm: (section.get(arm) or {}).get(metric) for arm in baselines}
+    values = {a: v for a, v in values.items() if isinstance(v, float) and v == v}
+    hir = (section.get("hir") or {}).get(metric)
+    if not values:
+        return {"metric": metric, "best_baseline": None, "ratio": None}
+    best = max(values, key=lambda a: values[a])
+    ratio = hir / values[best] if isinstance(hir, float) and values[best] > 0 else None
+    return {"metric": metric, "best_baseline": best, "best_value": values[best], "hir": hir, "ratio": ratio}

@@ -1,0 +1,75 @@
+"""Representation diagnostics on hand-built token tables."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+
+from hir_evaluation import diagnostics as diag
+from hir_evaluation.snapshot import load_snapshot
+
+
+def _frame(tokens: list[list[int]], weights: list[list[float]] | None = None, key: str = "p") -> pl.DataFrame:
+    n = len(tokens)
+    weights = weights or [[1.0] + [0.0] * (len(t) - 1) for t in tokens]
+    return pl.DataFrame({
+        "entity_id": [f"{key}{i}" for i in range(n)], "node_id": list(range(n)),
+        "embedding": [[float(i), 1.0] for i in range(n)],
+        "tokens_l0": tokens, "weights_l0": weights,
+    }).with_columns(pl.col("tokens_l0").cast(pl.List(pl.Int32)), pl.col("weights_l0").cast(pl.List(pl.Float32)))
+
+
+def test_top1_follows_the_weights() -> None:
+    f = _frame([[3, 1], [2, 0]], [[0.2, 0.8], [0.9, 0.1]])
+    assert diag.top1(f, 0).tolist() == [1, 2]
+
+
+def test_token_usage() -> None:
+    f = _frame([[0], [0], [1], [1]])
+    (level,) = diag.token_usage({"product": f}, vocab=[4])
+    assert level["used"] == 2 and level["used_fraction"] == 0.5
+    assert level["perplexity"] == pytest.approx(2.0)
+    assert level["counts"] == [2, 2, 0, 0]
+
+
+def test_taxonomy_and_nmi(tiny_graph: Path) -> None:
+    snap = load_snapshot(tiny_graph)
+    labels = diag.taxonomy_labels(snap, "product")
+    assert labels["taxonomy_d1"].tolist() == [0] * 6  # the root "food"
+    assert labels["taxonomy_d2"].tolist() == [1, 1, 1, 2, 2, 2]
+    perfect = _frame([[7], [7], [7], [4], [4], [4]])
+    assert diag.nmi_table(perfect, labels)["l0"]["taxonomy_d2"] == pytest.approx(1.0)
+    mixed = _frame([[7], [4], [7], [4], [7], [4]])
+    assert diag.nmi_table(mixed, labels)["l0"]["taxonomy_d2"] < 0.1
+
+
+def test_stability_is_invariant_to_prototype_renaming() -> None:
+    a = _frame([[0, 1], [1, 2], [2, 0], [0, 2]], [[0.7, 0.3]] * 4)
+    rename = {0: 5, 1: 3, 2: 4}
+    b = a.with_columns(pl.col("tokens_l0").list.eval(pl.element().replace_strict(rename)).cast(pl.List(pl.Int32)))
+    (same,) = diag.token_stability(a, b)
+    assert same["jaccard"] == pytest.approx(1.0) and same["top1_agreement"] == 1.0 and same["nmi"] == pytest.approx(1.0)
+    c = a.with_columns(pl.Series("tokens_l0", [[0, 1], [0, 1], [0, 1], [0, 1]], dtype=pl.List(pl.Int32)))
+    (diff,) = diag.token_stability(a, c)
+    assert diff["jaccard"] < 1.0
+
+
+def test_supergraph_and_prototypes(tmp_path: Path) -> None:
+    (tmp_path / "supergraph.json").write_text(json.dumps({"raw_density": 0.01, "levels": [{"level": 0, "density": 0.5}]}))
+    assert diag.supergraph_gain(tmp_path)["levels"][0]["gain"] == pytest.approx(50.0)
+    pl.DataFrame({"level": [0, 0, 1], "proto_id": [0, 1, 0], "parent_id": [-1, -1, 0], "label": ["a", "b", "c"],
+                  "usage": [0.2, 0.8, 1.0]}).write_parquet(tmp_path / "prototypes.parquet")
+    top = diag.top_prototypes(tmp_path, 1)
+    assert [(p["level"], p["label"]) for p in top] == [(0, "b"), (1, "c")]
+    assert diag.supergraph_gain(tmp_path / "missing") is None
+
+
+def test_embedding_map_shape() -> None:
+    f = _frame([[i % 3] for i in range(50)])
+    pts = diag.embedding_map(f, 20, seed=0)
+    assert len(pts["x"]) == 20 and set(pts["token"]) <= {0, 1, 2}
+    assert np.isfinite(pts["y"]).all()

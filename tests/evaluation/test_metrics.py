@@ -1,0 +1,81 @@
+"""Metric functions against hand-computed values and scikit-learn."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from sklearn.metrics import log_loss as sk_log_loss
+from sklearn.metrics import roc_auc_score
+
+from hir_evaluation import metrics as m
+
+
+def test_auc_matches_sklearn_with_ties_and_weights() -> None:
+    rng = np.random.default_rng(0)
+    y = (rng.random(500) < 0.3).astype(float)
+    p = np.round(rng.random(500) * 0.5 + 0.3 * y, 2)  # rounding makes many ties
+    w = rng.integers(0, 4, 500).astype(float)
+    assert m.auc(y, p) == pytest.approx(roc_auc_score(y, p), abs=1e-12)
+    assert m.auc(y, p, w) == pytest.approx(roc_auc_score(y, p, sample_weight=w), abs=1e-12)
+
+
+def test_auc_hand_example_and_degenerate() -> None:
+    # pairs (pos, neg): (0.8 > 0.3), (0.8 > 0.5), (0.5 = 0.5 tie -> 1/2), (0.5 > 0.3): 3.5 / 4
+    y = np.array([1, 1, 0, 0.0])
+    p = np.array([0.8, 0.5, 0.5, 0.3])
+    assert m.auc(y, p) == pytest.approx(3.5 / 4)
+    assert math.isnan(m.auc(np.ones(3), np.array([0.1, 0.2, 0.3])))
+
+
+def test_normalized_entropy_is_one_at_the_base_rate_and_lower_when_better() -> None:
+    y = np.array([1, 0, 0, 0, 1, 0, 0, 0.0])
+    assert m.normalized_entropy(y, np.full(8, 0.25)) == pytest.approx(1.0)
+    better = np.where(y == 1, 0.6, 0.1)
+    ne = m.normalized_entropy(y, better)
+    assert ne < 1
+    assert ne == pytest.approx(sk_log_loss(y, better) / m.entropy(0.25))
+
+
+def test_calibration_and_lift_sign() -> None:
+    y = np.array([1, 0, 0, 0.0])
+    assert m.calibration(y, np.full(4, 0.5)) == pytest.approx(2.0)  # predicts 2 positives for 1
+    assert m.relative_lift(0.8, 0.6) == pytest.approx(0.25)  # lower NE is a positive lift
+    assert m.relative_lift(0.8, 0.9) < 0
+
+
+def test_bootstrap_is_paired_and_clustered() -> None:
+    groups = np.array([0, 0, 1, 1, 1, 2])
+    w = m.bootstrap_weights(groups, 50, seed=3)
+    assert w.shape == (50, 6)
+    # rows of one cluster always share a weight, and each draw picks 3 clusters
+    assert np.all(w[:, 0] == w[:, 1]) and np.all(w[:, 2] == w[:, 4])
+    assert np.all(w[:, [0, 2, 5]].sum(1) == 3)
+    rng = np.random.default_rng(1)
+    y = (rng.random(400) < 0.2).astype(float)
+    base = np.clip(0.2 + 0.1 * (y - 0.2) + 0.05 * rng.normal(size=400), 0.01, 0.99)
+    better = np.clip(base + 0.2 * (y - 0.2), 0.01, 0.99)
+    draws = m.bootstrap_ranking(y, {"baseline": base, "hir": better}, m.bootstrap_weights(np.arange(400), 100, 0))
+    lo, hi = m.interval(draws["hir"]["ne_lift"])
+    point = m.relative_lift(m.normalized_entropy(y, base), m.normalized_entropy(y, better))
+    assert 0 < lo <= point <= hi
+    # the vectorised NE of a draw equals the direct weighted computation
+    w0 = m.bootstrap_weights(np.arange(400), 1, 0)[0]
+    assert m.bootstrap_ranking(y, {"baseline": base}, w0[None])["baseline"]["ne"][0] == pytest.approx(
+        m.normalized_entropy(y, base, w0))
+
+
+def test_recall_and_ndcg_by_hand() -> None:
+    topk = np.array([[5, 1, 2], [7, 8, 9], [3, -1, -1]])
+    relevant = [{1, 4}, {9}, set()]  # the third user has nothing held out and is skipped
+    out = m.recall_ndcg_at_k(topk, relevant, (1, 3))
+    assert out["users"] == 2
+    assert out["recall@1"] == 0.0
+    assert out["recall@3"] == pytest.approx((0.5 + 1.0) / 2)
+    dcg_u0 = 1 / math.log2(3)
+    idcg_u0 = 1 + 1 / math.log2(3)
+    dcg_u1 = 1 / math.log2(4)
+    assert out["ndcg@3"] == pytest.approx((dcg_u0 / idcg_u0 + dcg_u1 / 1.0) / 2)
+    with pytest.raises(ValueError, match="fewer than the largest K"):
+        m.recall_ndcg_at_k(topk, relevant, (5,))

@@ -1,0 +1,135 @@
+"""Retrieval baselines against brute force, LightGCN against PyG's own propagation, held-out sets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+import torch
+from torch_geometric.nn import LightGCN
+
+from hir_evaluation.lightgcn import LightGCNConfig, fit_lightgcn, normalized_adjacency, propagate
+from hir_evaluation.retrieval import (
+    RetrievalData,
+    RetrievalTask,
+    interaction_matrix,
+    item_neighbours,
+    itemknn_topk,
+    popularity_topk,
+    repeat_topk,
+    retrieval_data,
+    topk_dense,
+)
+from hir_evaluation.snapshot import load_snapshot
+
+
+def _data(history: pl.DataFrame, n_users: int, n_items: int, relevant: list[set[int]] | None = None) -> RetrievalData:
+    rel = relevant or [set() for _ in range(n_users)]
+    return RetrievalData(users=np.arange(n_users), relevant=rel, new_to_user=rel, item_cold=rel,
+                         history=history, n_users=n_users, n_items=n_items)
+
+
+def _random_history(seed: int, n_users: int = 30, n_items: int = 40, n: int = 250) -> pl.DataFrame:
+    rng = np.random.default_rng(seed)
+    return pl.DataFrame({"user_id": rng.integers(0, n_users, n), "entity_id": rng.integers(0, n_items, n)}).group_by(
+        "user_id", "entity_id").agg(pl.len().cast(pl.Float64).alias("n"))
+
+
+def _brute_scores(history: pl.DataFrame, n_users: int, n_items: int, k: int | None) -> np.ndarray:
+    x = interaction_matrix(history, n_users, n_items).toarray().astype(np.float64)
+    deg = x.sum(0)
+    cos = (x.T @ x) / np.sqrt(np.outer(np.maximum(deg, 1), np.maximum(deg, 1)))
+    if k is not None:  # keep each item's k most similar items
+        for i in range(n_items):
+            if (cos[i] > 0).sum() > k:
+                cos[i, np.argsort(-cos[i])[k:]] = 0
+    scores = x @ cos
+    scores[:, deg == 0] = -np.inf
+    return scores
+
+
+@pytest.mark.parametrize("neighbours", [0, 40])
+def test_itemknn_matches_brute_force(neighbours: int) -> None:
+    # 40 neighbours = every item: the pruned path must then equal the full neighbourhood
+    history = _random_history(0)
+    top = itemknn_topk(_data(history, 30, 40), 5, neighbours=neighbours)
+    brute = _brute_scores(history, 30, 40, None)
+    for u in range(30):
+        # compare scores, not ids: ties may be broken either way
+        assert np.allclose(np.sort(brute[u, top[u]])[::-1], np.sort(brute[u])[::-1][:5], atol=1e-5)
+
+
+def test_item_neighbours_keep_the_k_most_similar() -> None:
+    history = _random_history(1)
+    x = interaction_matrix(history, 30, 40)
+    sim = item_neighbours(x, 3, chunk=7).toarray()
+    dense = x.toarray().astype(np.float64)
+    deg = dense.sum(0)
+    cos = (dense.T @ dense) / np.sqrt(np.outer(np.maximum(deg, 1), np.maximum(deg, 1)))
+    for i in range(40):
+        kept = np.sort(sim[i][sim[i] > 0])[::-1]
+        assert len(kept) == min(3, (cos[i] > 0).sum())
+        assert np.allclose(kept, np.sort(cos[i])[::-1][: len(kept)], atol=1e-6)  # ties: values, not ids
+
+
+def test_popularity_and_repeat() -> None:
+    history = pl.DataFrame({"user_id": [0, 0, 1, 1, 2], "entity_id": [3, 1, 3, 2, 3], "n": [1.0, 5.0, 1.0, 1.0, 2.0]})
+    data = _data(history, 4, 5)
+    assert popularity_topk(data, 3)[0].tolist() == [1, 3, 2]  # by event count: 5, 4, 1
+    rep = repeat_topk(data, 2)
+    assert rep[0].tolist() == [1, 3] and rep[2].tolist() == [3, -1] and rep[3].tolist() == [-1, -1]
+
+
+def test_topk_dense_masks_items() -> None:
+    users = np.array([[1.0, 0.0]], dtype=np.float32)
+    items = np.array([[1, 0], [0.9, 0.1], [0, 1]], dtype=np.float32)
+    assert topk_dense(users, items, 2).tolist() == [[0, 1]]
+    assert topk_dense(users, items, 2, item_mask=np.array([False, True, True])).tolist() == [[1, 2]]
+
+
+def test_propagation_equals_pyg_lightgcn() -> None:
+    u, i = np.array([0, 0, 1, 2, 2]), np.array([0, 1, 1, 2, 0])
+    adj = normalized_adjacency(u, i, 3, 6)
+    model = LightGCN(6, 4, 2, normalize=False)
+    reference = LightGCN(6, 4, 2)  # PyG's own gcn_norm over an edge index
+    reference.load_state_dict(model.state_dict())
+    edge_index = torch.tensor(np.stack([np.concatenate([u, i + 3]), np.concatenate([i + 3, u])]))
+    assert torch.allclose(propagate(model, adj), reference.get_embedding(edge_index), atol=1e-6)
+    # and the custom backward is the true gradient (A symmetric)
+    x = torch.randn(6, 4, dtype=torch.float64, requires_grad=True)
+    dense = adj.to_dense().double()
+    model64 = LightGCN(6, 4, 1, normalize=False).double()
+    with torch.no_grad():
+        model64.embedding.weight.copy_(x)
+    propagate(model64, adj.double() if adj.dtype != torch.float64 else adj).sum().backward()
+    expected = (0.5 * torch.ones(6, 4, dtype=torch.float64) + 0.5 * dense.T @ torch.ones(6, 4, dtype=torch.float64))
+    assert torch.allclose(model64.embedding.weight.grad, expected, atol=1e-6)
+
+
+def test_lightgcn_learns_planted_communities() -> None:
+    # two communities: users 0-19 buy items 0-19, users 20-39 buy items 20-39
+    rng = np.random.default_rng(0)
+    users = rng.integers(0, 40, 600)
+    items = rng.integers(0, 20, 600) + 20 * (users >= 20)
+    history = pl.DataFrame({"user_id": users, "entity_id": items}).unique().with_columns(pl.lit(1.0).alias("n"))
+    held = [set(range(20)) if u < 20 else set(range(20, 40)) for u in range(40)]
+    data = _data(history, 40, 40, held)
+    cfg = LightGCNConfig(dim=8, layers=2, lr=0.05, batch_size=256, steps_per_epoch=10, max_epochs=5, patience=5,
+                         max_seconds=30)
+    res = fit_lightgcn(data, data, data, 10, cfg, seed=0)
+    same = np.mean([np.mean([(t < 20) == (u < 20) for t in res.topk[u]]) for u in range(40)])
+    assert same > 0.9
+    assert res.best_val_recall > 0.4
+
+
+def test_retrieval_data_slices(tiny_graph: Path) -> None:
+    snap = load_snapshot(tiny_graph)
+    data = retrieval_data(snap, RetrievalTask(), "test")
+    # test purchases: (0, 2) and (1, 3); product 3 was user 1's before, product 2 is new to user 0
+    assert data.users.tolist() == [0, 1]
+    assert data.relevant == [{2}, {3}]
+    assert data.new_to_user == [{2}, set()]
+    assert data.item_cold == [set(), set()]  # product 5 (cold) is only viewed
+    assert set(data.history["user_id"].to_list()) == {0, 1, 2, 3}

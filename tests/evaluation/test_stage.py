@@ -1,0 +1,108 @@
+"""`hir evaluate` end to end: the real rees46 snapshot with a contract-shaped export (file
+fallback), the report's schema and files, reuse, and the errors users see."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from hir.errors import InputError
+from hir_evaluation import stage
+from tests.conftest import REES46, run_hir
+from tests.evaluation.fixtures import write_content, write_export
+
+# small budgets: the code paths, not the numbers, are under test here
+FAST = [
+    "eval.ranker.max_steps=60", "eval.ranker.eval_every=20", "eval.bootstrap.resamples=20",
+    "eval.lightgcn.max_epochs=2", "eval.lightgcn.steps_per_epoch=3", "eval.lightgcn.batch_size=1024",
+    "eval.itemknn_neighbours=20", "eval.diagnostics.map_points=300",
+]
+TINY_TASK = "eval.task={ranking:{_target_:hir_evaluation.tasks.RankingTask,candidate_stages:[view]}}"
+
+
+@pytest.mark.skipif(not REES46.exists(), reason=f"needs {REES46}")
+def test_rees46_report(compose: Callable, tmp_path: Path) -> None:
+    from hir.data.prepare import run as prepare
+
+    prepare(compose("data=rees46", stage="prepare"))
+    write_export(tmp_path / "graph", tmp_path / "embeddings", tmp_path / "hierarchy")
+    write_content(tmp_path / "graph", tmp_path / "content")
+    # a second "training" (other prototype seed) for the token-stability diagnostic
+    write_export(tmp_path / "graph", tmp_path / "other" / "embeddings", seed=1)
+    cfg = compose("data=rees46", *FAST, f"eval.compare_embeddings_dir={tmp_path / 'other' / 'embeddings'}",
+                  stage="evaluate")
+    metrics = stage.run(cfg)
+
+    report = tmp_path / "report"
+    assert json.loads((report / "metrics.json").read_text()) == metrics
+    for arm in ("baseline", "hir", "content"):
+        assert {"auc", "ne", "calibration"} <= set(metrics["ranking"][arm])
+        assert 0.0 <= metrics["ranking"][arm]["auc"] <= 1.0
+    lift = metrics["ranking"]["ne_lift"]
+    assert lift["ci"][0] <= lift["value"] <= lift["ci"][1]
+    for arm in ("hir", "popularity", "itemknn", "lightgcn", "content"):
+        assert {"recall@10", "recall@20", "ndcg@20"} <= set(metrics["retrieval"][arm])
+    assert metrics["sources"]["fallback"] is True and "FALLBACK" in metrics["sources"]["notes"][0]
+    assert metrics["ranking"]["task"]["candidate_stages"] == ["view"]  # conf/eval/task/rees46.yaml
+    assert metrics["diagnostics"]["nmi"]["product"]["l0"]["taxonomy_d1"] >= 0
+    stability = metrics["diagnostics"]["stability"]
+    assert [s["level"] for s in stability] == [0, 1] and all(0 <= s["jaccard"] <= 1 for s in stability)
+    html = (report / "report.html").read_text()
+    assert html.count("data:image/png;base64,") == 5 and "src=\"http" not in html
+    assert "## Slices" in (report / "report.md").read_text()
+
+    # idempotent: the finished report is reused, force=true recomputes
+    (report / "report.md").write_text("marker")
+    assert stage.run(cfg)["created"] == metrics["created"]
+    assert (report / "report.md").read_text() == "marker"
+
+
+def test_without_hir_the_arms_are_empty(compose: Callable, tiny_graph: Path) -> None:
+    cfg = compose("data=rees46", f"paths.graph_dir={tiny_graph}", TINY_TASK, "eval.require_hir=false",
+                  "eval.require_content=false", *FAST, stage="evaluate")
+    metrics = stage.run(cfg)
+    assert metrics["ranking"]["hir"]["auc"] is None and metrics["retrieval"]["hir"]["recall@20"] is None
+    assert metrics["ranking"]["ne_lift"]["value"] is None
+    assert metrics["ranking"]["baseline"]["auc"] is not None
+    assert any("no HIR embeddings" in n for n in metrics["sources"]["notes"])
+
+
+def test_missing_inputs_are_user_errors(compose: Callable, tiny_graph: Path, tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="run `hir prepare`"):
+        stage.run(compose("data=rees46", f"paths.graph_dir={tmp_path / 'nowhere'}", stage="evaluate"))
+    with pytest.raises(InputError, match=r"eval\.require_hir=false"):
+        stage.run(compose("data=rees46", f"paths.graph_dir={tiny_graph}", TINY_TASK, stage="evaluate"))
+
+
+def test_point_in_time_protocols(compose: Callable, tiny_graph: Path, tmp_path: Path) -> None:
+    from datetime import UTC, datetime
+
+    from tests.evaluation.tiny import TEST_START
+
+    base = ["data=rees46", f"paths.graph_dir={tiny_graph}", TINY_TASK, "eval.require_content=false", *FAST]
+    # stamped at test_start (the export saw train + val): no fit-period row may use the embeddings,
+    # so every arm is cross-fitted on the test period
+    write_export(tiny_graph, tmp_path / "embeddings", dim=4, levels=(2,), top_k=1, event_timestamp=TEST_START)
+    metrics = stage.run(compose(*base, stage="evaluate"))
+    ranking = metrics["ranking"]
+    assert ranking["fit_splits"] == ["test"] and "cross-fit" in ranking["protocol"]
+    assert ranking["hir"]["auc"] is not None and not ranking["skipped"]
+    assert ranking["hir"]["feature_coverage"]["fit_has_hir_user"] == 0.0
+    assert any("cross-fitted" in n for n in metrics["sources"]["notes"])
+    # stamped after every row: nothing is point-in-time valid, the arm is skipped with the reason
+    write_export(tiny_graph, tmp_path / "embeddings", dim=4, levels=(2,), top_k=1,
+                 event_timestamp=datetime(2030, 1, 1, tzinfo=UTC))
+    metrics = stage.run(compose(*base, "force=true", "eval.ranker_crossfit_fallback=false", stage="evaluate"))
+    assert "hir" in metrics["ranking"]["skipped"] and metrics["ranking"]["hir"]["auc"] is None
+    assert metrics["ranking"]["fit_splits"] == ["train", "val"]
+    assert metrics["retrieval"]["hir"]["recall@20"] is not None  # retrieval serves the latest version
+
+
+def test_cli_prints_errors_without_traceback(tmp_path: Path) -> None:
+    res = run_hir("evaluate", "data=rees46", f"hydra.run.dir={tmp_path}", cwd=tmp_path, timeout=300)
+    out = res.stdout + res.stderr
+    assert res.returncode == 2
+    assert "run `hir prepare`" in out and "Traceback" not in out
