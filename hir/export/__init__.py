@@ -1,0 +1,1 @@
+"""`hir export`: embeddings, Bag-of-Meaning tokens and the interest hierarchy of a trained model."""

@@ -1,0 +1,212 @@
+"""A trained model + its snapshot, ready to embed: every snapshot entity (export) and new
+entities from content alone (``hir refresh``).
+
+    emb = Embedder("outputs/x/checkpoints/last.ckpt", "outputs/x/graph", "outputs/x/content")
+    z = emb.embed_snapshot()                               # (n_nodes, dim), global-id order
+    z_new = emb.embed_new("product", text_vec, attr_vec, has_text,
+                          links=[[("category", "shoes"), ("advertiser", "acme")], ...])
+    codes, weights = emb.tokens(z_new)                     # Bag-of-Meaning per level
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+import torch
+
+from hir.errors import InputError
+from hir.nn import HirNet
+from hir.nn.buckets import METADATA, SELF
+from hir.train.context import ContextSampler, topk_edges
+from hir.train.datamodule import EmbedBatches
+from hir.train.graph import content_rows, load_graph
+from hir.train.module import embed_batch
+
+log = logging.getLogger(__name__)
+
+
+def load_checkpoint(path: str | Path) -> tuple[HirNet, dict[str, Any]]:
+    """A ``hir train`` checkpoint -> (the EMA teacher network in eval mode, hyper-parameters).
+
+    Loaded with ``weights_only=True``: a checkpoint holds tensors and plain values only.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise InputError(f"checkpoint {path} does not exist; run `hir train` first (or set model.export.checkpoint)")
+    ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    hp = ckpt["hyper_parameters"]
+    net = HirNet(**hp["net_config"])
+    state = {k.removeprefix("teacher."): v for k, v in ckpt["state_dict"].items() if k.startswith("teacher.")}
+    net.load_state_dict(state)
+    return net.eval(), hp
+
+
+def checkpoint_version(path: str | Path) -> str:
+    """``<sha256 of the checkpoint, 10 hex>-<its mtime, UTC>``: stable for one checkpoint file."""
+    path = Path(path)
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    stamp = datetime.fromtimestamp(path.stat().st_mtime, tz=UTC).strftime("%Y%m%dT%H%M%SZ")
+    return f"{h.hexdigest()[:10]}-{stamp}"
+
+
+class Embedder:
+    """Embeds entities with a trained checkpoint against the snapshot it was trained on.
+
+    Args:
+        checkpoint: path of a ``hir train`` checkpoint.
+        graph_dir, content_dir: the snapshot (prepare's ``graph/``, enrich's ``content/``).
+        visible_splits: engagement the contexts may see (default train + val: everything before
+            the test period).
+    """
+
+    def __init__(self, checkpoint: str | Path, graph_dir: str | Path, content_dir: str | Path,
+                 visible_splits: Sequence[str] = ("train", "val")) -> None:
+        self.checkpoint = Path(checkpoint)
+        self.net, self.hp = load_checkpoint(checkpoint)
+        data = self.hp.get("data", {})
+        self.graph_dir = Path(graph_dir)
+        self.store = load_graph(graph_dir, content_dir, tuple(visible_splits), **data.get("graph", {}))
+        if self.store.spec != {k: self.hp["net_config"][k] for k in self.store.spec}:
+            raise InputError(
+                f"checkpoint {checkpoint} was trained on a snapshot with {self.hp['net_config']} but "
+                f"{graph_dir} + {content_dir} give {self.store.spec}; export with the snapshot it was trained on"
+            )
+        self.sampler = ContextSampler(self.store, **data.get("context", {}))
+        self.version = checkpoint_version(checkpoint)
+        self._key_index: dict[str, dict[str, int]] = {}
+
+    @property
+    def dim(self) -> int:
+        return self.net.dim
+
+    @property
+    def levels(self) -> tuple[int, ...]:
+        return self.net.tokenizer.levels
+
+    @torch.inference_mode()
+    def embed_nodes(self, nodes: np.ndarray, batch_size: int = 2048, seed: int = 0) -> np.ndarray:
+        """Global node ids (n,) -> (n, dim) float32 unit embeddings: nodes with train engagement
+        through the engagement view, the rest (cold start) through the knowledge view."""
+        ds = EmbedBatches(self.store, self.sampler, np.asarray(nodes, np.int64), batch_size, seed)
+        out = np.zeros((len(nodes), self.dim), np.float32)
+        pos = 0
+        for i in range(len(ds)):
+            batch = ds[i]
+            got, z = embed_batch(self.net, batch)
+            n = len(got)
+            # embed_batch returns warm then cold; put rows back in the batch's node order
+            order = np.concatenate([np.flatnonzero(self.store.warm[ds.nodes[pos:pos + n]]),
+                                    np.flatnonzero(~self.store.warm[ds.nodes[pos:pos + n]])])
+            out[pos + order] = z.float().numpy()
+            pos += n
+        return out
+
+    def embed_snapshot(self, batch_size: int = 2048, seed: int = 0) -> np.ndarray:
+        """Every node of the snapshot -> (n_nodes, dim), in global-id order."""
+        return self.embed_nodes(np.arange(self.store.n_nodes), batch_size, seed)
+
+    @torch.inference_mode()
+    def tokens(self, z: np.ndarray, batch_size: int = 8192) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """(n, dim) embeddings -> per level: codes (n, k) int32 and weights (n, k) float32 summing to 1."""
+        codes: list[list[np.ndarray]] = [[] for _ in self.levels]
+        weights: list[list[np.ndarray]] = [[] for _ in self.levels]
+        for lo in range(0, len(z), batch_size):
+            c, w, _ = self.net.tokenizer(torch.from_numpy(z[lo:lo + batch_size]))
+            for lvl in range(len(self.levels)):
+                codes[lvl].append(c[lvl].numpy().astype(np.int32))
+                weights[lvl].append(w[lvl].numpy().astype(np.float32))
+        k = [min(self.net.tokenizer.top_k, n) for n in self.levels]
+        return ([np.concatenate(c) if c else np.zeros((0, k[i]), np.int32) for i, c in enumerate(codes)],
+                [np.concatenate(w) if w else np.zeros((0, k[i]), np.float32) for i, w in enumerate(weights)])
+
+    def node_ids(self, etype: str, keys: Sequence[str]) -> np.ndarray:
+        """Entity keys of a type -> global node ids (-1 for keys not in the snapshot)."""
+        if etype not in self._key_index:
+            path = self.graph_dir / "nodes" / f"{etype}.parquet"
+            df = pl.read_parquet(path, columns=["node_id", "key"]) if path.exists() else pl.DataFrame({"node_id": [], "key": []})
+            self._key_index[etype] = dict(zip(df["key"].cast(pl.String).to_list(), df["node_id"].to_list()))
+        index = self._key_index[etype]
+        local = np.array([index.get(str(k), -1) for k in keys], dtype=np.int64)
+        return np.where(local >= 0, self.store.global_ids(etype, np.maximum(local, 0)), -1)
+
+    @torch.inference_mode()
+    def embed_new(
+        self,
+        entity_type: str,
+        text_vec: np.ndarray,
+        attr_vec: np.ndarray | None = None,
+        has_text: np.ndarray | None = None,
+        links: Sequence[Sequence[tuple[str, str]]] | None = None,
+        image_vec: np.ndarray | None = None,
+        seed: int = 0,
+    ) -> np.ndarray:
+        """Embed entities that are not in the snapshot from content alone (the knowledge view).
+
+        Args:
+            entity_type: one of user, product, advertiser, campaign, category.
+            text_vec: (n, text_dim) text vectors (zeros when no text), as enrich writes them.
+            attr_vec: (n, attr_dim of the type) attribute vectors (enrich's fitted encoders), or None.
+            has_text: (n,) bool; default: text_vec rows that are not all zero.
+            links: per entity, the existing entities it points to, as (entity_type, key) pairs:
+                a product's category and advertiser, a campaign's advertiser and products. Their
+                content (and their category ancestors) join the context. Unknown keys are skipped.
+            image_vec: (n, image_dim) image vectors when the snapshot has them.
+            seed: seed of the draw among many ancestors.
+
+        Returns:
+            (n, dim) float32 unit embeddings in the universal space (tokens via :meth:`tokens`).
+        """
+        st = self.store
+        if entity_type not in st.types:
+            raise InputError(f"unknown entity type {entity_type!r}; expected one of {list(st.types)}")
+        text_vec = np.asarray(text_vec, np.float32).reshape(-1, st.layout["text_dim"]) if text_vec is not None else None
+        n = len(text_vec) if text_vec is not None else len(has_text if has_text is not None else [])
+        if text_vec is None:
+            text_vec = np.zeros((n, st.layout["text_dim"]), np.float32)
+        if n == 0:
+            return np.zeros((0, self.dim), np.float32)
+        if has_text is None:
+            has_text = np.abs(text_vec).sum(1) > 0
+        rows = content_rows(st.layout, entity_type, text_vec, None if attr_vec is None else np.asarray(attr_vec, np.float32),
+                            np.asarray(has_text), None if image_vec is None else np.asarray(image_vec, np.float32))
+        k_up = self.sampler.k_up + self.sampler.k_know_down
+        direct = np.full((n, k_up), -1, np.int64)
+        for i, ent_links in enumerate(links or [[]] * n):
+            ids = [int(g) for t, key in ent_links for g in self.node_ids(t, [key]) if g >= 0][:k_up]
+            direct[i, :len(ids)] = ids
+        # the linked nodes' own ancestors (a category's parents) fill the remaining slots, hop 2
+        rng = np.random.default_rng(seed)
+        anc = topk_edges(st.up, np.maximum(direct[:, 0], 0), k_up, rng)  # (n, k_up) via the first link
+        anc_nodes = np.where((anc >= 0) & (direct[:, :1] >= 0), st.up.dst[np.maximum(anc, 0)], -1)
+        node = np.concatenate([np.full((n, 1), -1), direct, anc_nodes], axis=1)[:, : 1 + k_up]
+        hop = np.concatenate([np.zeros((n, 1), np.int64), np.ones_like(direct), np.full_like(anc_nodes, 2)], axis=1)[:, : 1 + k_up]
+        real = node >= 0
+        real[:, 0] = True
+        uniq = np.unique(node[node >= 0])
+        content = np.concatenate([rows, st.content[uniq]])  # new rows first, then the linked nodes'
+        row = np.where(node >= 0, n + np.searchsorted(uniq, node), -1)
+        row[:, 0] = np.arange(n)
+        tid = st.types.index(entity_type)
+        ntype = np.where(node >= 0, st.node_type[np.maximum(node, 0)], 0)
+        ntype[:, 0] = tid
+        zeros_i = np.zeros(node.shape, np.int64)
+        view = {
+            "node": torch.from_numpy(node), "row": torch.from_numpy(row), "content": torch.from_numpy(content),
+            "type": torch.from_numpy(ntype.astype(np.int64)),
+            "relation": torch.from_numpy(np.where(real, METADATA, 0).astype(np.int64)).index_fill_(1, torch.tensor([0]), SELF),
+            "hop": torch.from_numpy(np.where(real, hop, 0).astype(np.int64)),
+            "stage": torch.from_numpy(zeros_i), "recency": torch.from_numpy(zeros_i.copy()),
+            "count": torch.zeros(node.shape), "age": torch.zeros(node.shape), "exposure": torch.zeros(node.shape),
+            "mask": torch.from_numpy(real),
+        }
+        return self.net(view, use_ids=False).float().numpy()

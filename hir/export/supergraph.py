@@ -1,0 +1,101 @@
+"""Super-graph statistics (raw user->entity graph vs user->prototype graph) and, for data with a
+planted hierarchy, how well the exported tokens recover it (NMI)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+from sklearn.metrics import normalized_mutual_info_score
+
+from hir.data.schema import ENTITY_TYPES, engage_relation
+
+log = logging.getLogger(__name__)
+
+
+def engagement_pairs(graph_dir: Path, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct (user, entity) pairs over every split and stage: (user ids, global entity ids)."""
+    users, ents = [], []
+    for ti, t in enumerate(ENTITY_TYPES):
+        path = graph_dir / "edges" / f"{engage_relation(t)}.parquet"
+        if path.exists():
+            e = pl.read_parquet(path, columns=["src_id", "dst_id"]).unique()
+            users.append(e["src_id"].to_numpy())
+            ents.append(e["dst_id"].to_numpy() + offsets[ti])
+    if not users:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    return np.concatenate(users).astype(np.int64), np.concatenate(ents).astype(np.int64)
+
+
+def supergraph_stats(users: np.ndarray, entities: np.ndarray, n_users: int, n_entities: int,
+                     top1: list[np.ndarray], levels: tuple[int, ...]) -> dict[str, Any]:
+    """Density (edges / (rows x cols)) of the raw user->entity graph and of its projection onto
+    each level's prototypes (entity -> its top-1 token), and the gain projected / raw.
+
+    Args:
+        users, entities: (E,) distinct raw edges (user id, global entity id).
+        top1: per level, (n_nodes,) top-1 token of every node (indexed by global id).
+    """
+    raw_density = len(users) / max(n_users * n_entities, 1)
+    out: dict[str, Any] = {
+        "raw": {"edges": len(users), "rows": int(n_users), "cols": int(n_entities), "density": raw_density,
+                "mean_degree": len(users) / max(len(np.unique(users)), 1)},
+        "levels": [],
+    }
+    for lvl, k in enumerate(levels):
+        proto = top1[lvl][entities]
+        pairs = np.unique(users * k + proto)
+        density = len(pairs) / max(n_users * k, 1)
+        out["levels"].append({
+            "level": lvl, "prototypes": int(k), "edges": len(pairs), "density": density,
+            "gain": density / raw_density if raw_density else None,
+            "mean_degree": len(pairs) / max(len(np.unique(users)), 1),
+        })
+    return out
+
+
+def planted_recovery(graph_dir: Path, keys: dict[str, list[str]], offsets: np.ndarray,
+                     top1: list[np.ndarray]) -> dict[str, Any] | None:
+    """NMI between a planted hierarchy (``graph/*truth.parquet``: entity_type, key, coarse, fine,
+    weight) and the top-1 token at every level, over all entities with a truth row (an entity
+    with a mixture, e.g. a user, counts its heaviest interest) and over products alone."""
+    files = sorted(graph_dir.glob("*truth.parquet"))
+    if not files:
+        return None
+    truth = pl.read_parquet(files[0])
+    need = {"entity_type", "key", "coarse", "fine"}
+    if not need <= set(truth.columns):
+        log.warning("%s lacks columns %s; skipping hierarchy recovery", files[0], sorted(need - set(truth.columns)))
+        return None
+    if "weight" in truth.columns:
+        truth = truth.sort("weight", descending=True)
+    truth = truth.unique(subset=["entity_type", "key"], keep="first", maintain_order=True)
+    truth = truth.filter(pl.col("coarse").is_not_null() & pl.col("fine").is_not_null())
+    rows, coarse, fine, etypes = [], [], [], []
+    for ti, t in enumerate(ENTITY_TYPES):
+        if t not in keys:
+            continue
+        index = {k: i for i, k in enumerate(keys[t])}
+        part = truth.filter(pl.col("entity_type") == t)
+        for key, c, f in part.select(pl.col("key").cast(pl.String), "coarse", "fine").iter_rows():
+            if key in index:
+                rows.append(offsets[ti] + index[key])
+                coarse.append(c)
+                fine.append(f)
+                etypes.append(t)
+    if not rows:
+        return None
+    rows_a, coarse_a, fine_a, etypes_a = np.array(rows), np.array(coarse), np.array(fine), np.array(etypes)
+    out: dict[str, Any] = {"truth_file": files[0].name, "entities": len(rows)}
+    for scope, sel in (("all", np.ones(len(rows), bool)), ("product", etypes_a == "product")):
+        if not sel.any():
+            continue
+        out[scope] = {
+            name: {f"l{lvl}": float(normalized_mutual_info_score(lab[sel], t1[rows_a[sel]])) for lvl, t1 in enumerate(top1)}
+            for name, lab in (("coarse", coarse_a), ("fine", fine_a))
+        }
+        out[scope]["n"] = int(sel.sum())
+    return out

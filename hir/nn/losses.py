@@ -1,0 +1,136 @@
+"""The training objective, one module per part; the LightningModule weights and logs each.
+
+- :class:`DistillLoss`   cross-view DINO over the prototype hierarchy (centering + sharpening)
+- :class:`AlignLoss`     BGRL-style cross-view regression of the teacher's embedding
+- :class:`ContrastiveLoss` in-batch softmax on deep-funnel user->entity edges with logQ correction
+- :class:`BalanceLoss`   mean-entropy collapse guard on prototype usage
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from hir.nn.hierarchy import level_log_probs, mean_entropy_gap
+
+
+class DistillLoss(nn.Module):
+    """Teacher on one view gives targets over the prototypes to the student on the other view.
+
+    With views a, b and per-level distributions (coarser levels aggregate the finest one)::
+
+        P_t = hier(softmax((t - c) / tau_t)),   p_s = hier(softmax(s / tau_s))
+        loss = mean_{(x, y) in {(a, b), (b, a)}} mean_l  CE(P_t[x]_l, p_s[y]_l)
+
+    ``c`` is a running centre of the teacher scores (momentum ``center_momentum``): centering
+    keeps one prototype from taking over, the low teacher temperature sharpens the targets.
+
+    Args:
+        levels: prototypes per level, coarse first.
+        student_temp: tau_s (default 0.1).
+        center_momentum: EMA momentum of the centre (default 0.9).
+    """
+
+    def __init__(self, levels: tuple[int, ...], student_temp: float = 0.1, center_momentum: float = 0.9) -> None:
+        super().__init__()
+        self.levels, self.student_temp, self.center_momentum = tuple(levels), student_temp, center_momentum
+        self.register_buffer("center", torch.zeros(1, self.levels[-1]))
+
+    def forward(self, student: list[Tensor], teacher: list[Tensor], teacher_temp: float) -> Tensor:
+        """student, teacher: per view (B, K_fine) prototype scores (teacher's without grad) -> scalar."""
+        targets = [
+            [lp.exp() for lp in level_log_probs(F.log_softmax((t - self.center) / teacher_temp, -1), self.levels)]
+            for t in teacher
+        ]
+        preds = [level_log_probs(F.log_softmax(s / self.student_temp, -1), self.levels) for s in student]
+        parts = [
+            -(targets[x][lvl] * preds[y][lvl]).sum(-1).mean()
+            for x, y in ((0, 1), (1, 0))
+            for lvl in range(len(self.levels))
+        ]
+        if self.training:
+            self.update_center(teacher)
+        return torch.stack(parts).mean()
+
+    @torch.no_grad()
+    def update_center(self, teacher: list[Tensor]) -> None:
+        batch = torch.cat(teacher).sum(0, keepdim=True)  # (1, K)
+        n = torch.tensor(float(sum(t.shape[0] for t in teacher)), device=batch.device)
+        if dist.is_available() and dist.is_initialized():
+            dist.all_reduce(batch)
+            dist.all_reduce(n)
+        self.center.mul_(self.center_momentum).add_(batch / n, alpha=1 - self.center_momentum)
+
+
+class AlignLoss(nn.Module):
+    """BGRL-style: a predictor on the student's embedding of one view regresses the teacher's
+    embedding of the other view, ``2 - 2 cos(pred(s_x), t_y)``, both directions. Ties the two views
+    into one space, so content-only (cold-start) embeddings sit where engagement ones do.
+
+    Args:
+        dim: embedding width.
+        hidden: predictor hidden width (default 2 * dim).
+    """
+
+    def __init__(self, dim: int, hidden: int | None = None) -> None:
+        super().__init__()
+        hidden = hidden or 2 * dim
+        self.predictor = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
+
+    def forward(self, student: list[Tensor], teacher: list[Tensor]) -> Tensor:
+        """student, teacher: per view (B, C) embeddings -> scalar."""
+        parts = [
+            2 - 2 * F.cosine_similarity(self.predictor(student[x]), teacher[y], dim=-1).mean()
+            for x, y in ((0, 1), (1, 0))
+        ]
+        return torch.stack(parts).mean()
+
+
+class ContrastiveLoss(nn.Module):
+    """Sampled softmax over deep-funnel (user, entity) pairs with logQ correction.
+
+    User i's positive is candidate i; every other candidate is a negative (the other pairs'
+    entities and any extra sampled negatives). ``logits[i, j] = u_i·e_j / tau - log q_j``: each
+    candidate's logit is reduced by the log of its sampling rate, so frequently sampled (popular)
+    entities are not over-penalised as negatives (Yi et al., 2019; with extra uniform negatives:
+    mixed negative sampling, Yang et al., 2020). A candidate that is the same entity as the
+    positive is masked (not a negative).
+
+    Args:
+        temperature: tau (default 0.1).
+    """
+
+    def __init__(self, temperature: float = 0.1) -> None:
+        super().__init__()
+        self.temperature = temperature
+
+    def forward(self, users: Tensor, items: Tensor, log_q: Tensor, item_ids: Tensor) -> Tensor:
+        """users: (P, C); items: (M, C), M >= P, the first P the positives; log_q: (M,) log sampling
+        rate of each candidate; item_ids: (M,) global ids (to mask duplicates) -> scalar."""
+        p = users.shape[0]
+        logits = users @ items.T / self.temperature - log_q[None, :]  # (P, M)
+        same = item_ids[:p, None] == item_ids[None, :]  # (P, M)
+        same[torch.arange(p), torch.arange(p)] = False
+        logits = logits.masked_fill(same, float("-inf"))
+        return F.cross_entropy(logits, torch.arange(p, device=users.device))
+
+
+class BalanceLoss(nn.Module):
+    """Mean-entropy regulariser: pushes the batch-average prototype distribution of each level
+    towards uniform, so every prototype gets used (0 = perfectly balanced).
+
+    Args:
+        levels: prototypes per level, coarse first.
+        temperature: temperature of the student distribution (default 0.1).
+    """
+
+    def __init__(self, levels: tuple[int, ...], temperature: float = 0.1) -> None:
+        super().__init__()
+        self.levels, self.temperature = tuple(levels), temperature
+
+    def forward(self, student: list[Tensor]) -> Tensor:
+        """student: per view (B, K_fine) prototype scores -> scalar."""
+        parts = [mean_entropy_gap(level_log_probs(F.log_softmax(s / self.temperature, -1), self.levels)) for s in student]
+        return torch.stack(parts).mean()

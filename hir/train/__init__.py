@@ -1,0 +1,1 @@
+"""`hir train`: graph snapshot + content -> a trained HirNet (Lightning)."""

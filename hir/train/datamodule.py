@@ -1,0 +1,211 @@
+"""LightningDataModule: training batches of contexts (sharded by rank) and embedding batches.
+
+A training batch is a pure function of (seed, epoch, global batch index): the epoch's seed order
+is a permutation drawn from (seed, epoch), and each batch draws its contexts from its own
+``numpy.random.Generator`` seeded by (seed, epoch, global index). Workers, their count and
+resuming therefore never change what a batch holds. Rank r of a world of W takes global batches
+r, r + W, r + 2W, ... (every rank the same number of batches).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from hir.train.context import ContextSampler
+from hir.train.graph import GraphStore
+
+log = logging.getLogger(__name__)
+
+
+def to_tensors(store: GraphStore, views: dict[str, dict[str, np.ndarray]], **extra: np.ndarray) -> dict[str, Any]:
+    """Numpy views -> tensors, with one shared content matrix.
+
+    Each distinct node of the batch gets one content row (``content`` (U, D) float16); each view
+    gets ``row`` (R, N) int64 pointing into it (-1 for padding).
+    """
+    nodes = np.concatenate([v["node"].ravel() for v in views.values()]) if views else np.zeros(0, np.int64)
+    uniq = np.unique(nodes[nodes >= 0])
+    out: dict[str, Any] = {"content": torch.from_numpy(store.content[uniq])}
+    for name, v in views.items():
+        t = {k: torch.from_numpy(np.ascontiguousarray(a)) for k, a in v.items()}
+        t["row"] = torch.from_numpy(np.where(v["node"] >= 0, np.searchsorted(uniq, v["node"]), -1))
+        out[name] = t
+    out.update({k: torch.from_numpy(np.ascontiguousarray(a)) for k, a in extra.items()})
+    return out
+
+
+class TrainBatches(Dataset):
+    """Map-style dataset indexed by ``(epoch, batch_index)`` (see :class:`EpochBatchSampler`).
+
+    Each batch: ``pairs`` deep-funnel (user, entity) train edges (their users and entities are the
+    first 2P seeds, each with the other side hidden from its context) followed by ``batch_size``
+    seeds of every entity type from the epoch's seed order. ``cand_index`` (M,) lists the
+    contrastive candidates among the seeds (the P entities first, then extra uniform negatives)
+    and ``log_q`` (M,) their log sampling rates.
+    """
+
+    def __init__(self, store: GraphStore, sampler: ContextSampler, batch_size: int, pairs: int,
+                 seeds_per_epoch: int | None, seed: int, rank: int = 0, world: int = 1) -> None:
+        self.store, self.sampler = store, sampler
+        self.batch_size, self.seed, self.rank, self.world = batch_size, seed, rank, world
+        self.pairs = pairs if len(store.deep_pairs) else 0
+        self.n_seeds = min(seeds_per_epoch or store.n_nodes, store.n_nodes)
+        self.target_types = np.unique(store.node_type[store.deep_pairs[:, 1]]) if len(store.deep_pairs) else np.zeros(0, np.int8)
+        self._order: tuple[int, np.ndarray] | None = None
+
+    def __len__(self) -> int:
+        """Batches per rank and epoch."""
+        return max(1, -(-self.n_seeds // self.batch_size) // self.world)
+
+    def order(self, epoch: int) -> np.ndarray:
+        """The epoch's seed order (cached per process)."""
+        if self._order is None or self._order[0] != epoch:
+            perm = np.random.default_rng([self.seed, epoch]).permutation(self.store.n_nodes)[: self.n_seeds]
+            self._order = (epoch, perm)
+        return self._order[1]
+
+    def __getitem__(self, key: tuple[int, int]) -> dict[str, Any]:
+        epoch, index = key
+        g = index * self.world + self.rank  # global batch index
+        rng = np.random.default_rng([self.seed, epoch, g])
+        seeds = self.order(epoch)[g * self.batch_size:(g + 1) * self.batch_size]
+        pairs = self.store.deep_pairs[rng.integers(0, len(self.store.deep_pairs), self.pairs)] if self.pairs else np.zeros((0, 2), np.int64)
+        all_seeds = np.concatenate([pairs[:, 0], pairs[:, 1], seeds]).astype(np.int64)
+        exclude = np.concatenate([pairs[:, 1], pairs[:, 0], np.full(len(seeds), -1)]).astype(np.int64)
+        views = {"eng": self.sampler.engagement(all_seeds, rng, exclude), "kno": self.sampler.knowledge(all_seeds, rng)}
+        # contrastive candidates: the pairs' entities (drawn ~ deep degree) and, as extra uniform
+        # negatives, the batch's other seeds of the entity types deep edges point to. logQ of a
+        # candidate = log of its expected count in a batch's candidate set under this mixed sampling
+        st = self.store
+        p = len(pairs)
+        extra = np.flatnonzero(np.isin(st.node_type[seeds], self.target_types)) + 2 * p if p else np.zeros(0, np.int64)
+        cand = np.concatenate([np.arange(p, 2 * p), extra]).astype(np.int64)
+        expected = self.pairs * st.deep_degree[all_seeds[cand]] / max(len(st.deep_pairs), 1) + self.batch_size / st.n_nodes
+        return to_tensors(st, views, seeds=all_seeds, cand_index=cand, log_q=np.log(expected).astype(np.float32),
+                          n_pairs=np.asarray(len(pairs)))
+
+
+class EpochBatchSampler(Sampler):
+    """Yields ``(epoch, i)`` for the rank's batches.
+
+    The epoch is read from ``epoch_fn`` when the iterator is created. Lightning creates the
+    first iterator of a resumed run before it updates its epoch counter (and calls ``set_epoch``
+    after that), so the datamodule derives the epoch from the restored global step instead: a
+    resumed run then sees exactly the batches of an uninterrupted one.
+    """
+
+    def __init__(self, n_batches: int, epoch_fn: Callable[[], int] | None = None) -> None:
+        self.n_batches, self.epoch, self.epoch_fn = n_batches, 0, epoch_fn
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        epoch = self.epoch_fn() if self.epoch_fn is not None else self.epoch
+        return iter([(epoch, i) for i in range(self.n_batches)])
+
+    def __len__(self) -> int:
+        return self.n_batches
+
+
+class EmbedBatches(Dataset):
+    """Fixed batches of nodes to embed: warm nodes through the engagement view, cold ones (no
+    train engagement) through the knowledge view. Deterministic per batch index."""
+
+    def __init__(self, store: GraphStore, sampler: ContextSampler, nodes: np.ndarray, batch_size: int, seed: int) -> None:
+        self.store, self.sampler, self.nodes, self.batch_size, self.seed = store, sampler, nodes, batch_size, seed
+
+    def __len__(self) -> int:
+        return -(-len(self.nodes) // self.batch_size)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        nodes = self.nodes[i * self.batch_size:(i + 1) * self.batch_size]
+        rng = np.random.default_rng([self.seed, 1 << 20, i])
+        warm = self.store.warm[nodes]
+        views = {"eng": self.sampler.engagement(nodes[warm], rng), "kno": self.sampler.knowledge(nodes[~warm], rng)}
+        return to_tensors(self.store, views, eng_nodes=nodes[warm], kno_nodes=nodes[~warm])
+
+
+def validation_nodes(store: GraphStore, max_candidates: int | None, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(users with val deep edges, candidate entities) for recall@K.
+
+    Candidates are every entity of the types that deep-stage edges point to; with
+    ``max_candidates`` a seeded random subset of them, always including the val positives.
+    """
+    if len(store.val_pairs) == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    users = np.unique(store.val_pairs[:, 0])
+    target_types = np.unique(store.node_type[np.concatenate([store.val_pairs[:, 1], store.deep_pairs[:, 1]])])
+    cands = np.flatnonzero(np.isin(store.node_type, target_types))
+    if max_candidates and len(cands) > max_candidates:
+        pos = np.unique(store.val_pairs[:, 1])
+        rest = np.setdiff1d(cands, pos)
+        pick = np.random.default_rng([seed, 7]).choice(rest, max(max_candidates - len(pos), 0), replace=False)
+        cands = np.union1d(pos, pick)
+    return users, cands
+
+
+class HirDataModule(L.LightningDataModule):
+    """Contexts for training, node batches for validation.
+
+    Args:
+        store: the loaded snapshot (training-visible edges only).
+        context: :class:`ContextSampler` sizes.
+        batch_size: seeds per batch (default 256).
+        pairs: deep-funnel pairs per batch for the contrastive loss (default 64).
+        seeds_per_epoch: seeds per epoch (default all nodes).
+        embed_batch_size: nodes per validation batch (default 1024).
+        val_candidates: cap on recall@K candidates (default all).
+        num_workers, pin_memory, persistent_workers: DataLoader settings.
+        seed: base of every random draw.
+    """
+
+    def __init__(self, store: GraphStore, context: dict[str, int] | None = None, batch_size: int = 256, pairs: int = 64,
+                 seeds_per_epoch: int | None = None, embed_batch_size: int = 1024, val_candidates: int | None = None,
+                 num_workers: int = 0, pin_memory: bool = False, persistent_workers: bool = True, seed: int = 42) -> None:
+        super().__init__()
+        self.store = store
+        self.sampler = ContextSampler(store, **(context or {}))
+        self.batch_size, self.pairs, self.seeds_per_epoch = batch_size, pairs, seeds_per_epoch
+        self.embed_batch_size, self.val_candidates = embed_batch_size, val_candidates
+        self.num_workers, self.pin_memory = num_workers, pin_memory
+        self.persistent_workers = persistent_workers and num_workers > 0
+        self.seed = seed
+        self.val_users, self.val_cands = validation_nodes(store, val_candidates, seed)
+
+    def _loader(self, dataset: Dataset, sampler: Sampler | None = None) -> DataLoader:
+        return DataLoader(dataset, batch_size=None, sampler=sampler, shuffle=False, num_workers=self.num_workers,
+                          pin_memory=self.pin_memory, persistent_workers=self.persistent_workers)
+
+    def train_dataloader(self) -> DataLoader:
+        rank = self.trainer.global_rank if self.trainer else 0
+        world = self.trainer.world_size if self.trainer else 1
+        ds = TrainBatches(self.store, self.sampler, self.batch_size, self.pairs, self.seeds_per_epoch, self.seed, rank, world)
+        log.info("train: %d batches per epoch per rank (rank %d of %d), %d seeds + %d pairs per batch",
+                 len(ds), rank, world, self.batch_size, ds.pairs)
+        n = len(ds)
+
+        def epoch() -> int:
+            # batches taken so far / batches per epoch (optimizer steps x accumulation)
+            t = self.trainer
+            return t.global_step * t.accumulate_grad_batches // n
+
+        return self._loader(ds, EpochBatchSampler(n, epoch_fn=epoch))
+
+    def init_dataloader(self, n: int) -> DataLoader:
+        """A seeded random sample of ``n`` nodes to embed (prototype initialisation)."""
+        rng = np.random.default_rng([self.seed, 3])
+        nodes = np.sort(rng.choice(self.store.n_nodes, min(n, self.store.n_nodes), replace=False))
+        return DataLoader(EmbedBatches(self.store, self.sampler, nodes, self.embed_batch_size, self.seed), batch_size=None)
+
+    def val_dataloader(self) -> DataLoader:
+        # every rank embeds everything (no sharding): recall@K needs all candidates on one rank
+        nodes = np.concatenate([self.val_users, self.val_cands])
+        return self._loader(EmbedBatches(self.store, self.sampler, nodes, self.embed_batch_size, self.seed))

@@ -1,0 +1,298 @@
+"""HirModule: the student/teacher training step, schedules, validation recall and prototype stats."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from hir.errors import HirError
+from hir.nn import AlignLoss, BalanceLoss, ContrastiveLoss, DistillLoss, HirNet
+from hir.train.metrics import recall_at_k, usage_stats
+
+log = logging.getLogger(__name__)
+
+DEFAULT_OBJECTIVE: dict[str, Any] = {
+    # weight of each loss part in the total
+    "weights": {"distill": 1.0, "align": 1.0, "contrastive": 1.0, "balance": 1.0},
+    "student_temp": 0.1,
+    # teacher temperature: linear warm-up from `teacher_temp_start` over `teacher_temp_warmup` of training
+    "teacher_temp_start": 0.04,
+    "teacher_temp": 0.07,
+    "teacher_temp_warmup": 0.3,
+    "center_momentum": 0.9,
+    "contrastive_temp": 0.1,
+    # strength of the logQ popularity correction of the contrastive loss (1 = full, 0 = off)
+    "logq": 1.0,
+    # EMA momentum of the teacher: cosine from `momentum` to 1 over training. Short CPU runs
+    # (a few hundred steps) need a short averaging window: 0.99 leaves the teacher at its init
+    "momentum": 0.9,
+    # online k-means decay of the prototypes (per step)
+    "prototype_decay": 0.9,
+    # nodes embedded for the k-means initialisation of the prototypes
+    "init_nodes": 4096,
+}
+DEFAULT_OPTIM: dict[str, Any] = {"lr": 2e-3, "weight_decay": 0.01, "warmup": 0.05, "min_lr_ratio": 0.1}
+
+
+def teacher_temp_schedule(total: int, start: float, end: float, warmup: float) -> np.ndarray:
+    """(total + 1,) teacher temperature per step: linear start -> end over ``warmup`` of training."""
+    n_warm = max(round(warmup * total), 1)
+    return np.concatenate([np.linspace(start, end, n_warm), np.full(max(total + 1 - n_warm, 0), end)])[: total + 1]
+
+
+def momentum_schedule(total: int, base: float) -> np.ndarray:
+    """(total + 1,) EMA momentum per step: cosine from ``base`` to 1."""
+    t = np.arange(total + 1) / max(total, 1)
+    return 1 - (1 - base) * (np.cos(np.pi * t) + 1) / 2
+
+
+@torch.no_grad()
+def embed_batch(net: HirNet, batch: dict[str, Any]) -> tuple[Tensor, Tensor]:
+    """An :class:`~hir.train.datamodule.EmbedBatches` batch -> (node ids (n,), embeddings (n, C)):
+    warm nodes through the engagement view first, then cold ones through the knowledge view."""
+    eng, kno = HirModule.views(batch)
+    out_nodes, out_z = [], []
+    for view, nodes, use_ids in ((eng, batch["eng_nodes"], True), (kno, batch["kno_nodes"], False)):
+        if len(nodes):
+            out_nodes.append(nodes)
+            out_z.append(net(view, use_ids=use_ids))
+    if not out_nodes:
+        return torch.zeros(0, dtype=torch.long), torch.zeros(0, net.dim)
+    return torch.cat(out_nodes), torch.cat(out_z)
+
+
+class HirModule(L.LightningModule):
+    """Cross-view self-distillation of :class:`HirNet` with an EMA teacher.
+
+    Args:
+        net: the student network (the teacher is an EMA copy of it).
+        net_config: the keyword arguments ``net`` was built from (plain values; stored in the
+            checkpoint so export rebuilds the network without Hydra).
+        objective: loss weights, temperatures, momenta (defaults :data:`DEFAULT_OBJECTIVE`).
+        optim: AdamW ``lr``, ``weight_decay``; warm-up share ``warmup``; cosine floor ``min_lr_ratio``.
+        val_k: cut-offs of the validation recall (default (10, 20, 50)).
+        seed: base of the per-epoch torch seed (dropout), so a resumed run repeats an uninterrupted one.
+        data: how contexts were built (``graph`` and ``context`` options), kept for export.
+    """
+
+    def __init__(self, net: HirNet, net_config: dict[str, Any], objective: dict[str, Any] | None = None,
+                 optim: dict[str, Any] | None = None, val_k: tuple[int, ...] | list[int] = (10, 20, 50), seed: int = 42,
+                 data: dict[str, Any] | None = None) -> None:
+        super().__init__()
+        objective = DEFAULT_OBJECTIVE | dict(objective or {})
+        objective["weights"] = DEFAULT_OBJECTIVE["weights"] | dict(objective["weights"])
+        optim = DEFAULT_OPTIM | dict(optim or {})
+        # plain dicts/lists only, so `torch.load(ckpt, weights_only=True)` can read the checkpoint
+        self.save_hyperparameters({"net_config": net_config, "objective": objective, "optim": optim,
+                                   "val_k": [int(k) for k in val_k], "seed": int(seed), "data": dict(data or {})})
+        self.net = net
+        # prototypes are fitted by online k-means on the teacher's embeddings (see
+        # HierarchicalTokenizer.ema_update), not by gradient
+        for p in (net.tokenizer.root, *net.tokenizer.residuals):
+            p.requires_grad_(False)
+        # The teacher is an exponential moving average of the student, never trained by gradients:
+        # frozen (no grad, never in the optimizer) and in eval mode (no dropout, full ids).
+        self.teacher = copy.deepcopy(net).requires_grad_(False)
+        self.train(self.training)
+        levels = net.tokenizer.levels
+        self.distill = DistillLoss(levels, objective["student_temp"], objective["center_momentum"])
+        self.align = AlignLoss(net.dim)
+        self.contrastive = ContrastiveLoss(objective["contrastive_temp"])
+        self.balance = BalanceLoss(levels, objective["student_temp"])
+        self.weights = objective["weights"]
+        unknown = sorted(set(self.weights) - {"distill", "align", "contrastive", "balance"})
+        if unknown:
+            raise HirError(f"model.objective.weights has unknown parts {unknown}; expected distill, align, contrastive, balance")
+        self.objective, self.optim = objective, optim
+        self.val_k = tuple(int(k) for k in val_k)
+        self.seed = int(seed)
+        # per-step schedules, filled by on_fit_start (the final values until then)
+        self.teacher_temp = np.array([objective["teacher_temp"]])
+        self.momentum = np.array([objective["momentum"]])
+        self._val: list[tuple[Tensor, Tensor]] = []
+        # set once the prototypes got their data-dependent init; saved, so a resumed run skips it
+        self.register_buffer("prototypes_ready", torch.zeros((), dtype=torch.bool))
+        # per-epoch validation metrics (kept in checkpoints, so a resumed run has the full history)
+        self.history: list[dict[str, float]] = []
+        # seed contexts trained on by this process since it started (throughput)
+        self.contexts_seen = 0
+
+    def train(self, mode: bool = True) -> HirModule:
+        super().train(mode)
+        self.teacher.eval()
+        # ...except its output normalisation, which keeps statistics of the teacher's own outputs
+        # (the student's would not fit the EMA weights' outputs: eval-time embeddings would shift)
+        self.teacher.out_norm.train(mode)
+        return self
+
+    # -- schedules ---------------------------------------------------------------------------
+    def on_fit_start(self) -> None:
+        total = int(self.trainer.estimated_stepping_batches)
+        o = self.objective
+        self.teacher_temp = teacher_temp_schedule(total, o["teacher_temp_start"], o["teacher_temp"], o["teacher_temp_warmup"])
+        self.momentum = momentum_schedule(total, o["momentum"])
+        if not bool(self.prototypes_ready):
+            self._init_prototypes()
+
+    @torch.no_grad()
+    def _init_prototypes(self) -> None:
+        """Hierarchical k-means of the initial embeddings of a sample of nodes -> prototypes.
+
+        Run in train mode (batch statistics, which also initialises the output normalisation),
+        identical on every rank (same seeded sample), then copied to the teacher.
+        """
+        from lightning.fabric.utilities.apply_func import move_data_to_device
+
+        dm = self.trainer.datamodule
+        n = int(self.objective["init_nodes"])
+        loader = dm.init_dataloader(n)
+        zs = [self.embed(move_data_to_device(b, self.device), net=self.net)[1] for b in loader]
+        z = torch.cat(zs).float().cpu()
+        gen = torch.Generator().manual_seed(self.seed)
+        self.net.tokenizer.init_from_data(z, generator=gen)
+        state = self.trainer.strategy.broadcast({k: v.cpu() for k, v in self.net.state_dict().items()}, src=0)
+        self.net.load_state_dict(state)
+        self.teacher.load_state_dict(self.net.state_dict())
+        self.prototypes_ready.fill_(True)
+        log.info("prototypes initialised by hierarchical k-means on %d node embeddings", len(z))
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        # random draws (id dropout) depend only on (seed, step, rank): a resumed run repeats an
+        # uninterrupted one, whatever hooks Lightning replays on restart
+        torch.manual_seed(self.seed * 1_000_003 + self.global_step * 101 + self.global_rank)
+
+    # -- training ----------------------------------------------------------------------------
+    @staticmethod
+    def views(batch: dict[str, Any]) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+        """The batch's (engagement, knowledge) views, each with the shared content rows."""
+        return {**batch["eng"], "content": batch["content"]}, {**batch["kno"], "content": batch["content"]}
+
+    def loss_parts(self, batch: dict[str, Any]) -> dict[str, Tensor]:
+        """The named, unweighted loss parts of one batch (raises on a non-finite part)."""
+        eng, kno = self.views(batch)
+        student = [self.net(eng, use_ids=True), self.net(kno, use_ids=False)]  # 2 x (B, C)
+        with torch.no_grad():
+            teacher = [self.teacher(eng, use_ids=True), self.teacher(kno, use_ids=False)]  # 2 x (B, C)
+            t_scores = [self.teacher.tokenizer.scores(t) for t in teacher]  # 2 x (B, K)
+        # the codebook's online k-means step runs after the optimizer step (on_train_batch_end):
+        # the student's forward above still needs the current prototypes for backward
+        self._teacher_z = torch.cat(teacher)
+        s_scores = [self.net.tokenizer.scores(s) for s in student]  # 2 x (B, K)
+        step = min(self.global_step, len(self.teacher_temp) - 1)
+        parts = {
+            "distill": self.distill(s_scores, t_scores, float(self.teacher_temp[step])),
+            "align": self.align(student, teacher),
+            "balance": self.balance(s_scores),
+        }
+        p = int(batch["n_pairs"])
+        if p:
+            # pairs are the batch's first 2P seeds (P users, then their entities); candidates are
+            # those entities plus the batch's other seeds of the target types (mixed negatives)
+            cand = batch["cand_index"]
+            log_q = batch["log_q"] * float(self.objective["logq"])
+            parts["contrastive"] = self.contrastive(student[0][:p], student[0][cand], log_q, batch["seeds"][cand])
+        for name, value in parts.items():
+            if not torch.isfinite(value):
+                raise HirError(
+                    f"loss part {name!r} is {value.item()} at step {self.global_step} (epoch {self.current_epoch}); "
+                    "lower model.optim.lr or that part's weight in model.objective.weights"
+                )
+        return parts
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
+        parts = self.loss_parts(batch)
+        loss = sum(self.weights[name] * value for name, value in parts.items())
+        bs = int(batch["seeds"].shape[0])
+        self.contexts_seen += bs * self.trainer.world_size
+        step = min(self.global_step, len(self.teacher_temp) - 1)
+        self.log_dict({f"train/{name}": value.detach() for name, value in parts.items()}, batch_size=bs)
+        self.log("train/loss", loss.detach(), prog_bar=True, batch_size=bs)
+        self.log_dict({"train/teacher_temp": float(self.teacher_temp[step]), "train/momentum": float(self.momentum[step])},
+                      batch_size=bs)
+        return loss
+
+    @torch.no_grad()
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        # EMA: teacher <- m * teacher + (1 - m) * student, after the optimizer step; the codebook
+        # is not trained by gradient, the teacher uses the student's directly
+        gen = torch.Generator().manual_seed(self.seed * 7919 + self.global_step)
+        self.net.tokenizer.ema_update(self._teacher_z, self.objective["prototype_decay"], generator=gen)
+        m = float(self.momentum[min(self.global_step, len(self.momentum) - 1)])
+        for (name, t), s in zip(self.teacher.named_parameters(), self.net.parameters()):
+            if name.startswith("tokenizer."):
+                t.copy_(s)
+            else:
+                t.mul_(m).add_(s.detach(), alpha=1 - m)
+
+    # -- validation --------------------------------------------------------------------------
+    @torch.no_grad()
+    def embed(self, batch: dict[str, Any], net: HirNet | None = None) -> tuple[Tensor, Tensor]:
+        """An embedding batch -> (nodes, (n, C)) with the teacher (default); see :func:`embed_batch`."""
+        return embed_batch(net or self.teacher, batch)
+
+    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        nodes, z = self.embed(batch)
+        self._val.append((nodes.cpu(), z.float().cpu()))
+
+    def on_validation_epoch_end(self) -> None:
+        if not self._val:
+            return
+        nodes = torch.cat([n for n, _ in self._val]).numpy()
+        z = torch.cat([e for _, e in self._val])
+        self._val.clear()
+        dm = self.trainer.datamodule
+        index = {int(n): i for i, n in enumerate(nodes)}
+        cand_rows = torch.as_tensor([index[int(c)] for c in dm.val_cands])
+        cand_pos = {int(c): i for i, c in enumerate(dm.val_cands)}
+        pairs = dm.store.val_pairs
+        by_user: dict[int, list[int]] = {}
+        for u, e in pairs:
+            by_user.setdefault(int(u), []).append(cand_pos[int(e)])
+        users = [int(u) for u in dm.val_users]
+        recall = recall_at_k(z[[index[u] for u in users]], z[cand_rows], [np.unique(by_user[u]) for u in users], self.val_k)
+        metrics = {f"val/recall@{k}": float(v) for k, v in recall.items()}
+        codes, _, _ = self.teacher.tokenizer(z.to(self.device))
+        for lvl, c in enumerate(codes):
+            usage, entropy = usage_stats(c[:, 0], self.teacher.tokenizer.levels[lvl])
+            metrics[f"proto/usage_l{lvl}"] = usage
+            metrics[f"proto/entropy_l{lvl}"] = entropy
+        self.history.append({"epoch": self.current_epoch, "step": self.global_step, **metrics})
+        # every rank embeds everything, so the values agree across ranks (up to each rank's
+        # normalisation statistics); the mean over ranks is logged
+        self.log_dict(metrics, prog_bar=False, sync_dist=True)
+        log.info("epoch %d: %s", self.current_epoch, {k: round(v, 4) for k, v in metrics.items()})
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["hir_history"] = list(self.history)
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self.history = list(checkpoint.get("hir_history", []))
+
+    # -- optimisation ------------------------------------------------------------------------
+    def configure_optimizers(self) -> dict[str, Any]:
+        decay = {id(m.weight) for m in self.modules() if isinstance(m, nn.Linear)}
+        params = [p for p in self.parameters() if p.requires_grad]
+        groups = [
+            {"params": [p for p in params if id(p) in decay], "weight_decay": self.optim["weight_decay"]},
+            {"params": [p for p in params if id(p) not in decay], "weight_decay": 0.0},
+        ]
+        opt = torch.optim.AdamW(groups, lr=self.optim["lr"])
+        total = max(int(self.trainer.estimated_stepping_batches), 1)
+        warm = max(int(self.optim["warmup"] * total), 1)
+        floor = self.optim["min_lr_ratio"]
+
+        def factor(step: int) -> float:
+            if step < warm:
+                return (step + 1) / warm
+            t = min((step - warm) / max(total - warm, 1), 1.0)
+            return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * t))
+
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}

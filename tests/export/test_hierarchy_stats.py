@@ -1,0 +1,42 @@
+"""Prototype labels and super-graph densities on hand-made inputs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from hir.export.labels import label_prototypes, top_members, words
+from hir.export.supergraph import supergraph_stats
+from hir.nn.hierarchy import HierarchicalTokenizer
+
+
+def test_labels_pick_distinctive_member_words():
+    texts = ["red running shoe", "blue running shoe", "green tea pot", "black tea cup", "new shoe", None]
+    members = np.array([[0, 1, 4], [2, 3, 5]])
+    labels = label_prototypes(members, texts, n_words=2)
+    assert labels[0] == "shoe · running"
+    assert labels[1].startswith("tea")
+    assert words("The NEW pack of Green Tea") == ["green", "tea"]  # stopwords and filler dropped
+
+
+def test_top_members_are_the_most_probable_per_prototype():
+    torch.manual_seed(0)
+    tok = HierarchicalTokenizer(dim=4, levels=(2, 4))
+    z = tok.decode(torch.arange(4)[:, None], level=1).detach().numpy()  # each fine prototype's own vector
+    best = top_members(tok, np.repeat(z, 2, axis=0), np.arange(8), m=2, chunk=3)
+    assert best[1].shape == (4, 2)
+    for j in range(4):
+        assert set(best[1][j].tolist()) == {2 * j, 2 * j + 1}
+
+
+def test_supergraph_density_and_gain():
+    # 2 users x 4 entities, 4 raw edges; entities 0, 1 -> prototype 0, entities 2, 3 -> prototype 1
+    users, ents = np.array([0, 0, 1, 1]), np.array([0, 1, 1, 2])
+    top1 = [np.array([0, 0, 1, 1])]
+    stats = supergraph_stats(users, ents, n_users=2, n_entities=4, top1=top1, levels=(2,))
+    assert stats["raw"]["density"] == pytest.approx(4 / 8)
+    lvl = stats["levels"][0]
+    assert lvl["edges"] == 3  # (0, p0), (1, p0), (1, p1)
+    assert lvl["density"] == pytest.approx(3 / 4)
+    assert lvl["gain"] == pytest.approx(1.5)

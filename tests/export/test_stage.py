@@ -1,0 +1,119 @@
+"""`hir export` on a tiny trained model: the embeddings/ contract, cold start, hierarchy/."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+
+from hir.export.embed import Embedder
+from hir.export.stage import run
+from tests.train.fixtures import TINY_DATA, TINY_MODEL, compose
+
+LEVELS = [2, 4, 8]
+EXPECTED = {
+    "entity_id": pl.String, "node_id": pl.Int64, "entity_type": pl.String, "embedding": pl.List(pl.Float32),
+    "cold_start": pl.Boolean,
+    **{c: t for k in range(3) for c, t in ((f"tokens_l{k}", pl.List(pl.Int32)), (f"weights_l{k}", pl.List(pl.Float32)))},
+    "model_version": pl.String, "event_timestamp": pl.Datetime("us", "UTC"), "created": pl.Datetime("us", "UTC"),
+}
+
+
+@pytest.fixture(scope="module")
+def exported(trained_run: Path) -> tuple[Path, dict]:
+    return trained_run, run(compose(trained_run, *TINY_DATA, *TINY_MODEL, stage="export"))
+
+
+def test_every_entity_has_one_row_with_the_contract_schema(exported):
+    out, meta = exported
+    graph_meta = json.loads((out / "graph" / "meta.json").read_text())
+    assert meta["counts"] == {t: n for t, n in graph_meta["nodes"].items() if n}
+    for etype, n in meta["counts"].items():
+        df = pl.read_parquet(out / "embeddings" / f"{etype}.parquet")
+        assert dict(df.schema) == EXPECTED, etype
+        assert df.height == n and df["node_id"].to_list() == list(range(n))
+        keys = pl.read_parquet(out / "graph" / "nodes" / f"{etype}.parquet").sort("node_id")["key"].cast(pl.String)
+        assert df["entity_id"].to_list() == keys.to_list()
+        emb = np.stack(df["embedding"].to_numpy())
+        assert emb.shape == (n, 16) and np.isfinite(emb).all()
+        np.testing.assert_allclose(np.linalg.norm(emb, axis=1), 1.0, atol=1e-5)
+        for k, size in enumerate(LEVELS):
+            tokens, weights = np.stack(df[f"tokens_l{k}"].to_numpy()), np.stack(df[f"weights_l{k}"].to_numpy())
+            assert tokens.shape == (n, min(2, size)) and ((tokens >= 0) & (tokens < size)).all()
+            np.testing.assert_allclose(weights.sum(1), 1.0, atol=1e-5)
+        assert df["model_version"].n_unique() == 1 and df["model_version"][0] == meta["model_version"]
+        assert (df["entity_type"] == etype).all()
+
+
+def test_cold_start_entities_are_flagged_and_embedded_from_content(exported):
+    out, meta = exported
+    products = pl.read_parquet(out / "embeddings" / "product.parquet")
+    edges = pl.read_parquet(out / "graph" / "edges" / "user__engages__product.parquet")
+    trained_on = set(edges.filter(pl.col("split") == "train")["dst_id"].to_list())
+    cold = set(products.filter(pl.col("cold_start"))["node_id"].to_list())
+    assert cold == set(range(products.height)) - trained_on
+    assert meta["cold_start"]["product"] == len(cold) > 0
+    # every product first seen in the test period is among them
+    nodes = pl.read_parquet(out / "graph" / "nodes" / "product.parquet")
+    test_start = json.loads((out / "graph" / "meta.json").read_text())["split_bounds"]["test_start"]
+    late = nodes.filter(pl.col("first_seen") >= pl.lit(test_start).str.to_datetime(time_zone="UTC"))["node_id"]
+    assert set(late.to_list()) <= cold
+
+
+def test_hierarchy_files(exported):
+    out, meta = exported
+    protos = pl.read_parquet(out / "hierarchy" / "prototypes.parquet")
+    assert dict(protos.schema) == {"level": pl.Int8, "proto_id": pl.Int32, "parent_id": pl.Int32,
+                                   "vector": pl.List(pl.Float32), "label": pl.String, "usage": pl.Float64}
+    assert protos.group_by("level").len().sort("level")["len"].to_list() == LEVELS
+    assert (protos.filter(pl.col("level") == 0)["parent_id"] == -1).all()
+    fine = protos.filter(pl.col("level") == 2)
+    assert fine["parent_id"].to_list() == [i // 2 for i in range(8)]
+    assert all(label for label in protos["label"].to_list())
+    for lvl in range(3):
+        assert protos.filter(pl.col("level") == lvl)["usage"].sum() == pytest.approx(1.0)
+    sg = json.loads((out / "hierarchy" / "supergraph.json").read_text())
+    assert 0 < sg["raw"]["density"] < 1
+    assert [lv["prototypes"] for lv in sg["levels"]] == LEVELS
+    for lv in sg["levels"]:
+        assert lv["density"] == pytest.approx(lv["edges"] / (sg["raw"]["rows"] * lv["prototypes"]))
+        assert lv["gain"] == pytest.approx(lv["density"] / sg["raw"]["density"])
+    assert set(meta["planted_hierarchy"]["product"]["coarse"]) == {"l0", "l1", "l2"}
+
+
+def test_export_is_reused_for_the_same_checkpoint(exported):
+    out, meta = exported
+    mtime = (out / "embeddings" / "product.parquet").stat().st_mtime
+    assert run(compose(out, *TINY_DATA, *TINY_MODEL, stage="export")) == meta
+    assert (out / "embeddings" / "product.parquet").stat().st_mtime == mtime
+
+
+def test_embed_new_matches_the_knowledge_view_export(exported):
+    """A cold product re-embedded from its content vectors and links lands where export put it."""
+    out, _ = exported
+    emb = Embedder(out / "checkpoints" / "last.ckpt", out / "graph", out / "content")
+    products = pl.read_parquet(out / "embeddings" / "product.parquet")
+    promoted = set(pl.read_parquet(out / "graph" / "edges" / "campaign__promotes__product.parquet")["dst_id"].to_list())
+    cold = products.filter(pl.col("cold_start") & ~pl.col("node_id").is_in(list(promoted)))
+    assert cold.height > 0
+    content = pl.read_parquet(out / "content" / "product.parquet").join(cold.select("node_id"), on="node_id").sort("node_id")
+    cats = pl.read_parquet(out / "graph" / "edges" / "product__in_category__category.parquet")
+    advs = pl.read_parquet(out / "graph" / "edges" / "product__by_advertiser__advertiser.parquet")
+    cat_keys = pl.read_parquet(out / "graph" / "nodes" / "category.parquet").select("node_id", "key")
+    adv_keys = pl.read_parquet(out / "graph" / "nodes" / "advertiser.parquet").select("node_id", "key")
+    links = []
+    for pid in content["node_id"].to_list():
+        c = cats.filter(pl.col("src_id") == pid).join(cat_keys, left_on="dst_id", right_on="node_id")["key"].to_list()
+        a = advs.filter(pl.col("src_id") == pid).join(adv_keys, left_on="dst_id", right_on="node_id")["key"].to_list()
+        links.append([("category", k) for k in c] + [("advertiser", k) for k in a])
+    z = emb.embed_new("product", np.stack(content["text_vec"].to_numpy()), np.stack(content["attr_vec"].to_numpy()),
+                      content["has_text"].to_numpy(), links)
+    exported_z = np.stack(cold.sort("node_id")["embedding"].to_numpy())
+    assert z.shape == exported_z.shape
+    np.testing.assert_allclose(np.linalg.norm(z, axis=1), 1.0, atol=1e-5)
+    assert (np.sum(z * exported_z, axis=1) > 0.999).all()
+    codes, _ = emb.tokens(z)
+    assert [c.shape[1] for c in codes] == [2, 2, 2]

@@ -1,0 +1,82 @@
+"""HierarchicalTokenizer: round trip per level, tree-consistent probabilities, contract shapes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hir.nn.hierarchy import HierarchicalTokenizer, level_log_probs
+
+
+@pytest.mark.parametrize("levels", [(4, 8), (3, 12, 48), (16, 128)])
+def test_round_trip_per_level(levels):
+    torch.manual_seed(0)
+    tok = HierarchicalTokenizer(dim=16, levels=levels, top_k=2)
+    for lvl, k in enumerate(levels):
+        codes = torch.arange(k)[:, None]  # every prototype of the level
+        vec = tok.decode(codes, level=lvl)  # (K, dim)
+        again, _, _ = tok(vec)
+        assert torch.equal(again[lvl][:, 0], codes[:, 0]), f"level {lvl}: {again[lvl][:, 0]} != {codes[:, 0]}"
+
+
+def test_round_trip_survives_training_steps():
+    """The bound is a parametrisation, not an init property: it holds after arbitrary updates."""
+    torch.manual_seed(1)
+    tok = HierarchicalTokenizer(dim=8, levels=(4, 16, 64))
+    opt = torch.optim.SGD(tok.parameters(), lr=0.5)
+    for _ in range(50):
+        x = F.normalize(torch.randn(32, 8), dim=-1)
+        # sharpen assignments and pull all finest prototypes together (towards collapse)
+        fine = tok.vectors()[-1]
+        loss = -tok.log_probs(x)[-1].max(-1).values.mean() + (fine - fine.mean(0)).pow(2).sum(-1).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    for lvl, k in enumerate(tok.levels):
+        codes, _, _ = tok(tok.decode(torch.arange(k)[:, None], level=lvl))
+        assert torch.equal(codes[lvl][:, 0], torch.arange(k))
+
+
+def test_parent_probability_is_sum_of_children():
+    torch.manual_seed(0)
+    tok = HierarchicalTokenizer(dim=8, levels=(2, 6, 12))
+    lp = tok.log_probs(F.normalize(torch.randn(5, 8), dim=-1))
+    for lvl in range(1, 3):
+        child = lp[lvl].exp()
+        par = tok.parents(lvl)
+        summed = torch.zeros(5, tok.levels[lvl - 1]).index_add_(1, par, child)
+        torch.testing.assert_close(summed, lp[lvl - 1].exp())
+    for p in lp:
+        torch.testing.assert_close(p.exp().sum(-1), torch.ones(5))
+
+
+def test_contract_shapes_and_weights():
+    torch.manual_seed(0)
+    tok = HierarchicalTokenizer(dim=8, levels=(2, 8), top_k=4)
+    codes, weights, aux = tok(F.normalize(torch.randn(7, 8), dim=-1))
+    assert [c.shape for c in codes] == [(7, 2), (7, 4)]  # top_k capped by the level size
+    for c, w in zip(codes, weights):
+        assert c.dtype == torch.int64
+        torch.testing.assert_close(w.sum(-1), torch.ones(7))
+        assert (w[:, :-1] >= w[:, 1:]).all()  # most probable first
+    assert aux.ndim == 0 and 0 <= float(aux.detach()) <= 1
+    # fine codes live under their coarse parent when the tree is consistent: top-1 fine's parent
+    # is one of the coarse top codes
+    assert torch.isin(tok.parents(1)[codes[1][:, 0]], codes[0]).all()
+
+
+def test_level_log_probs_aggregates_contiguous_children():
+    fine = torch.log(torch.tensor([[0.1, 0.2, 0.3, 0.4]]))
+    coarse, same = level_log_probs(fine, (2, 4))
+    torch.testing.assert_close(coarse.exp(), torch.tensor([[0.3, 0.7]]))
+    assert same is fine
+
+
+def test_bad_levels_are_rejected():
+    with pytest.raises(ValueError, match="strict multiple"):
+        HierarchicalTokenizer(8, levels=(4, 6))
+    with pytest.raises(ValueError, match="strict multiple"):
+        HierarchicalTokenizer(8, levels=(4, 4))
+    with pytest.raises(ValueError, match="radius"):
+        HierarchicalTokenizer(8, levels=(4, 8), radius=0.3)

@@ -1,0 +1,94 @@
+"""HirNet end to end on a hand-built batch; GroupedBatchNorm; online k-means of the codebook."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from hir.nn import HirNet
+from hir.nn.buckets import ENGAGEMENT, METADATA, SELF
+from hir.nn.hierarchy import HierarchicalTokenizer
+from hir.nn.norm import GroupedBatchNorm
+
+
+def _view(b: int = 6, n: int = 5, content_dim: int = 7) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    rel = torch.tensor([SELF, ENGAGEMENT, ENGAGEMENT, METADATA, METADATA]).repeat(b, 1)
+    hop = torch.tensor([0, 1, 2, 1, 2]).repeat(b, 1)
+    stage = torch.tensor([0, 1, 2, 0, 0]).repeat(b, 1)
+    return {
+        "node": torch.arange(b * n).view(b, n), "row": torch.arange(b * n).view(b, n) % 9,
+        "content": torch.randn(9, content_dim, generator=g), "type": (torch.arange(b) % 2)[:, None].repeat(1, n),
+        "relation": rel, "hop": hop, "stage": stage, "recency": (stage > 0).long() * 2,
+        "count": torch.rand(b, n, generator=g), "age": torch.rand(b, n, generator=g),
+        "exposure": torch.rand(b, n, generator=g) * 50, "mask": torch.ones(b, n, dtype=torch.bool),
+    }
+
+
+def _net(**kw) -> HirNet:
+    torch.manual_seed(0)
+    return HirNet(n_types=5, n_stages=2, content_dim=7, dim=16, depth=2, heads=2, id_buckets=64,
+                  hierarchy={"levels": [2, 4]}, **kw)
+
+
+def test_forward_gives_unit_embeddings_for_both_views():
+    net = _net()
+    for use_ids in (True, False):
+        z = net(_view(), use_ids=use_ids)
+        assert z.shape == (6, 16)
+        torch.testing.assert_close(z.norm(dim=-1), torch.ones(6))
+
+
+def test_gradients_reach_bias_tables_and_lambda():
+    net = _net()
+    # a non-zero residual branch, so attention matters to the output at step 0
+    for block in net.transformer.blocks:
+        torch.nn.init.normal_(block.attn.proj.weight, std=0.5)
+    net(_view()).pow(3).sum().backward()
+    for block in net.transformer.blocks:
+        assert block.attn.table.grad is not None and block.attn.table.grad.abs().sum() > 0
+        assert block.attn.lam.grad is not None and block.attn.lam.grad.abs().sum() > 0
+
+
+def test_bias_switches_remove_parameters():
+    net = _net(bias={"table": False, "exposure": False})
+    assert all(b.attn.table is None and b.attn.lam is None for b in net.transformer.blocks)
+    assert net(_view()).shape == (6, 16)
+
+
+def test_grouped_batch_norm_standardises_each_group():
+    norm = GroupedBatchNorm(n_groups=3, dim=2, momentum=1.0)
+    x = torch.tensor([[0.0, 1.0], [2.0, 3.0], [10.0, 10.0], [14.0, 12.0], [5.0, 5.0]])
+    group = torch.tensor([0, 0, 1, 1, 2])  # group 2 has one row: running stats (0, 1)
+    y = norm(x, group)
+    torch.testing.assert_close(y[:4].view(2, 2, 2).mean(1), torch.zeros(2, 2))
+    torch.testing.assert_close(y[4], x[4] / (1 + 1e-5) ** 0.5)
+    torch.testing.assert_close(norm.running_mean[:2], torch.tensor([[1.0, 2.0], [12.0, 11.0]]))
+    norm.eval()
+    torch.testing.assert_close(norm(x, group)[:4], y[:4], atol=1e-2, rtol=0.5)  # running stats (unbiased var)
+
+
+def test_online_kmeans_moves_prototypes_to_their_members_and_restarts_dead_ones():
+    torch.manual_seed(0)
+    tok = HierarchicalTokenizer(dim=2, levels=(2, 4), radius=0.2)
+    x = F.normalize(torch.tensor([[1.0, 0.05], [1.0, -0.05], [-1.0, 0.05], [-1.0, -0.05]]), dim=-1).repeat(8, 1)
+    for step in range(60):
+        tok.ema_update(x, decay=0.5, generator=torch.Generator().manual_seed(step))
+    root = tok.vectors()[0]
+    # the two coarse prototypes sit on the two clusters (one each)
+    assert sorted(root[:, 0].sign().tolist()) == [-1.0, 1.0]
+    assert torch.cdist(root, torch.tensor([[1.0, 0.0], [-1.0, 0.0]])).min(dim=1).values.max() < 0.1
+    assert all(getattr(tok, f"usage_{lvl}").min() > 0 for lvl in range(2))
+    # round trip still holds after online updates
+    for lvl, k in enumerate(tok.levels):
+        codes, _, _ = tok(tok.decode(torch.arange(k)[:, None], level=lvl))
+        assert torch.equal(codes[lvl][:, 0], torch.arange(k))
+
+
+def test_init_from_data_puts_coarse_prototypes_on_clusters():
+    g = torch.Generator().manual_seed(0)
+    centres = F.normalize(torch.randn(3, 8, generator=g), dim=-1)
+    x = (centres.repeat_interleave(50, 0) + 0.02 * torch.randn(150, 8, generator=g))
+    tok = HierarchicalTokenizer(dim=8, levels=(3, 6))
+    tok.init_from_data(x, generator=torch.Generator().manual_seed(1))
+    assert torch.cdist(centres, tok.vectors()[0]).min(dim=1).values.max() < 0.05

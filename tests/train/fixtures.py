@@ -1,0 +1,82 @@
+"""Tiny model inputs for the train/export tests: a small synthetic snapshot (the real prepare
+stage) plus content files written per docs/contracts.md with a cheap deterministic text
+encoder (hashed bag of words), so no sentence model is loaded."""
+
+from __future__ import annotations
+
+import hashlib
+import zlib
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+ROOT = Path(__file__).resolve().parents[2]
+TEXT_DIM = 32
+
+# a planted hierarchy of 4 x 2 interests, small enough to prepare in about a second
+TINY_DATA = [
+    "data=synthetic", "data.adapter.n_users=150", "data.adapter.n_products=240", "data.adapter.n_events=6000",
+    "data.adapter.n_advertisers=12", "data.adapter.n_campaigns=20", "data.adapter.n_coarse=4", "data.adapter.n_fine=2",
+]
+# a model small enough to train two epochs in a few seconds
+TINY_MODEL = [
+    "model.dim=16", "model.depth=1", "model.heads=2", "model.id_buckets=1024", "model.hierarchy.levels=[2,4,8]",
+    "model.hierarchy.top_k=2", "model.data.batch_size=48", "model.data.pairs=16", "model.data.seeds_per_epoch=192",
+    "model.data.embed_batch_size=256", "model.data.val_candidates=null", "model.objective.init_nodes=256",
+    "model.export.batch_size=256", "trainer.max_epochs=2", "trainer.log_every_n_steps=1", "trainer.enable_progress_bar=false",
+]
+
+
+def compose(out: Path, *overrides: str, stage: str = "train"):
+    """The real Hydra config with outputs under ``out`` (for in-process stage runs)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    from hir.cli import _register_resolvers
+
+    _register_resolvers()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return hydra_compose("config", overrides=[f"stage={stage}", f"paths.output_dir={out}",
+                                                  f"paths.cache_dir={out}/.cache", *overrides])
+
+
+def hashed_text_vectors(texts: list[str | None], dim: int = TEXT_DIM) -> np.ndarray:
+    """Each text -> L2-normalised sum of one fixed random vector per word (zeros without text)."""
+    out = np.zeros((len(texts), dim), np.float32)
+    for i, text in enumerate(texts):
+        for word in (text or "").lower().split():
+            rng = np.random.default_rng(zlib.crc32(word.encode()))
+            out[i] += rng.standard_normal(dim).astype(np.float32)
+        norm = np.linalg.norm(out[i])
+        if norm > 0:
+            out[i] /= norm
+    return out
+
+
+def write_content(graph_dir: Path, content_dir: Path) -> None:
+    """``content/<type>.parquet`` for every node type of the snapshot (enrich's contract)."""
+    content_dir.mkdir(parents=True, exist_ok=True)
+    for path in sorted((graph_dir / "nodes").glob("*.parquet")):
+        nodes = pl.read_parquet(path).sort("node_id")
+        texts = nodes["text"].to_list()
+        attr = np.zeros((nodes.height, 0), np.float32)
+        if "attr_price" in nodes.columns:
+            price = np.log1p(nodes["attr_price"].fill_null(0).to_numpy().astype(np.float32))
+            attr = ((price - price.mean()) / (price.std() + 1e-6))[:, None]
+        pl.DataFrame({
+            "node_id": nodes["node_id"],
+            "has_text": pl.Series([bool(t) for t in texts]),
+            "text_vec": pl.Series(hashed_text_vectors(texts)).cast(pl.List(pl.Float32)),
+            "attr_vec": pl.Series(attr).cast(pl.List(pl.Float32)),
+            "content_hash": pl.Series([hashlib.sha256((t or "").encode()).hexdigest()[:16] for t in texts]),
+        }).write_parquet(content_dir / path.name)
+
+
+def tiny_snapshot(out: Path) -> Path:
+    """Prepare the tiny synthetic snapshot under ``out`` and write its content; returns ``out``."""
+    from hir.data.prepare import run as prepare
+
+    prepare(compose(out, *TINY_DATA, stage="prepare"))
+    write_content(out / "graph", out / "content")
+    return out

@@ -1,0 +1,67 @@
+"""HirModule's step: named parts, a teacher that gets no gradient, EMA, non-finite guard."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from hir.errors import HirError
+from hir.nn import HirNet
+from hir.train.context import ContextSampler
+from hir.train.datamodule import TrainBatches
+from hir.train.graph import load_graph
+from hir.train.module import HirModule, momentum_schedule, teacher_temp_schedule
+
+
+@pytest.fixture
+def setup(tiny_run: Path):
+    store = load_graph(tiny_run / "graph", tiny_run / "content", ("train",))
+    torch.manual_seed(0)
+    kw = {**store.spec, "dim": 16, "depth": 1, "heads": 2, "id_buckets": 256, "hierarchy": {"levels": [2, 4]}}
+    module = HirModule(HirNet(**kw), kw)
+    batch = TrainBatches(store, ContextSampler(store, 4, 2, 2, 2, 2), 32, 8, None, seed=0)[(0, 0)]
+    return module, batch
+
+
+def test_parts_are_named_and_the_teacher_gets_no_gradient(setup):
+    module, batch = setup
+    parts = module.loss_parts(batch)
+    assert set(parts) == {"distill", "align", "balance", "contrastive"}
+    sum(parts.values()).backward()
+    assert all(p.grad is None for p in module.teacher.parameters())
+    assert all(not p.requires_grad for p in module.teacher.parameters())
+    assert module.net.encoder.content.weight.grad is not None
+    # the codebook is fitted by online k-means, not by gradient
+    assert module.net.tokenizer.root.grad is None
+
+
+def test_ema_moves_the_teacher_towards_the_student(setup):
+    module, batch = setup
+    parts = module.loss_parts(batch)
+    opt = torch.optim.SGD([p for p in module.parameters() if p.requires_grad], lr=1.0)
+    sum(parts.values()).backward()
+    opt.step()
+    w_s, w_t = module.net.head.weight.detach().clone(), module.teacher.head.weight.detach().clone()
+    module.momentum = np.array([0.75])
+    module.on_train_batch_end(None, batch, 0)
+    torch.testing.assert_close(module.teacher.head.weight, 0.75 * w_t + 0.25 * w_s)
+    # the codebook is shared, not averaged
+    torch.testing.assert_close(module.teacher.tokenizer.root, module.net.tokenizer.root)
+
+
+def test_non_finite_part_stops_with_its_name(setup):
+    module, batch = setup
+    with torch.no_grad():
+        module.align.predictor[0].weight.fill_(float("nan"))
+    with pytest.raises(HirError, match="loss part 'align' is nan"):
+        module.loss_parts(batch)
+
+
+def test_schedules_are_precomputed_per_step():
+    t = teacher_temp_schedule(100, 0.04, 0.07, 0.3)
+    assert len(t) == 101 and t[0] == pytest.approx(0.04) and t[29] == pytest.approx(0.07) and t[-1] == pytest.approx(0.07)
+    m = momentum_schedule(100, 0.9)
+    assert m[0] == pytest.approx(0.9) and m[-1] == pytest.approx(1.0) and (np.diff(m) >= 0).all()
