@@ -10,6 +10,7 @@ import pytest
 
 from hir.data import synthetic as gen
 from hir.data.prepare import run
+from hir.data.synthetic_world import Sampler, _alias
 from hir.errors import HirError
 from tests.conftest import run_hir
 
@@ -126,11 +127,11 @@ def test_late_entities_appear_only_in_the_late_window(tiny):
 def test_alias_sampler_is_exact_and_empty_groups_fall_back():
     rng = np.random.default_rng(0)
     for w in (rng.lognormal(0, 2, 97), (np.arange(50) + 1.0) ** -1.1, np.ones(4), np.array([5.0])):
-        prob, alias = gen._alias(w * len(w) / w.sum())
+        prob, alias = _alias(w * len(w) / w.sum())
         implied = prob / len(w)
         np.add.at(implied, alias, (1 - prob) / len(w))
         assert np.allclose(implied, w / w.sum(), atol=1e-12)
-    s = gen.Sampler.build(np.array([1.0, 3.0, 1.0, 1.0]), np.array([0, 0, 2, 2]), n_groups=3)
+    s = Sampler.build(np.array([1.0, 3.0, 1.0, 1.0]), np.array([0, 0, 2, 2]), n_groups=3)
     draws = s.sample(rng.random(40_000), np.repeat([0, 1, 2], [20_000, 10_000, 10_000]))
     assert set(draws[:20_000]) == {0, 1} and abs((draws[:20_000] == 1).mean() - 0.75) < 0.02
     assert set(draws[20_000:30_000]) == {0, 1, 2, 3}  # group 1 is empty: draws come from all items
