@@ -42,6 +42,8 @@ def load_checkpoint(path: str | Path) -> tuple[HirNet, dict[str, Any]]:
         raise InputError(f"checkpoint {path} does not exist; run `hir train` first (or set model.export.checkpoint)")
     ckpt = torch.load(path, map_location="cpu", weights_only=True)
     hp = ckpt["hyper_parameters"]
+    # checkpoints from before the prior coordinate existed have none
+    hp["net_config"] = {"prior_max": 0.0} | dict(hp["net_config"])
     net = HirNet(**hp["net_config"])
     state = {k.removeprefix("teacher."): v for k, v in ckpt["state_dict"].items() if k.startswith("teacher.")}
     net.load_state_dict(state)
@@ -76,7 +78,9 @@ class Embedder:
         data = self.hp.get("data", {})
         self.graph_dir = Path(graph_dir)
         self.store = load_graph(graph_dir, content_dir, tuple(visible_splits), **data.get("graph", {}))
-        if self.store.spec != {k: self.hp["net_config"][k] for k in self.store.spec}:
+        # (a key the checkpoint does not record, e.g. n_nodes in older checkpoints, is not checked)
+        trained = self.hp["net_config"]
+        if any(k in trained and trained[k] != v for k, v in self.store.spec.items()):
             raise InputError(
                 f"checkpoint {checkpoint} was trained on a snapshot with {self.hp['net_config']} but "
                 f"{graph_dir} + {content_dir} give {self.store.spec}; export with the snapshot it was trained on"
@@ -116,12 +120,18 @@ class Embedder:
         return self.embed_nodes(np.arange(self.store.n_nodes), batch_size, seed)
 
     @torch.inference_mode()
+    def semantic(self, z: np.ndarray) -> np.ndarray:
+        """(n, dim) universal embeddings -> (n, dim') their unit semantic part, the tokenizer's space
+        (``dim' = dim - 1`` with a prior coordinate, see :class:`hir.nn.HirNet`)."""
+        return self.net.semantic(torch.from_numpy(np.ascontiguousarray(z, np.float32))).numpy()
+
+    @torch.inference_mode()
     def tokens(self, z: np.ndarray, batch_size: int = 8192) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """(n, dim) embeddings -> per level: codes (n, k) int32 and weights (n, k) float32 summing to 1."""
         codes: list[list[np.ndarray]] = [[] for _ in self.levels]
         weights: list[list[np.ndarray]] = [[] for _ in self.levels]
         for lo in range(0, len(z), batch_size):
-            c, w, _ = self.net.tokenizer(torch.from_numpy(z[lo:lo + batch_size]))
+            c, w, _ = self.net.tokens(torch.from_numpy(z[lo:lo + batch_size]))
             for lvl in range(len(self.levels)):
                 codes[lvl].append(c[lvl].numpy().astype(np.int32))
                 weights[lvl].append(w[lvl].numpy().astype(np.float32))

@@ -98,7 +98,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 
     top1 = [c[:, 0].astype(np.int64) for c in codes]
     with_text = np.array([i for i, t in enumerate(texts) if t], dtype=np.int64)
-    members = top_members(embedder.net.tokenizer, z, with_text, int(ex.label_members))
+    # prototypes live in the semantic part of the embedding (without the prior coordinate)
+    members = top_members(embedder.net.tokenizer, embedder.semantic(z), with_text, int(ex.label_members))
     vectors = [v.detach().numpy() for v in embedder.net.tokenizer.vectors()]
     proto_rows = []
     for lvl, k in enumerate(levels):

@@ -105,22 +105,30 @@ def read_table(path: Path, join_key: str) -> dict[str, Any]:
     return table_data(pq.read_table(path), join_key)
 
 
-def break_ties(data: dict[str, Any], scale: float, seed: int = 0) -> int:
-    """Nudge exact-duplicate vectors (``data["vectors"]``, (n, dim)) apart before indexing; sets
+def break_ties(data: dict[str, Any], scale: float, seed: int = 0, resolution: float = 1e-4) -> int:
+    """Nudge duplicate vectors (``data["vectors"]``, (n, dim)) apart before indexing; sets
     ``data["twin_group"]`` (n,) (rows with one group id had the same vector). Returns rows nudged.
+
+    Twins are vectors that agree on every coordinate after rounding to ``resolution`` (0 = only
+    exact duplicates): entities that close are interchangeable for retrieval anyway.
 
     Why: HNSW keeps one edge among points at distance 0, so a large group of identical vectors
     (e.g. cold-start entities without content, all embedded alike) captures the graph and leaves
     unrelated entities unreachable. Measured on a real rees46 export: 26% of users had an exact
     twin and 26% of the *other* users then never came back as their own nearest neighbour, at any
     ef; nudging the twins by 1e-3 (cosine to the original > 0.9999) made every one reachable. The
-    order among twins is arbitrary either way.
+    order among twins is arbitrary either way. Near-twins do the same: on a completejourney
+    product export (92,331 rows, 22,495 cold products embedded from content, many with the same
+    text but a slightly different size or price), exact grouping nudged 1,672 rows and 500 self
+    queries found themselves 95.6% of the time; grouping at resolution 1e-4 (84,867 groups)
+    gave 99.6%.
     """
     vecs = data["vectors"]
     if len(vecs) == 0:
         data["twin_group"] = np.zeros(0, np.int64)
         return 0
-    _, first, group = np.unique(vecs, axis=0, return_index=True, return_inverse=True)
+    key = np.round(vecs / resolution).astype(np.int64) if resolution > 0 else vecs
+    _, first, group = np.unique(key, axis=0, return_index=True, return_inverse=True)
     data["twin_group"] = group.reshape(-1)
     twin = np.ones(len(vecs), bool)
     twin[first] = False  # the first of each group stays as it is

@@ -140,14 +140,15 @@ def push(frames: dict[str, pl.DataFrame], manifest: dict[str, Any], out_dir: Pat
     return files
 
 
-def insert(frames: dict[str, pl.DataFrame], manifest: dict[str, Any], batch: int, tie_break: float) -> None:
+def insert(frames: dict[str, pl.DataFrame], manifest: dict[str, Any], batch: int, tie_break: float,
+           tie_resolution: float = 1e-4) -> None:
     """Rows into each type's live collection (not a new version: the alias does not move)."""
     client = milvus_store.connect(manifest["milvus"]["uri"])
     try:
         for etype, frame in frames.items():
             coll = manifest["milvus"]["collections"][etype]
             data = milvus_store.table_data(frame.to_arrow(), "entity_id")
-            milvus_store.break_ties(data, tie_break)
+            milvus_store.break_ties(data, tie_break, resolution=tie_resolution)
             milvus_store.insert(client, coll, data, etype, manifest["version"], batch)
             client.flush(coll)
     finally:
@@ -174,7 +175,8 @@ def refresh_rows(cfg: DictConfig, frames: dict[str, pl.DataFrame], delta: str, s
         t["feast_push"] = time.perf_counter() - t0
         step("milvus insert")
         t0 = time.perf_counter()
-        insert(frames, manifest, int(cfg.publish.milvus.insert_batch), float(cfg.publish.milvus.tie_break))
+        insert(frames, manifest, int(cfg.publish.milvus.insert_batch), float(cfg.publish.milvus.tie_break),
+               float(cfg.publish.milvus.get("tie_resolution", 1e-4)))
         t["milvus_insert"] = time.perf_counter() - t0
     record = {"at": now_iso(), "delta_path": delta, "rows": {e: f.height for e, f in frames.items()},
               "files": files, "validation": str(out_dir / "validation" / "result.json"),

@@ -84,8 +84,10 @@ class GraphStore:
     eng: CSR
     up: CSR
     down: CSR
-    deep_pairs: np.ndarray  # (P, 2) int64 (user, entity) visible deep-stage edges
-    deep_degree: np.ndarray  # (n,) float32 visible deep-stage edges per entity (positive sampling weight)
+    deep_pairs: np.ndarray  # (P, 2) int64 (user, entity) visible deep-stage edges, one row per pair
+    deep_weight: np.ndarray  # (P,) float64 sampling weight of each pair (its deep-stage event count ** pair_power)
+    deep_degree: np.ndarray  # (n,) float32 sum of deep_weight per entity (its positive sampling weight)
+    deep_adj: sp.csr_matrix  # (n, n) deep_weight of each visible (user, entity) deep pair, by global ids
     val_pairs: np.ndarray  # (V, 2) int64 (user, entity) deep-stage edges of the val split
     stage_order: tuple[str, ...]
     deep_stage: str
@@ -218,6 +220,7 @@ def load_graph(
     stage_base: float = 4.0,
     half_life_days: float | None = None,
     meta_depth: int = 3,
+    pair_power: float = 1.0,
 ) -> GraphStore:
     """Read a snapshot into a :class:`GraphStore`.
 
@@ -228,6 +231,9 @@ def load_graph(
         stage_base: sampling weight of funnel stage r is ``stage_base ** r`` (deeper = likelier).
         half_life_days: recency decay of sampling weights; default the median visible edge age.
         meta_depth: hops of the forward metadata closure (category ancestors).
+        pair_power: deep-funnel (user, entity) pairs, the contrastive positives, are drawn with
+            probability ~ (deep-stage events of the pair) ** pair_power: 1 = as often as they
+            happened (a weekly repeat purchase weighs 50 one-off ones), 0 = every pair alike.
     """
     graph_dir, content_dir = Path(graph_dir), Path(content_dir)
     meta_path = graph_dir / "meta.json"
@@ -260,7 +266,8 @@ def load_graph(
         )
         pairs.append(agg.with_columns(pl.lit(dst_off).alias("dst_off")))
         is_deep = pl.col("stage") == deep_stage
-        deep.append(vis.filter(is_deep).select("src_id", (pl.col("dst_id") + dst_off).alias("dst")).to_numpy())
+        deep.append(vis.filter(is_deep).group_by("src_id", "dst_id").agg(pl.col("count").sum().cast(pl.Float64))
+                    .sort("src_id", "dst_id").select("src_id", (pl.col("dst_id") + dst_off).alias("dst"), "count").to_numpy())
         val.append(e.filter(is_deep & (pl.col("split") == "val")).select("src_id", (pl.col("dst_id") + dst_off).alias("dst")).to_numpy())
         tr = e.filter(pl.col("split") == "train")
         train_nodes += [tr["src_id"].to_numpy() + offsets[0], tr["dst_id"].to_numpy() + dst_off]
@@ -324,13 +331,16 @@ def load_graph(
         warm = grown
 
     content, layout = load_content(content_dir, types, counts)
-    deep_pairs = np.concatenate(deep).astype(np.int64) if deep else np.zeros((0, 2), np.int64)
+    deep_rows = np.concatenate(deep) if deep else np.zeros((0, 3))
+    deep_pairs = deep_rows[:, :2].astype(np.int64)
     deep_pairs[:, 0] += offsets[0]
+    deep_weight = np.maximum(deep_rows[:, 2], 1.0) ** float(pair_power)
     val_pairs = np.concatenate(val).astype(np.int64) if val else np.zeros((0, 2), np.int64)
     val_pairs[:, 0] += offsets[0]
-    deep_degree = np.bincount(deep_pairs[:, 1], minlength=n).astype(np.float32)
+    deep_degree = np.bincount(deep_pairs[:, 1], weights=deep_weight, minlength=n).astype(np.float32)
     spec = {
         "n_types": len(types), "n_stages": len(stage_order), "content_dim": layout["dim"], "n_recency": N_RECENCY,
+        "n_nodes": n,
     }
     log.info(
         "graph: %d nodes %s; %d visible engagement pairs (%s), %d deep pairs, %d val deep pairs; "
@@ -340,7 +350,8 @@ def load_graph(
     )
     return GraphStore(
         types=types, offsets=offsets, node_type=node_type, content=content, exposure=exposure.astype(np.float32),
-        warm=warm, eng=eng, up=up, down=down, deep_pairs=deep_pairs, deep_degree=deep_degree, val_pairs=val_pairs,
+        warm=warm, eng=eng, up=up, down=down, deep_pairs=deep_pairs, deep_weight=deep_weight, deep_degree=deep_degree,
+        deep_adj=sp.csr_matrix((deep_weight, (deep_pairs[:, 0], deep_pairs[:, 1])), shape=(n, n)), val_pairs=val_pairs,
         stage_order=stage_order, deep_stage=deep_stage, spec=spec, layout=layout, split_bounds=bounds,
         visible_end=bounds["test_start"] if "val" in visible_splits else bounds["val_start"],
     )

@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_OBJECTIVE: dict[str, Any] = {
     # weight of each loss part in the total
-    "weights": {"distill": 1.0, "align": 1.0, "contrastive": 1.0, "balance": 1.0},
+    "weights": {"distill": 1.0, "align": 1.0, "contrastive": 1.0, "balance": 1.0, "prior": 1.0, "cf": 1.0},
     "student_temp": 0.1,
     # teacher temperature: linear warm-up from `teacher_temp_start` over `teacher_temp_warmup` of training
     "teacher_temp_start": 0.04,
@@ -38,7 +38,7 @@ DEFAULT_OBJECTIVE: dict[str, Any] = {
     # nodes embedded for the k-means initialisation of the prototypes
     "init_nodes": 4096,
 }
-DEFAULT_OPTIM: dict[str, Any] = {"lr": 2e-3, "weight_decay": 0.01, "warmup": 0.05, "min_lr_ratio": 0.1}
+DEFAULT_OPTIM: dict[str, Any] = {"lr": 2e-3, "weight_decay": 0.01, "warmup": 0.05, "min_lr_ratio": 0.1, "id_lr_scale": 1.0}
 
 
 def teacher_temp_schedule(total: int, start: float, end: float, warmup: float) -> np.ndarray:
@@ -103,13 +103,13 @@ class HirModule(L.LightningModule):
         self.train(self.training)
         levels = net.tokenizer.levels
         self.distill = DistillLoss(levels, objective["student_temp"], objective["center_momentum"])
-        self.align = AlignLoss(net.dim)
+        self.align = AlignLoss(net.sem_dim)
         self.contrastive = ContrastiveLoss(objective["contrastive_temp"])
         self.balance = BalanceLoss(levels, objective["student_temp"])
         self.weights = objective["weights"]
-        unknown = sorted(set(self.weights) - {"distill", "align", "contrastive", "balance"})
+        unknown = sorted(set(self.weights) - set(DEFAULT_OBJECTIVE["weights"]))
         if unknown:
-            raise HirError(f"model.objective.weights has unknown parts {unknown}; expected distill, align, contrastive, balance")
+            raise HirError(f"model.objective.weights has unknown parts {unknown}; expected {sorted(DEFAULT_OBJECTIVE['weights'])}")
         self.objective, self.optim = objective, optim
         self.val_k = tuple(int(k) for k in val_k)
         self.seed = int(seed)
@@ -156,7 +156,7 @@ class HirModule(L.LightningModule):
         zs = [self.embed(move_data_to_device(b, self.device), net=self.net)[1] for b in loader]
         z = torch.cat(zs).float().cpu()
         gen = torch.Generator().manual_seed(self.seed)
-        self.net.tokenizer.init_from_data(z, generator=gen)
+        self.net.tokenizer.init_from_data(self.net.semantic(z), generator=gen)
         state = self.trainer.strategy.broadcast({k: v.cpu() for k, v in self.net.state_dict().items()}, src=0)
         self.net.load_state_dict(state)
         self.teacher.load_state_dict(self.net.state_dict())
@@ -177,10 +177,14 @@ class HirModule(L.LightningModule):
     def loss_parts(self, batch: dict[str, Any]) -> dict[str, Tensor]:
         """The named, unweighted loss parts of one batch (raises on a non-finite part)."""
         eng, kno = self.views(batch)
-        student = [self.net(eng, use_ids=True), self.net(kno, use_ids=False)]  # 2 x (B, C)
+        full = [self.net(eng, use_ids=True), self.net(kno, use_ids=False)]  # 2 x (B, C)
         with torch.no_grad():
-            teacher = [self.teacher(eng, use_ids=True), self.teacher(kno, use_ids=False)]  # 2 x (B, C)
-            t_scores = [self.teacher.tokenizer.scores(t) for t in teacher]  # 2 x (B, K)
+            t_full = [self.teacher(eng, use_ids=True), self.teacher(kno, use_ids=False)]  # 2 x (B, C)
+        # the hierarchy and the cross-view objectives work on the semantic part; the prior
+        # coordinate (if any) is trained by the contrastive part and matched across views below
+        student = [self.net.semantic(z) for z in full]  # 2 x (B, C')
+        teacher = [self.teacher.semantic(z) for z in t_full]  # 2 x (B, C')
+        t_scores = [self.teacher.tokenizer.scores(t) for t in teacher]  # 2 x (B, K)
         # the codebook's online k-means step runs after the optimizer step (on_train_batch_end):
         # the student's forward above still needs the current prototypes for backward
         self._teacher_z = torch.cat(teacher)
@@ -191,13 +195,31 @@ class HirModule(L.LightningModule):
             "align": self.align(student, teacher),
             "balance": self.balance(s_scores),
         }
+        if self.net.prior is not None:
+            # cold-start entities are embedded by the knowledge view: its prior must sit on the
+            # engagement view's scale, or content-only entities would flood (or vanish from)
+            # retrieval. The knowledge view regresses the teacher's engagement-view prior.
+            gap = self.net.prior_of(full[1]) - self.teacher.prior_of(t_full[0])
+            parts["prior"] = (gap / self.net.prior_max).pow(2).mean()
         p = int(batch["n_pairs"])
         if p:
             # pairs are the batch's first 2P seeds (P users, then their entities); candidates are
             # those entities plus the batch's other seeds of the target types (mixed negatives)
             cand = batch["cand_index"]
             log_q = batch["log_q"] * float(self.objective["logq"])
-            parts["contrastive"] = self.contrastive(student[0][:p], student[0][cand], log_q, batch["seeds"][cand])
+            parts["contrastive"] = self.contrastive(full[0][:p], full[0][cand], log_q, batch["seeds"][cand],
+                                                    batch.get("targets"))
+        if "cf" in batch:
+            # seed-only factorisation: the same sampled softmax on thousands of edges per step,
+            # each side embedded from its seed token alone (id, content, popularity; no context,
+            # no primitives), normalised with the running statistics the full contexts use. A
+            # step costs a fraction of the context batch's, and the ids learn collaborative
+            # structure in the network's own output space.
+            cf_view = {**batch["cf"], "content": batch["content"]}
+            z = self.net(cf_view, use_ids=True, primitives=False, batch_stats=False, id_dropout=False)  # (2Q, C)
+            q = z.shape[0] // 2
+            log_q = batch["cf_log_q"] * float(self.objective["logq"])
+            parts["cf"] = self.contrastive(z[:q], z[q:], log_q, batch["cf_items"])
         for name, value in parts.items():
             if not torch.isfinite(value):
                 raise HirError(
@@ -258,7 +280,7 @@ class HirModule(L.LightningModule):
         users = [int(u) for u in dm.val_users]
         recall = recall_at_k(z[[index[u] for u in users]], z[cand_rows], [np.unique(by_user[u]) for u in users], self.val_k)
         metrics = {f"val/recall@{k}": float(v) for k, v in recall.items()}
-        codes, _, _ = self.teacher.tokenizer(z.to(self.device))
+        codes, _, _ = self.teacher.tokens(z.to(self.device))
         for lvl, c in enumerate(codes):
             usage, entropy = usage_stats(c[:, 0], self.teacher.tokenizer.levels[lvl])
             metrics[f"proto/usage_l{lvl}"] = usage
@@ -278,10 +300,14 @@ class HirModule(L.LightningModule):
     # -- optimisation ------------------------------------------------------------------------
     def configure_optimizers(self) -> dict[str, Any]:
         decay = {id(m.weight) for m in self.modules() if isinstance(m, nn.Linear)}
-        params = [p for p in self.parameters() if p.requires_grad]
+        # the hashed id table: each row sees few updates per step (a sparse gradient in a dense
+        # tensor), so it may take a larger step than the shared weights (optim.id_lr_scale)
+        ids = self.net.encoder.ids.weight
+        params = [p for p in self.parameters() if p.requires_grad and p is not ids]
         groups = [
             {"params": [p for p in params if id(p) in decay], "weight_decay": self.optim["weight_decay"]},
             {"params": [p for p in params if id(p) not in decay], "weight_decay": 0.0},
+            {"params": [ids], "weight_decay": 0.0, "lr": self.optim["lr"] * float(self.optim["id_lr_scale"])},
         ]
         opt = torch.optim.AdamW(groups, lr=self.optim["lr"])
         total = max(int(self.trainer.estimated_stepping_batches), 1)

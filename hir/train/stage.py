@@ -33,7 +33,7 @@ def net_config(cfg_model: DictConfig | dict, spec: dict[str, Any]) -> dict[str, 
     """The plain keyword arguments of :class:`hir.nn.HirNet`: snapshot sizes + ``model.*``."""
     m = cfg_model if isinstance(cfg_model, dict) else OmegaConf.to_container(cfg_model, resolve=True)
     keys = ("dim", "depth", "heads", "mlp_ratio", "dropout", "id_buckets", "id_dropout", "attention_backend",
-            "bias", "hierarchy", "primitive_tokens")
+            "bias", "hierarchy", "primitive_tokens", "prior_max")
     return {**spec, **{k: m[k] for k in keys}}
 
 

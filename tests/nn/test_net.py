@@ -39,6 +39,44 @@ def test_forward_gives_unit_embeddings_for_both_views():
         torch.testing.assert_close(z.norm(dim=-1), torch.ones(6))
 
 
+def test_prior_coordinate_is_bounded_and_the_semantic_part_is_unit():
+    net = _net(prior_max=0.5)
+    z = net(_view(), use_ids=True)
+    p = net.prior_of(z)
+    assert (p.abs() <= 0.5).all() and (p.abs() > 0).all()
+    sem = net.semantic(z)
+    assert sem.shape == (6, 15)
+    torch.testing.assert_close(sem.norm(dim=-1), torch.ones(6))
+    # the semantic part is the embedding without its prior coordinate, rescaled to unit norm
+    torch.testing.assert_close(sem * torch.sqrt(1 - p * p)[:, None], z[:, :15])
+    codes, weights, _ = net.tokens(z)
+    torch.testing.assert_close(sum(w.sum(dim=1) for w in weights), torch.full((6,), 2.0))
+    assert [c.shape[0] for c in codes] == [6, 6]
+    # without the coordinate the whole embedding is semantic
+    flat = _net(prior_max=0.0)
+    z0 = flat(_view())
+    assert flat.semantic(z0) is z0 and torch.equal(flat.prior_of(z0), torch.zeros(6))
+
+
+def test_prior_max_out_of_range_is_refused():
+    import pytest
+
+    with pytest.raises(ValueError, match="prior_max"):
+        _net(prior_max=1.0)
+
+
+def test_id_table_has_a_row_per_node_when_they_fit_else_hashes():
+    direct = _net(n_nodes=30)
+    assert direct.encoder.direct and direct.encoder.ids.num_embeddings == 30
+    node = torch.tensor([[0, 5, 29, -1]])
+    emb = direct.encoder.hashed(node)
+    torch.testing.assert_close(emb[0, :3], direct.encoder.ids.weight[[0, 5, 29]])
+    assert torch.equal(emb[0, 3], torch.zeros(16))
+    hashed = _net(n_nodes=1000)  # more nodes than id_buckets=64
+    assert not hashed.encoder.direct and hashed.encoder.ids.num_embeddings == 64
+    assert not _net().encoder.direct  # unknown node count: hashed
+
+
 def test_gradients_reach_bias_tables_and_lambda():
     net = _net()
     # a non-zero residual branch, so attention matters to the output at step 0

@@ -28,3 +28,17 @@ def test_break_ties_off_or_without_twins_changes_nothing() -> None:
     assert break_ties(data, 1e-3) == 0 and data["vectors"] is v
     twins = {"vectors": np.ones((3, 4), np.float32) / 2}
     assert break_ties(twins, 0.0) == 0 and len(set(twins["twin_group"])) == 1
+
+
+def test_near_twins_within_the_resolution_are_one_group() -> None:
+    rng = np.random.default_rng(1)
+    v = rng.normal(size=(5, 8)).astype(np.float32)
+    v /= np.linalg.norm(v, axis=1, keepdims=True)
+    v[3] = v[0] + 2e-6  # the same up to float noise: a near-twin of row 0
+    v[4] = v[1] + 5e-3  # close, but a different vector
+    data = {"vectors": v.copy()}
+    assert break_ties(data, 1e-3) == 1
+    group = data["twin_group"]
+    assert group[3] == group[0] and len(set(group)) == 4
+    exact = {"vectors": v.copy()}
+    assert break_ties(exact, 1e-3, resolution=0.0) == 0 and len(set(exact["twin_group"])) == 5

@@ -29,7 +29,8 @@ def setup(tiny_run: Path):
 def test_parts_are_named_and_the_teacher_gets_no_gradient(setup):
     module, batch = setup
     parts = module.loss_parts(batch)
-    assert set(parts) == {"distill", "align", "balance", "contrastive"}
+    # "prior": the knowledge view's prior coordinate regresses the engagement teacher's
+    assert set(parts) == {"distill", "align", "balance", "contrastive", "prior"}
     sum(parts.values()).backward()
     assert all(p.grad is None for p in module.teacher.parameters())
     assert all(not p.requires_grad for p in module.teacher.parameters())
@@ -65,3 +66,29 @@ def test_schedules_are_precomputed_per_step():
     assert len(t) == 101 and t[0] == pytest.approx(0.04) and t[29] == pytest.approx(0.07) and t[-1] == pytest.approx(0.07)
     m = momentum_schedule(100, 0.9)
     assert m[0] == pytest.approx(0.9) and m[-1] == pytest.approx(1.0) and (np.diff(m) >= 0).all()
+
+
+def test_cf_and_multi_positive_parts_join_when_configured(tiny_run: Path):
+    store = load_graph(tiny_run / "graph", tiny_run / "content", ("train",))
+    torch.manual_seed(0)
+    kw = {**store.spec, "dim": 16, "depth": 1, "heads": 2, "id_buckets": 256, "hierarchy": {"levels": [2, 4]}}
+    module = HirModule(HirNet(**kw), kw)
+    batch = TrainBatches(store, ContextSampler(store, 4, 2, 2, 2, 2), 32, 8, None, seed=0, cf_pairs=16,
+                         all_positives=True)[(0, 0)]
+    assert batch["cf"]["node"].shape == (32, 1) and batch["targets"].shape == (8, len(batch["cand_index"]))
+    parts = module.loss_parts(batch)
+    assert {"cf", "contrastive", "prior"} <= set(parts)
+    parts["cf"].backward()
+    # the seed-only factorisation trains the id table (and reaches it through the id skip)
+    assert module.net.encoder.ids.weight.grad.abs().sum() > 0
+    assert module.net.id_skip.weight.grad is not None
+
+
+def test_no_prior_coordinate_means_no_prior_part(tiny_run: Path):
+    store = load_graph(tiny_run / "graph", tiny_run / "content", ("train",))
+    torch.manual_seed(0)
+    kw = {**store.spec, "dim": 16, "depth": 1, "heads": 2, "id_buckets": 256, "hierarchy": {"levels": [2, 4]},
+          "prior_max": 0.0}
+    module = HirModule(HirNet(**kw), kw)
+    batch = TrainBatches(store, ContextSampler(store, 4, 2, 2, 2, 2), 32, 8, None, seed=0)[(0, 0)]
+    assert set(module.loss_parts(batch)) == {"distill", "align", "balance", "contrastive"}
