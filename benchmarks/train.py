@@ -61,7 +61,7 @@ def _batches(run_dir: Path, m: dict[str, Any], n: int):
 
 def _net_kwargs(store, m: dict[str, Any]) -> dict[str, Any]:
     keys = ("dim", "depth", "heads", "mlp_ratio", "dropout", "id_buckets", "id_dropout", "attention_backend", "bias",
-            "hierarchy", "primitive_tokens")
+            "hierarchy", "primitive_tokens", "prior_max")
     return {**store.spec, **{k: m[k] for k in keys}}
 
 
@@ -158,8 +158,10 @@ def _edge_types(batches, store) -> list[tuple[str, str, str]]:
     return sorted(seen)
 
 
-def _simple_loss(z, batch, tokenizer) -> Any:
-    """In-batch contrastive on the pairs + the tokenizer's collapse guard: the same for both models."""
+def _simple_loss(z, batch, tokenizer, semantic=None) -> Any:
+    """In-batch contrastive on the pairs + the tokenizer's collapse guard: the same for both models.
+    ``semantic``: the tokenizer's input when it differs from ``z`` (hir's embedding without its
+    prior coordinate; the HGT head outputs the semantic part only)."""
     import torch
 
     from hir.nn.losses import BalanceLoss, ContrastiveLoss
@@ -167,7 +169,8 @@ def _simple_loss(z, batch, tokenizer) -> Any:
     p = int(batch["n_pairs"])
     cand = batch["cand_index"]
     loss = ContrastiveLoss(0.1)(z[:p], z[cand], batch["log_q"], batch["seeds"][cand])
-    return loss + BalanceLoss(tokenizer.levels)([tokenizer.scores(z)]) + 0 * torch.zeros(())
+    sem = z if semantic is None else semantic
+    return loss + BalanceLoss(tokenizer.levels)([tokenizer.scores(sem)]) + 0 * torch.zeros(())
 
 
 def worker(mode: str, run_dir: Path, steps: int, warmup: int, threads: int) -> dict[str, Any]:
@@ -201,7 +204,7 @@ def worker(mode: str, run_dir: Path, steps: int, warmup: int, threads: int) -> d
                 loss = sum(module.loss_parts(b).values())
             else:
                 z = net({**b["eng"], "content": b["content"]}, use_ids=True)
-                loss = _simple_loss(z, b, net.tokenizer)
+                loss = _simple_loss(z, b, net.tokenizer, net.semantic(z))
             opt.zero_grad()
             loss.backward()
             opt.step()
