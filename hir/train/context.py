@@ -126,10 +126,13 @@ class ContextSampler:
         e = np.where(ok, edges, 0)
 
         def take(a: np.ndarray, dtype) -> np.ndarray:
+            # a relation with no edges at all (e.g. online_retail has no taxonomy): every slot is
+            # padding, but a[e] still needs one row to index
+            a = a if len(a) else np.zeros(1, a.dtype)
             return np.where(ok, a[e], 0).astype(dtype)
 
         return {
-            "node": np.where(ok, csr.dst[e], -1), "relation": np.where(ok, relation, 0),
+            "node": np.where(ok, take(csr.dst, np.int64), -1), "relation": np.where(ok, relation, 0),
             "hop": take(csr.hop, np.int64), "stage": take(csr.stage, np.int64), "recency": take(csr.recency, np.int64),
             "count": take(csr.count, np.float32), "age": take(csr.age, np.float32),
         }

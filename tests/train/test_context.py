@@ -142,3 +142,16 @@ def test_cold_and_warm(hand_graph: Path):
     warm = {(t, i) for t in store.types for i in range(*store.type_range(t)) if store.warm[i]}
     assert store.warm[_gid(store, "product", 0)] and store.warm[_gid(store, "category", 1)]  # linked to warm products
     assert len(warm) == store.n_nodes  # every product has a train edge; categories/advertiser are linked
+
+
+def test_a_relation_without_edges_gives_padding(hand_graph: Path):
+    # a dataset without a taxonomy (online_retail) has empty metadata adjacency
+    store = load_graph(hand_graph / "graph", hand_graph / "content", ("train",))
+    empty = type(store.up).build(store.n_nodes, np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0))
+    store.up = store.down = empty
+    sampler = ContextSampler(store, 4, 2, 2, 2, 2)
+    seeds = np.arange(store.n_nodes)
+    for view in (sampler.engagement(seeds, np.random.default_rng(0)), sampler.knowledge(seeds, np.random.default_rng(0))):
+        meta = view["relation"] == METADATA
+        assert not meta.any()
+        assert (view["node"][:, 0] == seeds).all()
