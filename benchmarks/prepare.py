@@ -209,7 +209,8 @@ def main() -> None:
 
     def save() -> None:
         out_path.parent.mkdir(parents=True, exist_ok=True)
-        out_path.write_text(json.dumps(result, indent=2) + "\n")
+        # paths inside the checkout are written relative to it: results are committed and compared
+        out_path.write_text(json.dumps(result, indent=2).replace(str(ROOT) + "/", "") + "\n")
 
     for n in sizes:
         params = synthetic_params(n)

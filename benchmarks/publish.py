@@ -158,7 +158,8 @@ def main() -> None:
           f"p99 {result['feast']['online']['p99_ms']} ms", flush=True)
     out = Path(args.out or ROOT / "benchmarks" / "results" / f"publish_{manifest.get('dataset') or 'store'}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
+    # paths inside the checkout are written relative to it: results are committed and compared
+    out.write_text(json.dumps(result, indent=2).replace(str(ROOT) + "/", ""))
     print(f"wrote {out}")
 
 
