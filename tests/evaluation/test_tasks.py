@@ -32,6 +32,22 @@ def test_funnel_labels_per_period(tiny_graph: Path) -> None:
     assert test.filter(pl.col("cold_entity"))["entity_id"].to_list() == [5]
 
 
+def test_capped_candidates_do_not_depend_on_row_order(tiny_graph: Path, monkeypatch) -> None:
+    import hir_evaluation.tasks as tasks
+
+    snap = load_snapshot(tiny_graph)
+    task = RankingTask(candidate_stages=("view",))
+    full = tasks._funnel(task, snap, snap.events.filter(pl.col("entity_type") == "product"), *tasks.period_bounds(snap, "train"))
+    capped = RankingTask(candidate_stages=("view",), max_rows=full.height - 3)
+    runs = []
+    for order_seed in (1, 2, 3):
+        # the same rows in another order, as an unordered group-by may return them
+        monkeypatch.setattr(tasks, "_funnel", lambda *a, s=order_seed, **k: full.sample(fraction=1.0, shuffle=True, seed=s))
+        runs.append(build_candidates(capped, snap, "train", seed=0))
+    assert runs[0].height == full.height - 3
+    assert runs[0].equals(runs[1]) and runs[0].equals(runs[2])
+
+
 def test_funnel_window_limits_the_label_horizon(tiny_graph: Path) -> None:
     snap = load_snapshot(tiny_graph)
     hour = build_candidates(RankingTask(candidate_stages=("view",), window="30m"), snap, "train")
