@@ -10,6 +10,7 @@ import numpy as np
 import polars as pl
 
 from hir.errors import InputError
+from hir_evaluation.features import affinity
 from hir_evaluation.snapshot import Snapshot
 
 
@@ -86,5 +87,7 @@ def content_blocks(
     visible = rows.select(pl.col("ts") >= pl.lit(profile_cutoff, pl.Datetime("us", "UTC"))).to_series().to_numpy()
     user_has = has_profile[uid] & visible
     user_vec = np.where(user_has[:, None], profiles[uid], 0.0).astype(np.float32)
-    dense = {"has_content_entity": has[eid].astype(np.float32), "has_content_user": user_has.astype(np.float32)}
-    return dense, {"content_entity": vecs[eid], "content_user": user_vec}
+    item_vec = vecs[eid]
+    dense = {"has_content_entity": has[eid].astype(np.float32), "has_content_user": user_has.astype(np.float32),
+             "content_affinity": affinity(user_vec, item_vec)}
+    return dense, {"content_entity": item_vec, "content_user": user_vec}

@@ -25,6 +25,7 @@ from hir.cli import ROOT
 from hir.errors import HirError, InputError
 from hir.progress import progress_steps
 from hir_evaluation.content_source import content_blocks, load_content
+from hir_evaluation.features import affinity
 from hir_evaluation.hir_source import embeddings_meta, from_feast, from_files, read_embeddings, side_blocks
 from hir_evaluation.published import load_manifest
 from hir_evaluation.report import print_summary, write_report
@@ -161,7 +162,7 @@ class Sources:
                 self.notes.append(note)
             du, vu, bu = side_blocks("hir_user", user)
             de, ve, be = side_blocks("hir_entity", entity)
-            return du | de, vu | ve, bu | be
+            return du | de | {"hir_affinity": affinity(user.vectors, entity.vectors)}, vu | ve, bu | be
 
         return load
 

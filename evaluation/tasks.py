@@ -229,14 +229,16 @@ def _next_period(
     label_stage = task.resolve_label_stage(snap)
     history = events.filter(pl.col("timestamp") < pl.lit(start, pl.Datetime("us", "UTC")))
     bought = events.filter(_in_period(start, end) & (pl.col("stage") == label_stage)).select("user_id", "entity_id").unique()
-    users = bought.select("user_id").unique().join(history.select("user_id").unique(), on="user_id", how="semi")
+    # sorted: the seeded negatives below are drawn per user in this order
+    users = bought.select("user_id").unique().join(history.select("user_id").unique(), on="user_id", how="semi").sort("user_id")
     if users.is_empty():
         return None
     past = (
         history.join(users, on="user_id", how="semi")
         .group_by("user_id", "entity_id")
         .agg(pl.col("timestamp").max().alias("_last"))
-        .sort("_last", descending=True)
+        # entity_id breaks ties (one invoice's lines share a timestamp), so head() is reproducible
+        .sort(["_last", "entity_id"], descending=[True, False])
         .group_by("user_id", maintain_order=True)
         .head(task.history_items)
         .select("user_id", "entity_id")

@@ -115,3 +115,20 @@ def test_next_period_windows_skip_periods_without_history(tiny_graph: Path) -> N
     assert rows["user_id"].unique().to_list() == [1]
     with pytest.raises(HirError, match="nothing to rank"):
         build_candidates(RankingTask(kind="next_period"), snap, "train")
+
+
+def test_affinity_is_the_cosine_and_zero_where_a_side_is_missing() -> None:
+    from hir_evaluation.features import affinity
+
+    u = np.array([[1.0, 0.0], [2.0, 0.0], [0.0, 0.0]], np.float32)
+    e = np.array([[1.0, 1.0], [0.0, -3.0], [1.0, 0.0]], np.float32)
+    np.testing.assert_allclose(affinity(u, e), [np.sqrt(0.5), 0.0, 0.0], rtol=1e-6)
+    assert affinity(u, e).dtype == np.float32
+
+
+def test_next_period_candidates_are_reproducible(tiny_graph: Path) -> None:
+    snap = load_snapshot(tiny_graph)
+    task = RankingTask(kind="next_period", negatives=3, history_items=1)
+    runs = [build_candidates(task, snap, "test", seed=5) for _ in range(4)]
+    assert runs[0].height > 0
+    assert all(runs[0].equals(r) for r in runs[1:])
