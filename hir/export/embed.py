@@ -42,8 +42,6 @@ def load_checkpoint(path: str | Path) -> tuple[HirNet, dict[str, Any]]:
         raise InputError(f"checkpoint {path} does not exist; run `hir train` first (or set model.export.checkpoint)")
     ckpt = torch.load(path, map_location="cpu", weights_only=True)
     hp = ckpt["hyper_parameters"]
-    # checkpoints from before the prior coordinate existed have none
-    hp["net_config"] = {"prior_max": 0.0} | dict(hp["net_config"])
     net = HirNet(**hp["net_config"])
     state = {k.removeprefix("teacher."): v for k, v in ckpt["state_dict"].items() if k.startswith("teacher.")}
     net.load_state_dict(state)
@@ -78,9 +76,7 @@ class Embedder:
         data = self.hp.get("data", {})
         self.graph_dir = Path(graph_dir)
         self.store = load_graph(graph_dir, content_dir, tuple(visible_splits), **data.get("graph", {}))
-        # (a key the checkpoint does not record, e.g. n_nodes in older checkpoints, is not checked)
-        trained = self.hp["net_config"]
-        if any(k in trained and trained[k] != v for k, v in self.store.spec.items()):
+        if self.store.spec != {k: self.hp["net_config"].get(k) for k in self.store.spec}:
             raise InputError(
                 f"checkpoint {checkpoint} was trained on a snapshot with {self.hp['net_config']} but "
                 f"{graph_dir} + {content_dir} give {self.store.spec}; export with the snapshot it was trained on"

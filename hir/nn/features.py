@@ -65,7 +65,7 @@ class TokenEncoder(nn.Module):
         nn.init.zeros_(self.numeric.bias)
         self.norm.reset_parameters()
 
-    def hashed(self, node: Tensor) -> Tensor:
+    def id_embedding(self, node: Tensor) -> Tensor:
         """(..., N) int64 global node ids (-1 = none) -> (..., N, C) id embeddings (0 where none)."""
         ids = node.clamp_min(0)
         if self.direct:
@@ -74,15 +74,13 @@ class TokenEncoder(nn.Module):
             emb = sum(self.ids((ids * a + 1) % _HASH_P % self.id_buckets) for a in _HASH_A)
         return emb * (node >= 0)[..., None]
 
-    def forward(self, view: dict[str, Tensor], use_ids: bool, return_ids: bool = False,
-                id_dropout: bool = True) -> Tensor | tuple[Tensor, Tensor]:
+    def forward(self, view: dict[str, Tensor], use_ids: bool, return_ids: bool = False) -> Tensor | tuple[Tensor, Tensor]:
         """
         Args:
             view: ``node`` (B, N) int64 global id or -1; ``row`` (B, N) int64 row of ``content``
                 or -1; ``content`` (U, content_dim) float; ``type``, ``relation``, ``hop``,
                 ``stage`` (B, N) int64; ``count``, ``age``, ``exposure`` (B, N) float.
             use_ids: add the id embedding (engagement view) or not (knowledge view).
-            id_dropout: drop ids with probability ``self.id_dropout`` while training (default True).
 
         Returns:
             (B, N, C) token embeddings; with ``return_ids`` also the (B, N, C) id embeddings that
@@ -95,8 +93,8 @@ class TokenEncoder(nn.Module):
         numeric = torch.stack([view["count"], view["age"], torch.log1p(view["exposure"])], dim=-1)  # (B, N, 3)
         h = h + self.numeric(numeric.float())
         if use_ids:
-            ids = self.hashed(view["node"])  # (B, N, C)
-            if self.training and id_dropout and self.id_dropout > 0:
+            ids = self.id_embedding(view["node"])  # (B, N, C)
+            if self.training and self.id_dropout > 0:
                 keep = torch.rand(ids.shape[:2], device=ids.device) >= self.id_dropout  # (B, N)
                 ids = ids * keep[..., None]
             h = h + ids

@@ -98,10 +98,6 @@ class ContrastiveLoss(nn.Module):
     mixed negative sampling, Yang et al., 2020). A candidate that is the same entity as the
     positive is masked (not a negative).
 
-    With ``targets`` (multiple positives per user: every known edge between a batch's users and
-    its candidates), the loss is the cross-entropy against the row-normalised target weights,
-    and every repeated candidate entity after its first column is masked for all users.
-
     Args:
         temperature: tau (default 0.1).
     """
@@ -110,23 +106,15 @@ class ContrastiveLoss(nn.Module):
         super().__init__()
         self.temperature = temperature
 
-    def forward(self, users: Tensor, items: Tensor, log_q: Tensor, item_ids: Tensor, targets: Tensor | None = None) -> Tensor:
+    def forward(self, users: Tensor, items: Tensor, log_q: Tensor, item_ids: Tensor) -> Tensor:
         """users: (P, C); items: (M, C), M >= P, the first P the positives; log_q: (M,) log sampling
-        rate of each candidate; item_ids: (M,) global ids (to mask duplicates); targets: optional
-        (P, M) non-negative weights, each row with some weight on a first occurrence -> scalar."""
+        rate of each candidate; item_ids: (M,) global ids (to mask duplicates) -> scalar."""
         p = users.shape[0]
         logits = users @ items.T / self.temperature - log_q[None, :]  # (P, M)
-        if targets is None:
-            same = item_ids[:p, None] == item_ids[None, :]  # (P, M)
-            same[torch.arange(p), torch.arange(p)] = False
-            return F.cross_entropy(logits.masked_fill(same, float("-inf")), torch.arange(p, device=users.device))
-        m = item_ids.shape[0]
-        earlier = (item_ids[:, None] == item_ids[None, :]).tril(-1).any(dim=1)  # (M,) a repeat of an earlier column
-        logits = logits.masked_fill(earlier[None, :], float("-inf"))
-        t = targets.float().masked_fill(earlier[None, :], 0.0)
-        t = t / t.sum(dim=1, keepdim=True).clamp_min(1e-12)  # (P, M)
-        logp = F.log_softmax(logits, dim=1).masked_fill(earlier[None, :].expand(p, m), 0.0)
-        return -(t * logp).sum(dim=1).mean()
+        same = item_ids[:p, None] == item_ids[None, :]  # (P, M)
+        same[torch.arange(p), torch.arange(p)] = False
+        logits = logits.masked_fill(same, float("-inf"))
+        return F.cross_entropy(logits, torch.arange(p, device=users.device))
 
 
 class BalanceLoss(nn.Module):

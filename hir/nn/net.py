@@ -146,24 +146,20 @@ class HirNet(nn.Module):
         view["mask"] = ext(view["mask"], True)
         return h, view
 
-    def forward(self, view: dict[str, Tensor], use_ids: bool = True, primitives: bool = True,
-                batch_stats: bool | None = None, id_dropout: bool = True) -> Tensor:
+    def forward(self, view: dict[str, Tensor], use_ids: bool = True) -> Tensor:
         """A batch of contexts (see :meth:`TokenEncoder.forward`; plus ``recency`` (B, N) int64 and
         ``mask`` (B, N) bool, token 0 = the seed) -> (B, C) L2-normalised seed embeddings.
 
         ``use_ids`` selects the view: True = engagement view (ids on), False = knowledge view.
-        ``primitives``: append the interest-primitive tokens (when the network has them).
-        ``batch_stats``: see :class:`GroupedBatchNorm` (default: batch statistics when training).
-        ``id_dropout``: apply the encoder's id dropout while training (default True).
         """
-        h, ids = self.encoder(view, use_ids, return_ids=True, id_dropout=id_dropout)  # (B, N, C) x 2
-        if self.primitive is not None and primitives:
+        h, ids = self.encoder(view, use_ids, return_ids=True)  # (B, N, C) x 2
+        if self.primitive is not None:
             h, view = self._append_primitives(h, view)  # (B, N+M, C)
         qb, kb = self.buckets(view["type"], view["relation"], view["hop"], view["stage"], view["recency"])
         h = self.transformer(h, qb, kb, view["exposure"].float(), view["mask"])  # (B, N', C)
         group = view["type"][:, 0] * 2 + int(use_ids)  # (B,) seed type x view
         pre = self.head(h[:, 0]) + self.id_skip(ids[:, 0])  # (B, C')
-        sem = F.normalize(self.out_norm(pre, group, batch_stats), dim=-1)  # (B, C') unit
+        sem = F.normalize(self.out_norm(pre, group), dim=-1)  # (B, C') unit
         if self.prior is None:
             return sem
         p = self.prior_max * torch.tanh(self.prior(h[:, 0]).float().squeeze(-1) + self.prior_offset[group])  # (B,)

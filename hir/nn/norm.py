@@ -29,15 +29,11 @@ class GroupedBatchNorm(nn.Module):
         self.register_buffer("running_mean", torch.zeros(n_groups, dim))
         self.register_buffer("running_var", torch.ones(n_groups, dim))
 
-    def forward(self, x: Tensor, group: Tensor, batch_stats: bool | None = None) -> Tensor:
-        """x: (B, C), group: (B,) int64 in [0, G) -> (B, C) float32 (statistics in fp32 also under autocast).
-
-        ``batch_stats``: normalise with (and update from) the batch's statistics (default: when
-        training); False uses the running statistics, also while training (a side batch that
-        must be normalised like the main one)."""
+    def forward(self, x: Tensor, group: Tensor) -> Tensor:
+        """x: (B, C), group: (B,) int64 in [0, G) -> (B, C) float32 (statistics in fp32 also under autocast)."""
         x = x.float()
         mean, var = self.running_mean[group], self.running_var[group]  # (B, C)
-        if self.training if batch_stats is None else batch_stats:
+        if self.training:
             counts = torch.bincount(group, minlength=self.n_groups).to(x.dtype)[:, None]  # (G, 1)
             g_mean = torch.zeros(self.n_groups, self.dim, dtype=x.dtype, device=x.device).index_add(0, group, x) / counts.clamp_min(1)
             centred = x - g_mean[group]

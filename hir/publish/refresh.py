@@ -141,7 +141,7 @@ def push(frames: dict[str, pl.DataFrame], manifest: dict[str, Any], out_dir: Pat
 
 
 def insert(frames: dict[str, pl.DataFrame], manifest: dict[str, Any], batch: int, tie_break: float,
-           tie_resolution: float = 1e-4) -> None:
+           tie_resolution: float) -> None:
     """Rows into each type's live collection (not a new version: the alias does not move)."""
     client = milvus_store.connect(manifest["milvus"]["uri"])
     try:
@@ -176,7 +176,7 @@ def refresh_rows(cfg: DictConfig, frames: dict[str, pl.DataFrame], delta: str, s
         step("milvus insert")
         t0 = time.perf_counter()
         insert(frames, manifest, int(cfg.publish.milvus.insert_batch), float(cfg.publish.milvus.tie_break),
-               float(cfg.publish.milvus.get("tie_resolution", 1e-4)))
+               float(cfg.publish.milvus.tie_resolution))
         t["milvus_insert"] = time.perf_counter() - t0
     record = {"at": now_iso(), "delta_path": delta, "rows": {e: f.height for e, f in frames.items()},
               "files": files, "validation": str(out_dir / "validation" / "result.json"),

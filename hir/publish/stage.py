@@ -220,7 +220,7 @@ def _phases(job: _Job, store: Any, client: Any, step: Any) -> None:
     for etype, tab in job.tables.items():
         data = milvus_store.read_table(Path(tab["path"]), tab["join_key"])
         ties[etype] = milvus_store.break_ties(data, float(milvus_cfg["tie_break"]),
-                                                 resolution=float(milvus_cfg.get("tie_resolution", 1e-4)))
+                                                 resolution=float(milvus_cfg["tie_resolution"]))
         coll = manifest["milvus"]["collections"][etype]
         stage_s[etype] = milvus_store.stage(client, coll, data, etype, job.version, milvus_cfg)
         faults.point("milvus_sanity")

@@ -179,10 +179,6 @@ class ContextSampler:
         hop2["hop"] = np.where(hop2["node"] >= 0, 2, 0)
         return self._assemble([self._seed_segment(seeds), eng, up, down, hop2], popularity=True)
 
-    def seed_only(self, seeds: np.ndarray) -> dict[str, np.ndarray]:
-        """Contexts of the seed token alone (its id, content and popularity): seeds (R,) -> arrays (R, 1)."""
-        return self._assemble([self._seed_segment(seeds)], popularity=True)
-
     def knowledge(self, seeds: np.ndarray, rng: np.random.Generator) -> dict[str, np.ndarray]:
         """Knowledge-view contexts (content + metadata only): seeds (R,) -> arrays (R, know_len)."""
         st = self.store

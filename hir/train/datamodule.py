@@ -48,20 +48,14 @@ class TrainBatches(Dataset):
     first 2P seeds, each with the other side hidden from its context) followed by ``batch_size``
     seeds of every entity type from the epoch's seed order. ``cand_index`` (M,) lists the
     contrastive candidates among the seeds (the P entities first, then extra uniform negatives)
-    and ``log_q`` (M,) their log sampling rates. ``cf_pairs`` more deep-funnel edges per batch
-    with seed-only contexts (view ``cf`` (2Q, 1): the Q users, then their Q entities),
-    ``cf_users``, ``cf_items`` (Q,) global ids and ``cf_log_q`` (Q,), for the seed-only
-    factorisation loss (see :class:`~hir.train.module.HirModule`).
+    and ``log_q`` (M,) their log sampling rates.
     """
 
     def __init__(self, store: GraphStore, sampler: ContextSampler, batch_size: int, pairs: int,
-                 seeds_per_epoch: int | None, seed: int, rank: int = 0, world: int = 1, cf_pairs: int = 0,
-                 all_positives: bool = False) -> None:
+                 seeds_per_epoch: int | None, seed: int, rank: int = 0, world: int = 1) -> None:
         self.store, self.sampler = store, sampler
         self.batch_size, self.seed, self.rank, self.world = batch_size, seed, rank, world
         self.pairs = pairs if len(store.deep_pairs) else 0
-        self.cf_pairs = cf_pairs if len(store.deep_pairs) else 0
-        self.all_positives = all_positives
         self.n_seeds = min(seeds_per_epoch or store.n_nodes, store.n_nodes)
         self.target_types = np.unique(store.node_type[store.deep_pairs[:, 1]]) if len(store.deep_pairs) else np.zeros(0, np.int8)
         self._order: tuple[int, np.ndarray] | None = None
@@ -104,22 +98,8 @@ class TrainBatches(Dataset):
         extra = np.flatnonzero(np.isin(st.node_type[seeds], self.target_types)) + 2 * p if p else np.zeros(0, np.int64)
         cand = np.concatenate([np.arange(p, 2 * p), extra]).astype(np.int64)
         expected = self.pairs * st.deep_degree[all_seeds[cand]] / self._total + self.batch_size / st.n_nodes
-        extra_out: dict[str, np.ndarray] = {}
-        if self.all_positives and p:
-            # every visible deep edge between the pair users and the candidates is a positive
-            # (weighted like the pair draw), not only the drawn pair: many more labels per step
-            # at no extra forward cost
-            targets = st.deep_adj[pairs[:, 0]][:, all_seeds[cand]].toarray().astype(np.float32)  # (P, M)
-            targets[np.arange(p), np.arange(p)] = np.maximum(targets[np.arange(p), np.arange(p)], 1.0)
-            extra_out["targets"] = targets
-        # id-level pairs: drawn like the context pairs, so an entity's rate is ~ its deep degree
-        cf = self.draw_pairs(rng, self.cf_pairs)
-        cf_q = self.cf_pairs * st.deep_degree[cf[:, 1]] / self._total
-        if self.cf_pairs:
-            views["cf"] = self.sampler.seed_only(np.concatenate([cf[:, 0], cf[:, 1]]).astype(np.int64))
         return to_tensors(st, views, seeds=all_seeds, cand_index=cand, log_q=np.log(expected).astype(np.float32),
-                          n_pairs=np.asarray(len(pairs)), cf_users=cf[:, 0].astype(np.int64), cf_items=cf[:, 1].astype(np.int64),
-                          cf_log_q=np.log(np.maximum(cf_q, 1e-12)).astype(np.float32), **extra_out)
+                          n_pairs=np.asarray(len(pairs)))
 
 
 class EpochBatchSampler(Sampler):
@@ -190,9 +170,6 @@ class HirDataModule(L.LightningDataModule):
         context: :class:`ContextSampler` sizes.
         batch_size: seeds per batch (default 256).
         pairs: deep-funnel pairs per batch for the contrastive loss (default 64).
-        cf_pairs: deep-funnel pairs per batch for the id-level factorisation loss (default 0).
-        all_positives: every deep edge between a batch's pair users and its candidates is a
-            contrastive positive, not only the drawn pair (default False).
         seeds_per_epoch: seeds per epoch (default all nodes).
         embed_batch_size: nodes per validation batch (default 1024).
         val_candidates: cap on recall@K candidates (default all).
@@ -202,13 +179,11 @@ class HirDataModule(L.LightningDataModule):
 
     def __init__(self, store: GraphStore, context: dict[str, int] | None = None, batch_size: int = 256, pairs: int = 64,
                  seeds_per_epoch: int | None = None, embed_batch_size: int = 1024, val_candidates: int | None = None,
-                 num_workers: int = 0, pin_memory: bool = False, persistent_workers: bool = True, seed: int = 42,
-                 cf_pairs: int = 0, all_positives: bool = False) -> None:
+                 num_workers: int = 0, pin_memory: bool = False, persistent_workers: bool = True, seed: int = 42) -> None:
         super().__init__()
         self.store = store
         self.sampler = ContextSampler(store, **(context or {}))
         self.batch_size, self.pairs, self.seeds_per_epoch = batch_size, pairs, seeds_per_epoch
-        self.cf_pairs, self.all_positives = cf_pairs, all_positives
         self.embed_batch_size, self.val_candidates = embed_batch_size, val_candidates
         self.num_workers, self.pin_memory = num_workers, pin_memory
         self.persistent_workers = persistent_workers and num_workers > 0
@@ -222,8 +197,7 @@ class HirDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         rank = self.trainer.global_rank if self.trainer else 0
         world = self.trainer.world_size if self.trainer else 1
-        ds = TrainBatches(self.store, self.sampler, self.batch_size, self.pairs, self.seeds_per_epoch, self.seed, rank, world,
-                          self.cf_pairs, self.all_positives)
+        ds = TrainBatches(self.store, self.sampler, self.batch_size, self.pairs, self.seeds_per_epoch, self.seed, rank, world)
         log.info("train: %d batches per epoch per rank (rank %d of %d), %d seeds + %d pairs per batch",
                  len(ds), rank, world, self.batch_size, ds.pairs)
         n = len(ds)

@@ -87,7 +87,6 @@ class GraphStore:
     deep_pairs: np.ndarray  # (P, 2) int64 (user, entity) visible deep-stage edges, one row per pair
     deep_weight: np.ndarray  # (P,) float64 sampling weight of each pair (its deep-stage event count ** pair_power)
     deep_degree: np.ndarray  # (n,) float32 sum of deep_weight per entity (its positive sampling weight)
-    deep_adj: sp.csr_matrix  # (n, n) deep_weight of each visible (user, entity) deep pair, by global ids
     val_pairs: np.ndarray  # (V, 2) int64 (user, entity) deep-stage edges of the val split
     stage_order: tuple[str, ...]
     deep_stage: str
@@ -351,7 +350,7 @@ def load_graph(
     return GraphStore(
         types=types, offsets=offsets, node_type=node_type, content=content, exposure=exposure.astype(np.float32),
         warm=warm, eng=eng, up=up, down=down, deep_pairs=deep_pairs, deep_weight=deep_weight, deep_degree=deep_degree,
-        deep_adj=sp.csr_matrix((deep_weight, (deep_pairs[:, 0], deep_pairs[:, 1])), shape=(n, n)), val_pairs=val_pairs,
+        val_pairs=val_pairs,
         stage_order=stage_order, deep_stage=deep_stage, spec=spec, layout=layout, split_bounds=bounds,
         visible_end=bounds["test_start"] if "val" in visible_splits else bounds["val_start"],
     )

@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_OBJECTIVE: dict[str, Any] = {
     # weight of each loss part in the total
-    "weights": {"distill": 1.0, "align": 1.0, "contrastive": 1.0, "balance": 1.0, "prior": 1.0, "cf": 1.0},
+    "weights": {"distill": 1.0, "align": 1.0, "contrastive": 1.0, "balance": 1.0, "prior": 1.0},
     "student_temp": 0.1,
     # teacher temperature: linear warm-up from `teacher_temp_start` over `teacher_temp_warmup` of training
     "teacher_temp_start": 0.04,
@@ -38,7 +38,7 @@ DEFAULT_OBJECTIVE: dict[str, Any] = {
     # nodes embedded for the k-means initialisation of the prototypes
     "init_nodes": 4096,
 }
-DEFAULT_OPTIM: dict[str, Any] = {"lr": 2e-3, "weight_decay": 0.01, "warmup": 0.05, "min_lr_ratio": 0.1, "id_lr_scale": 1.0}
+DEFAULT_OPTIM: dict[str, Any] = {"lr": 2e-3, "weight_decay": 0.01, "warmup": 0.05, "min_lr_ratio": 0.1}
 
 
 def teacher_temp_schedule(total: int, start: float, end: float, warmup: float) -> np.ndarray:
@@ -207,19 +207,7 @@ class HirModule(L.LightningModule):
             # those entities plus the batch's other seeds of the target types (mixed negatives)
             cand = batch["cand_index"]
             log_q = batch["log_q"] * float(self.objective["logq"])
-            parts["contrastive"] = self.contrastive(full[0][:p], full[0][cand], log_q, batch["seeds"][cand],
-                                                    batch.get("targets"))
-        if "cf" in batch:
-            # seed-only factorisation: the same sampled softmax on thousands of edges per step,
-            # each side embedded from its seed token alone (id, content, popularity; no context,
-            # no primitives), normalised with the running statistics the full contexts use. A
-            # step costs a fraction of the context batch's, and the ids learn collaborative
-            # structure in the network's own output space.
-            cf_view = {**batch["cf"], "content": batch["content"]}
-            z = self.net(cf_view, use_ids=True, primitives=False, batch_stats=False, id_dropout=False)  # (2Q, C)
-            q = z.shape[0] // 2
-            log_q = batch["cf_log_q"] * float(self.objective["logq"])
-            parts["cf"] = self.contrastive(z[:q], z[q:], log_q, batch["cf_items"])
+            parts["contrastive"] = self.contrastive(full[0][:p], full[0][cand], log_q, batch["seeds"][cand])
         for name, value in parts.items():
             if not torch.isfinite(value):
                 raise HirError(
@@ -300,14 +288,10 @@ class HirModule(L.LightningModule):
     # -- optimisation ------------------------------------------------------------------------
     def configure_optimizers(self) -> dict[str, Any]:
         decay = {id(m.weight) for m in self.modules() if isinstance(m, nn.Linear)}
-        # the hashed id table: each row sees few updates per step (a sparse gradient in a dense
-        # tensor), so it may take a larger step than the shared weights (optim.id_lr_scale)
-        ids = self.net.encoder.ids.weight
-        params = [p for p in self.parameters() if p.requires_grad and p is not ids]
+        params = [p for p in self.parameters() if p.requires_grad]
         groups = [
             {"params": [p for p in params if id(p) in decay], "weight_decay": self.optim["weight_decay"]},
             {"params": [p for p in params if id(p) not in decay], "weight_decay": 0.0},
-            {"params": [ids], "weight_decay": 0.0, "lr": self.optim["lr"] * float(self.optim["id_lr_scale"])},
         ]
         opt = torch.optim.AdamW(groups, lr=self.optim["lr"])
         total = max(int(self.trainer.estimated_stepping_batches), 1)

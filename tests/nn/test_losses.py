@@ -37,26 +37,6 @@ def test_contrastive_logq_correction_and_duplicates():
     assert torch.isclose(dup, torch.tensor(0.0), atol=1e-6)
 
 
-def test_contrastive_multi_positive_targets():
-    users = F.normalize(torch.tensor([[1.0, 0.0], [0.0, 1.0]]), dim=-1)
-    items = F.normalize(torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 0.1], [1.0, 0.0]]), dim=-1)
-    ids = torch.tensor([10, 11, 12, 10])  # column 3 repeats entity 10
-    loss = ContrastiveLoss(0.1)
-    one_hot = torch.tensor([[1.0, 0, 0, 0], [0, 1.0, 0, 0]])
-    single = loss(users, items, torch.zeros(4), ids, one_hot)
-    # with one positive per row and the repeat masked, the targets form = the plain form on the
-    # first three columns
-    plain = loss(users, items[:3], torch.zeros(3), ids[:3])
-    torch.testing.assert_close(single, plain)
-    # user 0 also bought 12 (close to it): a second positive it already scores high lowers the loss
-    both = loss(users, items, torch.zeros(4), ids, torch.tensor([[1.0, 0, 1.0, 0], [0, 1.0, 0, 0]]))
-    flipped = loss(users, items, torch.zeros(4), ids, torch.tensor([[1.0, 1.0, 0, 0], [0, 1.0, 0, 0]]))
-    assert both < flipped
-    # weight on a repeated column is ignored (it is masked for everyone)
-    rep = loss(users, items, torch.zeros(4), ids, torch.tensor([[1.0, 0, 0, 5.0], [0, 1.0, 0, 0]]))
-    torch.testing.assert_close(rep, single)
-
-
 def test_balance_is_zero_when_uniform_and_high_when_collapsed():
     bal = BalanceLoss(levels=(2, 4), temperature=1.0)
     uniform = [torch.eye(4) * 20] * 2  # every prototype is someone's, sharply

@@ -69,7 +69,7 @@ def test_id_table_has_a_row_per_node_when_they_fit_else_hashes():
     direct = _net(n_nodes=30)
     assert direct.encoder.direct and direct.encoder.ids.num_embeddings == 30
     node = torch.tensor([[0, 5, 29, -1]])
-    emb = direct.encoder.hashed(node)
+    emb = direct.encoder.id_embedding(node)
     torch.testing.assert_close(emb[0, :3], direct.encoder.ids.weight[[0, 5, 29]])
     assert torch.equal(emb[0, 3], torch.zeros(16))
     hashed = _net(n_nodes=1000)  # more nodes than id_buckets=64

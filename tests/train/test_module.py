@@ -68,22 +68,6 @@ def test_schedules_are_precomputed_per_step():
     assert m[0] == pytest.approx(0.9) and m[-1] == pytest.approx(1.0) and (np.diff(m) >= 0).all()
 
 
-def test_cf_and_multi_positive_parts_join_when_configured(tiny_run: Path):
-    store = load_graph(tiny_run / "graph", tiny_run / "content", ("train",))
-    torch.manual_seed(0)
-    kw = {**store.spec, "dim": 16, "depth": 1, "heads": 2, "id_buckets": 256, "hierarchy": {"levels": [2, 4]}}
-    module = HirModule(HirNet(**kw), kw)
-    batch = TrainBatches(store, ContextSampler(store, 4, 2, 2, 2, 2), 32, 8, None, seed=0, cf_pairs=16,
-                         all_positives=True)[(0, 0)]
-    assert batch["cf"]["node"].shape == (32, 1) and batch["targets"].shape == (8, len(batch["cand_index"]))
-    parts = module.loss_parts(batch)
-    assert {"cf", "contrastive", "prior"} <= set(parts)
-    parts["cf"].backward()
-    # the seed-only factorisation trains the id table (and reaches it through the id skip)
-    assert module.net.encoder.ids.weight.grad.abs().sum() > 0
-    assert module.net.id_skip.weight.grad is not None
-
-
 def test_no_prior_coordinate_means_no_prior_part(tiny_run: Path):
     store = load_graph(tiny_run / "graph", tiny_run / "content", ("train",))
     torch.manual_seed(0)
