@@ -18,6 +18,8 @@ from hir.data import steps
 from hir.data.edges import write_engagement_edges
 from hir.data.raw import Quarantine, RawDataset
 from hir.data.schema import EVENT_COLUMNS, METADATA_RELATIONS, SNAPSHOT_VERSION, TS
+from hir.data.split import SplitSpec
+from hir.data.split import plan as split_plan
 from hir.errors import InputError
 from hir.progress import progress_steps
 
@@ -29,17 +31,16 @@ def build_snapshot(
     quarantine: Quarantine,
     out_dir: Path,
     dataset: str,
-    val_fraction: float = 0.1,
-    test_fraction: float = 0.1,
-    val_start: str | None = None,
-    test_start: str | None = None,
+    split: SplitSpec | None = None,
 ) -> dict[str, Any]:
     """Write ``out_dir/{nodes,edges}/*.parquet``, ``events.parquet`` and ``meta.json``.
 
-    The split is temporal: explicit ``val_start``/``test_start`` (ISO dates) when given, else
-    the time quantiles that leave ``val_fraction``/``test_fraction`` of events for val/test.
-    Returns the meta dict.
+    The split (``split``, default :class:`SplitSpec`) is decided by :func:`hir.data.split.plan`:
+    temporal when the data has timestamps (quantiles or explicit dates), a seeded random split
+    of (user, entity) pairs with synthesized times when it has none, and a shipped test file
+    taken exactly as the test split. Returns the meta dict.
     """
+    spec = split or SplitSpec()
     timings: dict[str, float] = {}
     tmp = out_dir / "_tmp"
     tmp.mkdir(parents=True, exist_ok=True)
@@ -52,12 +53,17 @@ def build_snapshot(
         raw_events = tmp / "events_keys.parquet"
         raw.events.sink_parquet(raw_events, compression="lz4")
         events = pl.scan_parquet(raw_events)
-        head = events.select(
+        heldout = None
+        if raw.heldout is not None:
+            raw.heldout.sink_parquet(tmp / "heldout_keys.parquet", compression="lz4")
+            heldout = pl.scan_parquet(tmp / "heldout_keys.parquet")
+        both = events if heldout is None else pl.concat([events, heldout], how="vertical_relaxed")
+        head = both.select(
             pl.len().alias("n"), pl.col("stage").unique().implode(), pl.col("entity_type").unique().implode()
         ).collect(engine="streaming")
         n_events = int(head["n"][0])
         if n_events == 0:
-            raise InputError(f"{dataset}: no event rows survived validation; see {quarantine.out_dir}")
+            raise InputError(quarantine.empty_message(dataset))
         unknown = sorted(set(head["stage"][0].to_list()) - set(raw.stage_order))
         if unknown:
             raise InputError(
@@ -69,13 +75,8 @@ def build_snapshot(
         step("split")
 
         t0 = time.perf_counter()
-        if val_start and test_start:
-            bounds = events.select(pl.col("timestamp").min().alias("min"), pl.col("timestamp").max().alias("max"))
-            bounds = bounds.collect().row(0, named=True)
-            for name, value in (("val_start", val_start), ("test_start", test_start)):
-                bounds[name] = datetime.fromisoformat(value).replace(tzinfo=bounds["min"].tzinfo)
-        else:
-            bounds = steps.split_bounds_from_quantiles(events, val_fraction, test_fraction)
+        plan = split_plan(events, spec, raw.has_timestamps, heldout, raw.sources)
+        events, bounds = plan.events, plan.bounds
         timings["split"] = time.perf_counter() - t0
         step("nodes")
 
@@ -118,6 +119,7 @@ def build_snapshot(
         shutil.copy(path, out_dir / name)
     shutil.rmtree(tmp)
     meta = _meta(final, raw, quarantine, dataset, node_frames, edge_counts, bounds)
+    meta["split"] = plan.info
     meta["timings_s"] = {k: round(v, 3) for k, v in timings.items()}
     (out_dir / "meta.json").write_text(json.dumps(meta, indent=2))
     return meta
@@ -212,17 +214,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     t0 = time.perf_counter()
     raw: RawDataset = instantiate(cfg.data.adapter, quarantine=quarantine, _convert_="all")
     t_adapter = time.perf_counter() - t0
-    split = cfg.data.split
-    meta = build_snapshot(
-        raw,
-        quarantine,
-        out_dir,
-        dataset=cfg.data.name,
-        val_fraction=split.val_fraction,
-        test_fraction=split.test_fraction,
-        val_start=split.get("val_start"),
-        test_start=split.get("test_start"),
-    )
+    meta = build_snapshot(raw, quarantine, out_dir, dataset=cfg.data.name, split=SplitSpec.from_config(cfg.data.split))
     meta["timings_s"]["adapter"] = round(t_adapter, 3)
     meta_path.write_text(json.dumps(meta, indent=2))
     if meta["quarantined_rows"]:

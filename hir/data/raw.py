@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,15 +24,36 @@ class SourceReport:
     kept_rows: int
     quarantined_rows: int
     reasons: dict[str, int]
+    # reason -> {"column": the source column the check read, "values": a few raw values}
+    examples: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "path": self.path,
             "input_rows": self.input_rows,
             "kept_rows": self.kept_rows,
             "quarantined_rows": self.quarantined_rows,
             "quarantine": self.reasons,
         }
+        if self.examples:
+            out["examples"] = self.examples
+        return out
+
+    def describe(self, top: int = 3) -> str:
+        """The top quarantine reasons with counts, the column and a few raw values, e.g.
+        ``120 unparseable timestamp in column 'ts' (values like '3', '7')``."""
+        parts = []
+        for reason, n in list(self.reasons.items())[:top]:
+            text = f"{n} {reason.replace('_', ' ')}"
+            ex = self.examples.get(reason)
+            if ex:
+                text += f" in column {ex['column']!r}"
+                if ex["values"]:
+                    text += f" (values like {', '.join(repr(v) for v in ex['values'])})"
+            parts.append(text)
+        if len(self.reasons) > top:
+            parts.append(f"{sum(list(self.reasons.values())[top:])} for {len(self.reasons) - top} other reasons")
+        return "; ".join(parts)
 
 
 class Quarantine:
@@ -52,6 +74,7 @@ class Quarantine:
         raw_columns: list[str],
         keep: list[str],
         kind: str = "events",
+        reason_columns: Mapping[str, str] | None = None,
     ) -> pl.DataFrame | pl.LazyFrame:
         """Return the rows whose ``_reason`` is null, restricted to ``keep`` columns.
 
@@ -62,6 +85,8 @@ class Quarantine:
             raw_columns: the source's own columns, written as text for quarantined rows.
             keep: columns of the kept rows handed on.
             kind: ``events`` (counted in input/kept/quarantined rows) or ``entities``.
+            reason_columns: reason -> the raw column its check reads; the report keeps a few
+                of that column's values per reason, for messages (see :meth:`SourceReport.describe`).
         """
         lazy = frame.lazy()
         if ROW not in lazy.collect_schema().names():
@@ -76,10 +101,18 @@ class Quarantine:
         reasons = {r: int(n) for r, n in counts.iter_rows() if r is not None}
         total = int(counts["n"].sum())
         n_bad = sum(reasons.values())
+        examples: dict[str, dict[str, Any]] = {}
         if n_bad:
             self.out_dir.mkdir(parents=True, exist_ok=True)
-            bad.collect().write_parquet(self.out_dir / f"{name}.parquet")
-        report = SourceReport(name, str(path), total, total - n_bad, n_bad, dict(Counter(reasons).most_common()))
+            rows = bad.collect()
+            rows.write_parquet(self.out_dir / f"{name}.parquet")
+            for reason, column in (reason_columns or {}).items():
+                if reason in reasons and column in rows.columns:
+                    values = rows.filter(pl.col(REASON) == reason)[column].unique(maintain_order=True).head(3)
+                    examples[reason] = {"column": column, "values": values.to_list()}
+        report = SourceReport(
+            name, str(path), total, total - n_bad, n_bad, dict(Counter(reasons).most_common()), examples
+        )
         (self.events if kind == "events" else self.entities)[name] = report
         kept = lazy.filter(pl.col(REASON).is_null()).select(keep)
         return kept if isinstance(frame, pl.LazyFrame) else kept.collect()
@@ -91,6 +124,23 @@ class Quarantine:
             "kept_rows": sum(r.kept_rows for r in reps),
             "quarantined_rows": sum(r.quarantined_rows for r in reps),
         }
+
+    def empty_message(self, dataset: str) -> str:
+        """Why no event row survived: per event source, its file, its row count and the top
+        quarantine reasons with the column and example values."""
+        lines = []
+        for r in self.events.values():
+            if r.kept_rows:
+                continue
+            if r.input_rows == 0:
+                lines.append(f"{r.path} has no rows")
+            else:
+                lines.append(f"{r.path}: all {r.input_rows} rows quarantined: {r.describe()}")
+        detail = "; ".join(lines) if lines else "the adapter produced no events"
+        return (
+            f"{dataset}: no event rows survived validation. {detail}. Are the columns mapped right "
+            f"(data.columns.*, data.timestamp_format)? The quarantined rows are in {self.out_dir}"
+        )
 
     def summary(self) -> str:
         lines = []
@@ -115,6 +165,12 @@ class RawDataset:
             with ``src_key``, ``dst_key``.
         derived_events: name -> number of events the adapter derived (not read) from inputs.
         artifacts: extra files copied into graph/ (e.g. the synthetic ground truth).
+        has_timestamps: false when the source has no event times (``timestamp`` is null on every
+            row): the split is then a seeded random split of the (user, entity) pairs and the
+            times are synthesized (:mod:`hir.data.split`).
+        heldout: events of a shipped test file (same columns as ``events``), the test split
+            exactly as given; None when the split is carved from ``events`` alone.
+        sources: names of the (train, held-out) event files, for messages.
     """
 
     events: pl.LazyFrame
@@ -123,3 +179,6 @@ class RawDataset:
     relations: dict[str, pl.DataFrame] = field(default_factory=dict)
     derived_events: dict[str, int] = field(default_factory=dict)
     artifacts: dict[str, Path] = field(default_factory=dict)
+    has_timestamps: bool = True
+    heldout: pl.LazyFrame | None = None
+    sources: tuple[str, str] = ("events", "heldout test events")

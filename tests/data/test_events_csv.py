@@ -9,7 +9,10 @@ import pytest
 from hir.data.adapters import events_csv
 from hir.data.prepare import build_snapshot
 from hir.data.raw import Quarantine
+from hir.data.split import SplitSpec
 from hir.errors import InputError
+
+SPLIT = SplitSpec(val_fraction=0.2, test_fraction=0.2)
 
 COLS = {"user": "uid", "item": "iid", "stage": "behavior", "timestamp": "ts"}
 STAGES = {"pv": "view", "fav": "save", "cart": "cart", "buy": "purchase"}
@@ -29,7 +32,7 @@ def _prepare(tmp_path, lines, **kw):
     q = Quarantine(tmp_path / "graph" / "quarantine")
     args = {"columns": COLS, "stages": STAGES} | kw
     raw = events_csv.load(q, str(path), **args)
-    meta = build_snapshot(raw, q, tmp_path / "graph", "events_csv", 0.2, 0.2)
+    meta = build_snapshot(raw, q, tmp_path / "graph", "events_csv", SPLIT)
     return meta, tmp_path / "graph"
 
 
@@ -113,7 +116,7 @@ def test_non_utf8_row_is_quarantined(tmp_path):
     path.write_bytes(("\n".join(GOOD) + "\n").encode() + b"u\xff9,i1,pv,1570000000,1\n")
     q = Quarantine(tmp_path / "q")
     raw = events_csv.load(q, str(path), columns=COLS, stages=STAGES)
-    build_snapshot(raw, q, tmp_path / "g", "x", 0.2, 0.2)
+    build_snapshot(raw, q, tmp_path / "g", "x", SPLIT)
     assert q.events["events"].reasons == {"non_utf8_text": 1}
 
 
@@ -122,11 +125,11 @@ def test_parquet_input_and_gzip_csv(tmp_path):
     df.write_parquet(tmp_path / "ev.parquet")
     q = Quarantine(tmp_path / "q")
     raw = events_csv.load(q, str(tmp_path / "ev.parquet"), columns=COLS, stages=STAGES)
-    meta = build_snapshot(raw, q, tmp_path / "g", "x", 0.2, 0.2)
+    meta = build_snapshot(raw, q, tmp_path / "g", "x", SPLIT)
     assert meta["kept_rows"] == 5
     gz = tmp_path / "ev.csv.gz"
     gz.write_bytes(gzip.compress(("\n".join(GOOD) + "\n").encode()))
     q2 = Quarantine(tmp_path / "q2")
     raw2 = events_csv.load(q2, str(gz), columns=COLS, stages=STAGES)
-    meta2 = build_snapshot(raw2, q2, tmp_path / "g2", "x", 0.2, 0.2)
+    meta2 = build_snapshot(raw2, q2, tmp_path / "g2", "x", SPLIT)
     assert json.dumps(meta2["stages"]) == json.dumps(meta["stages"])

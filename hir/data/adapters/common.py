@@ -41,19 +41,20 @@ def event_checks(
     user: str,
     item: str,
     stage: str,
-    timestamp: str,
+    timestamp: str | None,
     parsed_ts: pl.Expr,
     time_range: tuple,
     numeric: Sequence[str] = (),
     text: Sequence[str] = (),
     dedupe: bool = True,
 ) -> list[tuple[str, pl.Expr]]:
-    """The row checks every event table gets, in the order reasons are assigned."""
+    """The row checks every event table gets, in the order reasons are assigned
+    (``timestamp=None``: the table has no event times, so no time checks)."""
     checks: list[tuple[str, pl.Expr]] = [
         ("missing_user", q.missing(user)),
         ("missing_item", q.missing(item)),
         ("missing_stage", q.missing(stage)),
-        *q.timestamp_checks(parsed_ts, timestamp, *time_range),
+        *(q.timestamp_checks(parsed_ts, timestamp, *time_range) if timestamp else []),
     ]
     checks += [(f"non_finite_{c}", q.bad_float(c)) for c in numeric]
     if text:
@@ -61,6 +62,16 @@ def event_checks(
     if dedupe:
         checks.append(("duplicate_row", q.duplicated([c for c in df.columns if c != q.ROW])))
     return checks
+
+
+def event_reason_columns(
+    *, user: str, item: str, stage: str, timestamp: str | None, numeric: Sequence[str] = ()
+) -> dict[str, str]:
+    """Reason of :func:`event_checks` -> the raw column it reads (for quarantine messages)."""
+    out = {"missing_user": user, "missing_item": item, "missing_stage": stage}
+    if timestamp:
+        out |= {r: timestamp for r in ("missing_timestamp", "unparseable_timestamp", "timestamp_out_of_range")}
+    return out | {f"non_finite_{c}": c for c in numeric}
 
 
 def string_key(col: str) -> pl.Expr:

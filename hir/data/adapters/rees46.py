@@ -13,6 +13,8 @@ from hir.data.download import ensure_file
 from hir.data.raw import Quarantine, RawDataset
 from hir.data.steps import taxonomy_edges
 
+# event_type value -> stage; data.adapter.stages replaces it as a whole
+STAGES = {"view": "view", "cart": "cart", "purchase": "purchase"}
 COLUMNS = [
     "event_time", "event_type", "product_id", "category_id", "category_code",
     "brand", "price", "user_id", "user_session",
@@ -22,14 +24,18 @@ COLUMNS = [
 def load(
     quarantine: Quarantine,
     path: str,
-    stages: Mapping[str, str],
+    stages: Mapping[str, str] | None,
     stage_order: list[str],
     url: str | None = None,
     sha256: str | None = None,
     download_dir: str = ".cache/downloads",
     time_range: tuple[str | None, str | None] = (None, None),
 ) -> RawDataset:
-    """Read the events CSV, quarantine bad rows, derive products, brands and the taxonomy."""
+    """Read the events CSV, quarantine bad rows, derive products, brands and the taxonomy.
+
+    ``stages`` (event_type -> stage) is the whole mapping when given, default :data:`STAGES`.
+    """
+    stages = STAGES if stages is None else stages
     src = ensure_file(path, url, sha256, download_dir)
     what = "rees46 events"
     raw = q.read_csv_strings(src, COLUMNS, what)
