@@ -15,15 +15,18 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from hir.data import steps
-from hir.data.edges import write_engagement_edges
+from hir.data.build import BUCKET_EVENTS, write_events_and_edges
 from hir.data.raw import Quarantine, RawDataset
-from hir.data.schema import EVENT_COLUMNS, METADATA_RELATIONS, SNAPSHOT_VERSION, TS
+from hir.data.schema import METADATA_RELATIONS, SNAPSHOT_VERSION, TS
+from hir.data.spark_options import SparkOptions
 from hir.data.split import SplitSpec
 from hir.data.split import plan as split_plan
 from hir.errors import InputError
 from hir.progress import progress_steps
 
 log = logging.getLogger(__name__)
+
+ENGINES = ("polars", "spark")
 
 
 def build_snapshot(
@@ -32,31 +35,38 @@ def build_snapshot(
     out_dir: Path,
     dataset: str,
     split: SplitSpec | None = None,
+    engine: str = "polars",
+    spark: SparkOptions | None = None,
+    bucket_events: int = BUCKET_EVENTS,
 ) -> dict[str, Any]:
     """Write ``out_dir/{nodes,edges}/*.parquet``, ``events.parquet`` and ``meta.json``.
 
-    The split (``split``, default :class:`SplitSpec`) is decided by :func:`hir.data.split.plan`:
-    temporal when the data has timestamps (quantiles or explicit dates), a seeded random split
-    of (user, entity) pairs with synthesized times when it has none, and a shipped test file
-    taken exactly as the test split. Returns the meta dict.
+    Both engines start from the same canonical events (the adapter's ``RawDataset``) and the
+    same split: :func:`hir.data.split.plan` decides it once (temporal when the data has
+    timestamps, a seeded random split of (user, entity) pairs with synthesized times when it has
+    none, a shipped test file taken exactly as the test split). Node tables and metadata edges
+    are built by the same Polars code for both; ``engine`` picks who turns the events into
+    first-seen times, ``events.parquet`` and the engagement edges: ``polars``
+    (:mod:`hir.data.build`, one sorted pass per user bucket) or ``spark`` (:mod:`hir.data.spark`,
+    options in ``spark``). Returns the meta dict.
     """
+    if engine not in ENGINES:
+        raise InputError(f"prepare.engine={engine!r}; expected one of {list(ENGINES)}")
     spec = split or SplitSpec()
     timings: dict[str, float] = {}
     tmp = out_dir / "_tmp"
     tmp.mkdir(parents=True, exist_ok=True)
     (out_dir / "nodes").mkdir(exist_ok=True)
     (out_dir / "edges").mkdir(exist_ok=True)
+    # the quarantine counted every kept row already: decide in memory vs bucketed up front
+    expected = quarantine.totals()["kept_rows"] + sum(raw.derived_events.values())
+    in_memory = engine == "polars" and expected <= bucket_events
 
     with progress_steps("prepare", 5) as step:
         t0 = time.perf_counter()
-        # materialise the kept events once (lz4: cheap to write, read a few times below)
-        raw_events = tmp / "events_keys.parquet"
-        raw.events.sink_parquet(raw_events, compression="lz4")
-        events = pl.scan_parquet(raw_events)
-        heldout = None
+        events, heldout = _materialise(raw.events, tmp / "events_keys.parquet", in_memory), None
         if raw.heldout is not None:
-            raw.heldout.sink_parquet(tmp / "heldout_keys.parquet", compression="lz4")
-            heldout = pl.scan_parquet(tmp / "heldout_keys.parquet")
+            heldout = _materialise(raw.heldout, tmp / "heldout_keys.parquet", in_memory)
         both = events if heldout is None else pl.concat([events, heldout], how="vertical_relaxed")
         head = both.select(
             pl.len().alias("n"), pl.col("stage").unique().implode(), pl.col("entity_type").unique().implode()
@@ -77,57 +87,83 @@ def build_snapshot(
         t0 = time.perf_counter()
         plan = split_plan(events, spec, raw.has_timestamps, heldout, raw.sources)
         events, bounds = plan.events, plan.bounds
+        if in_memory:
+            events = events.collect()
         timings["split"] = time.perf_counter() - t0
         step("nodes")
 
         t0 = time.perf_counter()
-        node_frames = _node_tables(events, raw, event_types)
+        if engine == "spark":
+            from hir.data import spark as spark_engine
+
+            session = spark_engine.SparkBuild(spark or SparkOptions(), tmp)
+            canonical = session.stage(events)
+            first_seen, user_first = session.first_seen(canonical)
+        else:
+            first_seen, user_first = first_seen_tables(events.lazy())
+        node_frames = node_tables(first_seen, user_first, raw, event_types)
         for etype, frame in node_frames.items():
             frame.with_columns(pl.col("key").cast(pl.String)).write_parquet(out_dir / "nodes" / f"{etype}.parquet")
         timings["nodes"] = time.perf_counter() - t0
-        step("events")
+        step("events + edges")
 
         t0 = time.perf_counter()
-        key_dtype = events.collect_schema()["entity_key"]
-        entity_map = pl.concat(
-            [
-                f.lazy().select(pl.lit(t).alias("entity_type"), pl.col("key").cast(key_dtype), "node_id")
-                for t, f in node_frames.items()
-                if t in event_types
-            ]
-        )
-        labelled = steps.label_split(
-            steps.assign_ids(events, node_frames["user"].lazy(), entity_map), bounds["val_start"], bounds["test_start"]
-        ).with_columns(steps.stage_rank(raw.stage_order).alias("stage_rank"))
-        labelled.select(EVENT_COLUMNS).sink_parquet(out_dir / "events.parquet")
-        timings["events"] = time.perf_counter() - t0
-        step("edges")
+        engaged = {t: node_frames[t] for t in event_types}
+        if engine == "spark":
+            try:
+                edge_counts = session.write(canonical, node_frames["user"], engaged, raw.stage_order, bounds, out_dir)
+            finally:
+                session.stop()
+        else:
+            edge_counts = write_events_and_edges(
+                events, n_events, node_frames["user"], engaged, raw.stage_order, bounds, out_dir, bucket_events
+            )
+        timings["events_edges"] = time.perf_counter() - t0
+        step("metadata edges")
 
         t0 = time.perf_counter()
-        edge_counts = write_engagement_edges(
-            out_dir / "events.parquet", out_dir / "edges", node_frames["user"].height, n_events, raw.stage_order
-        )
         for rel, frame in raw.relations.items():
             src_t, dst_t = METADATA_RELATIONS[rel]
             mapped = steps.map_relation(frame.lazy(), node_frames[src_t].lazy(), node_frames[dst_t].lazy()).collect()
             mapped.write_parquet(out_dir / "edges" / f"{rel}.parquet")
             edge_counts[rel] = mapped.height
-        timings["edges"] = time.perf_counter() - t0
-    final = pl.scan_parquet(out_dir / "events.parquet")
+        timings["metadata_edges"] = time.perf_counter() - t0
 
     for name, path in raw.artifacts.items():
         shutil.copy(path, out_dir / name)
-    shutil.rmtree(tmp)
-    meta = _meta(final, raw, quarantine, dataset, node_frames, edge_counts, bounds)
+    shutil.rmtree(tmp, ignore_errors=True)
+    per = split_stage_counts(out_dir, edge_counts)
+    meta = _meta(per, raw, quarantine, dataset, node_frames, edge_counts, bounds)
     meta["split"] = plan.info
+    meta["engine"] = engine
     meta["timings_s"] = {k: round(v, 3) for k, v in timings.items()}
     (out_dir / "meta.json").write_text(json.dumps(meta, indent=2))
     return meta
 
 
-def _node_tables(events: pl.LazyFrame, raw: RawDataset, event_types: set[str]) -> dict[str, pl.DataFrame]:
-    """Dense-id node tables for users and every entity type in events, metadata or relations."""
-    # one streaming pass gives every type's event keys and first-seen times
+def _materialise(frame: pl.LazyFrame, path: Path, in_memory: bool) -> pl.LazyFrame:
+    """The adapter's lazy events, run once: into memory, or to lz4 Parquet (cheap to write,
+    read a few times below) when they are too many."""
+    if in_memory:
+        return frame.collect(engine="streaming").lazy()
+    frame.sink_parquet(path, compression="lz4")
+    return pl.scan_parquet(path)
+
+
+def split_stage_counts(out_dir: Path, edge_counts: dict[str, int]) -> pl.DataFrame:
+    """Events per (split, stage), from the engagement edges' ``count`` (the edges partition the
+    events, so this never reads ``events.parquet``)."""
+    parts = [
+        pl.scan_parquet(out_dir / "edges" / f"{rel}.parquet").select("split", "stage", "count")
+        for rel in edge_counts
+        if "__engages__" in rel
+    ]
+    return pl.concat(parts).group_by("split", "stage").agg(pl.col("count").cast(pl.Int64).sum().alias("n")).collect()
+
+
+def first_seen_tables(events: pl.LazyFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(``entity_type``, ``entity_key``, ``first_seen``) and (``user_key``, ``first_seen``): every
+    key with an event and its earliest event time, in one pass."""
     first_seen, user_first = pl.collect_all(
         [
             events.group_by("entity_type", "entity_key").agg(pl.col("timestamp").min().alias("first_seen")),
@@ -135,6 +171,14 @@ def _node_tables(events: pl.LazyFrame, raw: RawDataset, event_types: set[str]) -
         ],
         engine="streaming",
     )
+    return first_seen, user_first
+
+
+def node_tables(
+    first_seen: pl.DataFrame, user_first: pl.DataFrame, raw: RawDataset, event_types: set[str]
+) -> dict[str, pl.DataFrame]:
+    """Dense-id node tables for users and every entity type in events, metadata or relations,
+    from the first-seen tables of either engine (:func:`first_seen_tables`)."""
     user_first = user_first.lazy().rename({"user_key": "key"})
     user_keys = [user_first.select("key")]
     if "user" in raw.entities:
@@ -157,7 +201,7 @@ def _node_tables(events: pl.LazyFrame, raw: RawDataset, event_types: set[str]) -
 
 
 def _meta(
-    events: pl.LazyFrame,
+    per: pl.DataFrame,
     raw: RawDataset,
     quarantine: Quarantine,
     dataset: str,
@@ -165,7 +209,6 @@ def _meta(
     edges: dict[str, int],
     bounds: dict[str, datetime],
 ) -> dict[str, Any]:
-    per = events.group_by("split", "stage").agg(pl.len().alias("n")).collect(engine="streaming")
     stages = {s: int(n) for s, n in per.group_by("stage").agg(pl.col("n").sum()).iter_rows()}
     splits = {s: int(n) for s, n in per.group_by("split").agg(pl.col("n").sum()).iter_rows()}
     per_split: dict[str, dict[str, int]] = {}
@@ -214,7 +257,12 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     t0 = time.perf_counter()
     raw: RawDataset = instantiate(cfg.data.adapter, quarantine=quarantine, _convert_="all")
     t_adapter = time.perf_counter() - t0
-    meta = build_snapshot(raw, quarantine, out_dir, dataset=cfg.data.name, split=SplitSpec.from_config(cfg.data.split))
+    opts = cfg.get("prepare") or {}
+    meta = build_snapshot(
+        raw, quarantine, out_dir, dataset=cfg.data.name, split=SplitSpec.from_config(cfg.data.split),
+        engine=opts.get("engine", "polars"), spark=SparkOptions.from_config(opts.get("spark")),
+        bucket_events=int(opts.get("bucket_events") or BUCKET_EVENTS),
+    )
     meta["timings_s"]["adapter"] = round(t_adapter, 3)
     meta_path.write_text(json.dumps(meta, indent=2))
     if meta["quarantined_rows"]:

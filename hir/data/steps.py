@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 
+import numpy as np
 import polars as pl
 
 from hir.data.schema import TS
@@ -41,19 +43,17 @@ def split_bounds_from_quantiles(events: pl.LazyFrame, val_fraction: float, test_
         raise ValueError(
             f"split fractions val={val_fraction}, test={test_fraction} must be in [0, 1) with val+test < 1"
         )
-    ts = pl.col("timestamp").cast(pl.Int64)
-    row = (
-        events.select(
-            ts.min().alias("min"),
-            ts.max().alias("max"),
-            ts.quantile(1 - val_fraction - test_fraction, "higher").alias("val_start"),
-            ts.quantile(1 - test_fraction, "higher").alias("test_start"),
-        )
-        .collect()
-        .cast(TS)
-        .row(0, named=True)
-    )
-    return row
+    ts = events.select(pl.col("timestamp").dt.epoch("us")).collect(engine="streaming").to_series()
+    ts = ts.drop_nulls().to_numpy()
+    n = len(ts)
+    if n == 0:
+        raise ValueError("no event timestamps to split by")
+    # the 'higher' quantile q is the element at rank ceil(q * (n - 1)): one O(n) partition
+    ranks = [math.ceil((1 - val_fraction - test_fraction) * (n - 1)), math.ceil((1 - test_fraction) * (n - 1))]
+    val_start, test_start = np.partition(ts, ranks)[ranks]
+    epoch = datetime(1970, 1, 1, tzinfo=UTC)
+    at = lambda us: epoch + timedelta(microseconds=int(us))  # noqa: E731
+    return {"min": at(ts.min()), "max": at(ts.max()), "val_start": at(val_start), "test_start": at(test_start)}
 
 
 def label_split(events: pl.LazyFrame, val_start: datetime, test_start: datetime) -> pl.LazyFrame:
