@@ -3,13 +3,20 @@
     python benchmarks/prepare.py                      # 1M, 10M and 100M events (+ completejourney)
     python benchmarks/prepare.py --sizes 1M,10M       # chosen sizes
     python benchmarks/prepare.py --quick              # 1M only (what `make bench` runs)
+    python benchmarks/prepare.py --spark-sizes 1M     # which sizes also run prepare.engine=spark
 
 Every run is a subprocess, so its peak RSS (the kernel's ru_maxrss, reported by wait4) and CPU
 time are its own. Generation is measured separately and cached (data/synthetic.py keys the cache
 by the generator's parameters), so a rerun only re-measures prepare. Each synthetic size is also
 run through the core group-bys in pandas and in polars (benchmarks/_pandas_prepare.py) for a
-speed ratio. A watchdog kills a run whose RSS passes --rss-limit-gib (the machine is shared) and
-records that. Results: benchmarks/results/prepare.json (prepare_quick.json for --quick).
+speed ratio. The polars side of that is the bare group-by reference: `vs_bare_groupby` divides
+prepare's end-to-end events/s by the bare group-bys' events/s measured in the same run, a figure
+that does not depend on how busy the shared machine was. Sizes in --spark-sizes (and
+completejourney) are also built with `prepare.engine=spark` (--spark-master, default local[2]),
+and the Spark snapshot is compared with the Polars one (meta.json counts, every node and edge
+table and events.parquet after sorting: `spark.equal_to_polars`). A watchdog kills a run whose
+RSS passes --rss-limit-gib (the machine is shared) and records that. Results:
+benchmarks/results/prepare.json (prepare_quick.json for --quick).
 
 Targets (2 cores): >= 5M events/s end to end at 10M events; 100M events within 8 GiB peak RSS.
 """
@@ -68,6 +75,7 @@ def measure(cmd: list[str], log: Path, args: argparse.Namespace) -> dict[str, An
     with open(log, "wb") as fh:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT)
         killed: list[str] = []
+        peak_tree = [0]
         done = threading.Event()
 
         def watchdog() -> None:
@@ -77,6 +85,7 @@ def measure(cmd: list[str], log: Path, args: argparse.Namespace) -> dict[str, An
                 ps = psutil.Process(proc.pid)
                 while not done.wait(0.1):
                     rss = sum(p.memory_info().rss for p in [ps, *ps.children(recursive=True)])
+                    peak_tree[0] = max(peak_tree[0], rss)
                     if rss > rss_limit:
                         killed.append(f"rss {rss / GIB:.1f} GiB > limit {rss_limit / GIB:.1f} GiB")
                     elif time.perf_counter() - t0 > timeout:
@@ -101,6 +110,8 @@ def measure(cmd: list[str], log: Path, args: argparse.Namespace) -> dict[str, An
         "wall_s": round(wall, 3),
         "cpu_s": round(usage.ru_utime + usage.ru_stime, 3),
         "peak_rss_gib": round(usage.ru_maxrss * 1024 / GIB, 3),
+        # the whole process tree (a Spark run's JVM included), polled every 0.1 s
+        "peak_tree_rss_gib": round(peak_tree[0] / GIB, 3),
         "load_avg_before": round(load_before, 2),
         "load_avg_after": round(os.getloadavg()[0], 2),
         "output_tail": tail if proc.returncode else tail[-3:],
@@ -153,9 +164,9 @@ def prepare(overrides: list[str], run_dir: Path, args: argparse.Namespace) -> di
     return run
 
 
-def compare_engines(events: Path, bounds: dict[str, str], args: argparse.Namespace) -> dict[str, Any]:
+def compare_engines(events: Path, bounds: dict[str, str], args: argparse.Namespace, pandas: bool = True) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for engine in ("polars", "pandas"):
+    for engine in ("polars", "pandas") if pandas else ("polars",):
         cmd = [PY, str(ROOT / "benchmarks" / "_pandas_prepare.py"), "--engine", engine, "--events", str(events),
                "--val-start", bounds["val_start"], "--test-start", bounds["test_start"]]
         run = measure(cmd, Path(args.workdir) / f"engine_{engine}.log", args)
@@ -168,6 +179,27 @@ def compare_engines(events: Path, bounds: dict[str, str], args: argparse.Namespa
         out["pandas_over_polars"] = {k: round(p[k] / q[k], 2) if q[k] else None for k in p}
         out["same_edges"] = out["pandas"]["edges"] == out["polars"]["edges"]
     return out
+
+
+def spark_run(overrides: list[str], run_dir: Path, polars_graph: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """``prepare.engine=spark`` on the same data, and how its snapshot compares with the Polars one."""
+    sys.path.insert(0, str(ROOT))
+    from hir.data.compare import snapshot_differences
+
+    spark = [
+        "prepare.engine=spark", f"prepare.spark.master='{args.spark_master}'",
+        f"prepare.spark.shuffle_partitions={args.spark_partitions}",
+        f"prepare.spark.conf={{spark.driver.memory: {args.spark_driver_memory}}}",
+    ]
+    run = prepare([*overrides, *spark], run_dir, args)
+    run["master"] = args.spark_master
+    if run["returncode"] == 0 and (polars_graph / "meta.json").exists():
+        t0 = time.perf_counter()
+        diffs = snapshot_differences(polars_graph, run_dir / "graph")
+        run["equal_to_polars"] = {"equal": not diffs, "differences": diffs,
+                                  "compared": "meta.json counts, nodes/*, edges/*, events.parquet (sorted)",
+                                  "seconds": round(time.perf_counter() - t0, 1)}
+    return run
 
 
 def main() -> None:
@@ -183,8 +215,14 @@ def main() -> None:
     ap.add_argument("--rss-limit-gib", type=float, default=12.0, help="kill a run past this RSS")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per run")
     ap.add_argument("--keep", action="store_true", help="keep the snapshots (they are large)")
+    ap.add_argument("--spark-sizes", default="1M,10M", help="sizes also built with prepare.engine=spark ('' = none)")
+    ap.add_argument("--spark-master", default="local[2]")
+    ap.add_argument("--spark-partitions", type=int, default=8, help="spark.sql.shuffle.partitions")
+    ap.add_argument("--spark-driver-memory", default="6g")
+    ap.add_argument("--no-spark-completejourney", action="store_true")
     args = ap.parse_args()
     sizes = [1_000_000] if args.quick else [size_arg(s) for s in args.sizes.split(",") if s.strip()]
+    spark_sizes = set() if args.quick else {size_arg(s) for s in args.spark_sizes.split(",") if s.strip()}
     out_path = Path(args.out or ROOT / "benchmarks" / "results" / f"prepare{'_quick' if args.quick else ''}.json")
     work, cache = Path(args.workdir), Path(args.cache)
     work.mkdir(parents=True, exist_ok=True)
@@ -228,17 +266,32 @@ def main() -> None:
         print(f"[bench] synthetic {n:,} events: prepare", flush=True)
         entry["prepare"] = prep = prepare(overrides, run_dir, args)
         print(f"[bench]   {json.dumps({k: prep.get(k) for k in ('wall_s', 'cpu_s', 'peak_rss_gib', 'events_per_s', 'timings_s', 'killed')})}", flush=True)
-        if "split_bounds" in prep and n <= size_arg(args.pandas_max):
-            print(f"[bench] synthetic {n:,} events: pandas vs polars", flush=True)
-            entry["engines"] = compare_engines(Path(gen["path"]) / "events.parquet", prep["split_bounds"], args)
-            if "same_edges" in entry["engines"]:
+        if "split_bounds" in prep:
+            print(f"[bench] synthetic {n:,} events: bare group-bys (polars{', pandas' if n <= size_arg(args.pandas_max) else ''})", flush=True)
+            entry["engines"] = compare_engines(Path(gen["path"]) / "events.parquet", prep["split_bounds"], args,
+                                               pandas=n <= size_arg(args.pandas_max))
+            if "edges" in entry["engines"].get("polars", {}):
                 entry["engines"]["edges_match_snapshot"] = entry["engines"]["polars"]["edges"] == prep["engagement_edges"]
-        elif n > size_arg(args.pandas_max):
-            entry["engines"] = {"skipped": f"n_events > --pandas-max {args.pandas_max} (pandas holds every row in memory)"}
+            if n > size_arg(args.pandas_max):
+                entry["engines"]["pandas"] = {"skipped": f"n_events > --pandas-max {args.pandas_max} (pandas holds every row in memory)"}
+            bare = entry["engines"].get("polars", {}).get("seconds", {}).get("total")
+            if bare and prep.get("events_per_s"):
+                entry["vs_bare_groupby"] = {
+                    "prepare_events_per_s": prep["events_per_s"],
+                    "bare_groupby_events_per_s": round(n / bare),
+                    "ratio": round(prep["events_per_s"] / (n / bare), 3),
+                    "note": "prepare end to end (process wall, all outputs written) over the bare polars "
+                            "read+ids+split+edge group-bys (in-process, nothing written), same run",
+                }
+        if n in spark_sizes and prep.get("returncode") == 0:
+            print(f"[bench] synthetic {n:,} events: prepare.engine=spark ({args.spark_master})", flush=True)
+            entry["spark"] = spark_run(overrides, work / f"synthetic_{n}_spark", run_dir / "graph", args)
+            print(f"[bench]   {json.dumps({k: entry['spark'].get(k) for k in ('wall_s', 'peak_rss_gib', 'events_per_s', 'killed')})}", flush=True)
         if not args.keep:
             import shutil
 
             shutil.rmtree(run_dir, ignore_errors=True)
+            shutil.rmtree(work / f"synthetic_{n}_spark", ignore_errors=True)
         result["runs"].append(entry)
         save()
 
@@ -247,12 +300,25 @@ def main() -> None:
         if (ROOT / "conf" / "data" / "completejourney.yaml").exists():
             print("[bench] completejourney: prepare", flush=True)
             entry["prepare"] = prepare(["data=completejourney"], work / "completejourney", args)
+            if not args.no_spark_completejourney and entry["prepare"].get("returncode") == 0:
+                print(f"[bench] completejourney: prepare.engine=spark ({args.spark_master})", flush=True)
+                entry["spark"] = spark_run(["data=completejourney"], work / "completejourney_spark",
+                                           work / "completejourney" / "graph", args)
         else:
             entry["skipped"] = "conf/data/completejourney.yaml does not exist"
         result["runs"].append(entry)
 
     by_n = {r["n_events"]: r.get("prepare", {}) for r in result["runs"] if r["dataset"] == "synthetic"}
+    ratio = {r["n_events"]: r.get("vs_bare_groupby", {}).get("ratio") for r in result["runs"] if r["dataset"] == "synthetic"}
+    spark = {
+        (str(r.get("n_events")) if r["dataset"] == "synthetic" else r["dataset"]): {
+            k: r["spark"].get(k) for k in ("master", "wall_s", "peak_tree_rss_gib", "events_per_s")
+        } | {"equal_to_polars": r["spark"].get("equal_to_polars", {}).get("equal")}
+        for r in result["runs"] if "spark" in r
+    }
     result["verdict"] = {
+        "events_per_s_at_10M_over_bare_groupby": ratio.get(10_000_000),
+        "spark": spark,
         "events_per_s_at_10M": by_n.get(10_000_000, {}).get("events_per_s"),
         "meets_events_per_s_at_10M": (by_n.get(10_000_000, {}).get("events_per_s") or 0) >= TARGET_EVENTS_PER_S
         if 10_000_000 in by_n else None,

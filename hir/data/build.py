@@ -123,7 +123,8 @@ class SnapshotWriter:
         if self.packed:
             key = cols["type_code"].astype(np.int64)
             for name, size in zip(names[1:], self.sizes[1:], strict=True):
-                key = key * size + cols[name]
+                key *= size  # in place: each step would otherwise allocate a copy of the key
+                key += cols[name]
             order = pl.DataFrame({"k": key}).with_row_index("i").sort("k", maintain_order=True)["i"].to_numpy()
             k = key[order]
             change = k[1:] != k[:-1]
@@ -136,7 +137,7 @@ class SnapshotWriter:
         return order, np.concatenate([[0], np.flatnonzero(change) + 1]).astype(np.int64)
 
     def _text(self, codes: np.ndarray, names: Sequence[str]) -> pa.DictionaryArray:
-        return pa.DictionaryArray.from_arrays(pa.array(codes.astype(np.int8)), pa.array(list(names), pa.string()))
+        return pa.DictionaryArray.from_arrays(pa.array(codes.astype(np.int8, copy=False)), pa.array(list(names), pa.string()))
 
     def _append(self, writer: pq.ParquetWriter | None, path: Path, table: pa.Table) -> pq.ParquetWriter:
         if writer is None:
@@ -156,7 +157,7 @@ class SnapshotWriter:
             "user_id": cols["user_id"], "entity_id": cols["entity_id"],
             "entity_type": self._text(cols["type_code"], self.types),
             "stage": self._text(cols["stage_rank"], self.stage_order),
-            "stage_rank": cols["stage_rank"].astype(np.int8),
+            "stage_rank": cols["stage_rank"].astype(np.int8, copy=False),
             "timestamp": pa.array(ts, pa.timestamp("us", tz="UTC")),
             "split": self._text(cols["split_code"], SPLITS),
             "quantity": df["quantity"].to_numpy(), "value": value,
@@ -170,7 +171,7 @@ class SnapshotWriter:
         runs = {
             "src_id": cols["user_id"][first], "dst_id": cols["entity_id"][first], "type_code": cols["type_code"][first],
             "stage_rank": cols["stage_rank"][first], "split_code": cols["split_code"][first],
-            "count": np.diff(np.append(starts, len(order))).astype(np.uint32),
+            "count": np.diff(starts, append=len(order)).astype(np.uint32),
             "first_ts": np.minimum.reduceat(ts_sorted, starts), "last_ts": np.maximum.reduceat(ts_sorted, starts),
             "value": np.add.reduceat(value[order], starts),
         }
