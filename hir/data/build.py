@@ -86,6 +86,20 @@ def coded_events(
     )
 
 
+# numpy -> Arrow through Polars (zero-copy): pyarrow's own numpy path imports pandas, which
+# costs seconds of start-up on a busy 2-core machine
+def _arrow(values: np.ndarray) -> pa.Array:
+    return pl.Series(values=values).to_arrow()
+
+
+def _arrow_ts(micros: np.ndarray) -> pa.Array:
+    return pl.Series(values=micros).cast(pl.Datetime("us")).dt.replace_time_zone("UTC").to_arrow()
+
+
+def _table(columns: dict[str, pa.Array]) -> pa.Table:
+    return pa.Table.from_arrays(list(columns.values()), names=list(columns))
+
+
 class SnapshotWriter:
     """Appends labelled buckets to ``events.parquet`` and ``edges/user__engages__<type>.parquet``.
 
@@ -137,7 +151,8 @@ class SnapshotWriter:
         return order, np.concatenate([[0], np.flatnonzero(change) + 1]).astype(np.int64)
 
     def _text(self, codes: np.ndarray, names: Sequence[str]) -> pa.DictionaryArray:
-        return pa.DictionaryArray.from_arrays(pa.array(codes.astype(np.int8, copy=False)), pa.array(list(names), pa.string()))
+        names = pl.Series(values=list(names), dtype=pl.String).to_arrow().cast(pa.string())
+        return pa.DictionaryArray.from_arrays(_arrow(codes.astype(np.int8, copy=False)), names)
 
     def _append(self, writer: pq.ParquetWriter | None, path: Path, table: pa.Table) -> pq.ParquetWriter:
         if writer is None:
@@ -153,14 +168,14 @@ class SnapshotWriter:
         cols = {c: df[c].to_numpy() for c in ("user_id", "entity_id", "type_code", "stage_rank", "split_code")}
         ts = df["timestamp"].dt.epoch("us").to_numpy()
         value = df["value"].to_numpy()
-        events = pa.table({
-            "user_id": cols["user_id"], "entity_id": cols["entity_id"],
+        events = _table({
+            "user_id": _arrow(cols["user_id"]), "entity_id": _arrow(cols["entity_id"]),
             "entity_type": self._text(cols["type_code"], self.types),
             "stage": self._text(cols["stage_rank"], self.stage_order),
-            "stage_rank": cols["stage_rank"].astype(np.int8, copy=False),
-            "timestamp": pa.array(ts, pa.timestamp("us", tz="UTC")),
+            "stage_rank": _arrow(cols["stage_rank"].astype(np.int8, copy=False)),
+            "timestamp": _arrow_ts(ts),
             "split": self._text(cols["split_code"], SPLITS),
-            "quantity": df["quantity"].to_numpy(), "value": value,
+            "quantity": df["quantity"].to_arrow(), "value": _arrow(value),
             "session": df["session"].cast(pl.String).to_arrow().cast(pa.string()),
         })
         pending = self.pool.submit(self._append, self.events, self.out_dir / "events.parquet", events)
@@ -182,14 +197,13 @@ class SnapshotWriter:
             if lo == hi:
                 continue
             part = {k: v[lo:hi] for k, v in runs.items()}
-            table = pa.table({
-                "src_id": part["src_id"], "dst_id": part["dst_id"],
+            table = _table({
+                "src_id": _arrow(part["src_id"]), "dst_id": _arrow(part["dst_id"]),
                 "stage": self._text(part["stage_rank"], self.stage_order),
                 "split": self._text(part["split_code"], SPLITS),
-                "count": part["count"],
-                "first_ts": pa.array(part["first_ts"], pa.timestamp("us", tz="UTC")),
-                "last_ts": pa.array(part["last_ts"], pa.timestamp("us", tz="UTC")),
-                "value": part["value"],
+                "count": _arrow(part["count"]),
+                "first_ts": _arrow_ts(part["first_ts"]), "last_ts": _arrow_ts(part["last_ts"]),
+                "value": _arrow(part["value"]),
             })
             name = engage_relation(etype)
             self.edges[name] = self._append(self.edges.get(name), self.out_dir / "edges" / f"{name}.parquet", table)
