@@ -145,7 +145,9 @@ def _materialise(frame: pl.LazyFrame, path: Path, in_memory: bool) -> pl.LazyFra
     """The adapter's lazy events, run once: into memory, or to lz4 Parquet (cheap to write,
     read a few times below) when they are too many."""
     if in_memory:
-        return frame.collect(engine="streaming").lazy()
+        # one chunk: the streaming engine returns ~100k-row chunks, and gathers and casts over
+        # many chunks cost twice as much below
+        return frame.collect(engine="streaming").rechunk().lazy()
     frame.sink_parquet(path, compression="lz4")
     return pl.scan_parquet(path)
 

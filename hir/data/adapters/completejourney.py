@@ -310,7 +310,9 @@ def _entities(
     top = (
         p.group_by("manufacturer_id", "department", "product_category")
         .len()
-        .sort(["manufacturer_id", "len"], descending=[False, True])
+        # names break ties in the count: without them the text changed from run to run
+        .sort(["manufacturer_id", "len", "department", "product_category"], descending=[False, True, False, False],
+              nulls_last=True)
         .group_by("manufacturer_id", maintain_order=True)
         .agg(
             pl.col("product_category").drop_nulls().head(3).alias("cats"),
@@ -341,7 +343,7 @@ def _entities(
         promoted.join(p.select(pl.col("key").alias("dst_key"), "product_category"), on="dst_key")
         .group_by("src_key", "product_category")
         .len()
-        .sort(["src_key", "len"], descending=[False, True])
+        .sort(["src_key", "len", "product_category"], descending=[False, True, False], nulls_last=True)
         .group_by("src_key", maintain_order=True)
         .agg(pl.col("product_category").drop_nulls().head(4).alias("cats"), pl.col("len").sum().alias("n"))
     )

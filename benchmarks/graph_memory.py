@@ -1,0 +1,167 @@
+"""Measure what training holds in memory per edge and per node: the GraphStore and a DDP rank.
+
+    python benchmarks/graph_memory.py --run outputs/gowalla/smoke     # a run with graph/ + content/
+
+1. GraphStore (hir/train/graph.py, read, not changed): ``load_graph`` in a subprocess; the
+   ``nbytes`` of every array it keeps, grouped into per-engagement-pair arrays (the CSR holds
+   each visible pair twice, user->entity and entity->user), per-deep-pair arrays, metadata
+   edges and per-node arrays; the process RSS before and after the load and its peak (the
+   build's transient copies).
+2. A DDP rank: ``hir train trainer=ddp trainer.devices=2`` for one short epoch on the same
+   snapshot, each rank's peak RSS polled every 0.2 s. Every rank builds its own full
+   GraphStore (datamodule.py shards the seeds, not the graph), so a rank's memory is the store
+   plus the model, optimizer and torch runtime.
+
+Results: benchmarks/results/graph_memory.json. Extrapolations are left to the README, labelled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+GIB = 1 << 30
+
+PROBE = r"""
+import json, resource, sys, time
+import numpy as np, psutil
+from dataclasses import fields
+from hir.train.graph import CSR, GraphStore, load_graph
+proc = psutil.Process()
+rss0 = proc.memory_info().rss
+t0 = time.perf_counter()
+store = load_graph(sys.argv[1], sys.argv[2], ("train",))
+secs = time.perf_counter() - t0
+rss1 = proc.memory_info().rss
+parts = {}
+for f in fields(GraphStore):
+    v = getattr(store, f.name)
+    if isinstance(v, np.ndarray):
+        parts[f.name] = int(v.nbytes)
+    elif isinstance(v, CSR):
+        for g in fields(CSR):
+            parts[f"{f.name}.{g.name}"] = int(getattr(v, g.name).nbytes)
+print(json.dumps({
+    "parts": parts, "n_nodes": int(store.n_nodes), "eng_entries": int(len(store.eng.dst)),
+    "deep_pairs": int(len(store.deep_pairs)), "val_pairs": int(len(store.val_pairs)),
+    "up_entries": int(len(store.up.dst)), "down_entries": int(len(store.down.dst)),
+    "content_dim": int(store.content.shape[1]), "seconds": round(secs, 2),
+    "rss_before_gib": rss0 / 2**30, "rss_after_gib": rss1 / 2**30,
+    "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 2**30,
+}))
+"""
+
+
+def graph_store(run: Path) -> dict[str, Any]:
+    out = subprocess.run([sys.executable, "-c", PROBE, str(run / "graph"), str(run / "content")], cwd=ROOT,
+                         capture_output=True, text=True, check=True)
+    m = json.loads(out.stdout.strip().splitlines()[-1])
+    p = m["parts"]
+    pairs = m["eng_entries"] // 2
+    eng = sum(v for k, v in p.items() if k.startswith("eng.") and k != "eng.indptr")
+    node_keys = ["node_type", "content", "exposure", "warm", "deep_degree", "eng.indptr", "up.indptr", "down.indptr"]
+    per_node = {k: p[k] / m["n_nodes"] for k in node_keys}
+    meta_edges = sum(v for k, v in p.items() if k.startswith(("up.", "down.")) and not k.endswith("indptr"))
+    deep = p["deep_pairs"] + p["deep_weight"]
+    total = sum(p.values())
+    return {
+        "snapshot": str(run.relative_to(ROOT)) if run.is_relative_to(ROOT) else str(run),
+        "counts": {k: m[k] for k in ("n_nodes", "eng_entries", "deep_pairs", "val_pairs", "up_entries",
+                                     "down_entries", "content_dim")} | {"visible_pairs": pairs},
+        "bytes": {
+            "total": total,
+            "per_visible_pair": round(eng / max(pairs, 1), 2),
+            "per_deep_pair": round(deep / max(m["deep_pairs"], 1), 2),
+            "per_metadata_entry": round(meta_edges / max(m["up_entries"] + m["down_entries"], 1), 2),
+            "per_node": round(sum(per_node.values()), 2),
+            "per_node_parts": {k: round(v, 2) for k, v in per_node.items()},
+            "arrays": p,
+        },
+        "load_graph": {
+            "seconds": m["seconds"],
+            "rss_before_gib": round(m["rss_before_gib"], 3),
+            "rss_after_gib": round(m["rss_after_gib"], 3),
+            "peak_rss_gib": round(m["peak_rss_gib"], 3),
+            "peak_over_store": round((m["peak_rss_gib"] - m["rss_before_gib"]) * GIB / total, 2),
+        },
+    }
+
+
+def ddp_rank(run: Path, seeds: int, timeout: float) -> dict[str, Any]:
+    """Peak RSS of each rank of a 2-process CPU DDP fit (one epoch of ``seeds`` seeds)."""
+    hir = str(Path(sys.executable).with_name("hir"))
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [hir, "train", "trainer=ddp", "trainer.devices=2", "trainer.accelerator=cpu", "trainer.max_epochs=1",
+               f"model.data.seeds_per_epoch={seeds}", f"paths.graph_dir={run / 'graph'}",
+               f"paths.content_dir={run / 'content'}", f"hydra.run.dir={tmp}", "force=true"]
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        peaks: dict[int, int] = {}
+        done = threading.Event()
+
+        def poll() -> None:
+            root = psutil.Process(proc.pid)
+            while not done.wait(0.2):
+                try:
+                    for p in [root, *root.children(recursive=True)]:
+                        if "python" in p.name() or "hir" in " ".join(p.cmdline()[:2]):
+                            peaks[p.pid] = max(peaks.get(p.pid, 0), p.memory_info().rss)
+                except psutil.Error:
+                    continue
+
+        thread = threading.Thread(target=poll, daemon=True)
+        thread.start()
+        try:
+            output, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            output, _ = proc.communicate()
+        done.set()
+        thread.join()
+    ranks = sorted(peaks.values(), reverse=True)[:2]
+    return {
+        "command": " ".join(cmd[1:5] + cmd[5:7]),
+        "returncode": proc.returncode,
+        "wall_s": round(time.perf_counter() - t0, 1),
+        "rank_peak_rss_gib": [round(r / GIB, 3) for r in ranks],
+        "output_tail": output.splitlines()[-4:],
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--run", required=True, help="a run dir with graph/ and content/ (e.g. outputs/gowalla/smoke)")
+    ap.add_argument("--seeds", type=int, default=1024, help="seeds of the DDP epoch")
+    ap.add_argument("--no-ddp", action="store_true")
+    ap.add_argument("--timeout", type=float, default=900)
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "graph_memory.json"))
+    args = ap.parse_args()
+    run = Path(args.run).resolve()
+    result: dict[str, Any] = {
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "git": subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True).stdout.strip(),
+        "machine": {"cpus": os.cpu_count(), "ram_gib": round(psutil.virtual_memory().total / GIB, 1)},
+        "graph_store": graph_store(run),
+    }
+    if not args.no_ddp:
+        result["ddp"] = d = ddp_rank(run, args.seeds, args.timeout)
+        store_gib = result["graph_store"]["bytes"]["total"] / GIB
+        d["graph_store_gib_per_rank"] = round(store_gib, 3)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
