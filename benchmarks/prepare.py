@@ -71,6 +71,9 @@ def measure(cmd: list[str], log: Path, args: argparse.Namespace) -> dict[str, An
     tree it waited for), the load average around it, and the last lines of its output."""
     rss_limit, timeout = args.rss_limit_gib * GIB, args.timeout
     load_before = os.getloadavg()[0]
+    # a forked child starts with this process's peak in its ru_maxrss (Linux keeps it across exec):
+    # keep this process small (no big imports or tables here) and record what it was
+    parent_rss = psutil.Process().memory_info().rss
     t0 = time.perf_counter()
     with open(log, "wb") as fh:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT)
@@ -112,6 +115,7 @@ def measure(cmd: list[str], log: Path, args: argparse.Namespace) -> dict[str, An
         "peak_rss_gib": round(usage.ru_maxrss * 1024 / GIB, 3),
         # the whole process tree (a Spark run's JVM included), polled every 0.1 s
         "peak_tree_rss_gib": round(peak_tree[0] / GIB, 3),
+        "parent_rss_gib_at_spawn": round(parent_rss / GIB, 3),
         "load_avg_before": round(load_before, 2),
         "load_avg_after": round(os.getloadavg()[0], 2),
         "output_tail": tail if proc.returncode else tail[-3:],
@@ -119,10 +123,10 @@ def measure(cmd: list[str], log: Path, args: argparse.Namespace) -> dict[str, An
 
 
 def generate(params: dict[str, Any], cache: Path, args: argparse.Namespace) -> dict[str, Any]:
-    sys.path.insert(0, str(ROOT))
-    from hir.data.synthetic import SyntheticSpec
-
-    root = cache / SyntheticSpec(**params).cache_key()
+    # the cache key in a subprocess: importing polars here would grow this process (see measure)
+    code = f"from hir.data.synthetic import SyntheticSpec; print(SyntheticSpec(**{params!r}).cache_key())"
+    key = subprocess.run([PY, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+    root = cache / key
     if (root / "manifest.json").exists() and not args.regenerate:
         manifest = json.loads((root / "manifest.json").read_text())
         return {"cached": True, "path": str(root), "seconds_when_generated": manifest["seconds"]}
@@ -182,10 +186,10 @@ def compare_engines(events: Path, bounds: dict[str, str], args: argparse.Namespa
 
 
 def spark_run(overrides: list[str], run_dir: Path, polars_graph: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """``prepare.engine=spark`` on the same data, and how its snapshot compares with the Polars one."""
-    sys.path.insert(0, str(ROOT))
-    from hir.data.compare import snapshot_differences
+    """``prepare.engine=spark`` on the same data, and how its snapshot compares with the Polars one.
 
+    The comparison runs in a subprocess: a child inherits its parent's peak RSS across fork+exec
+    (Linux ru_maxrss), so a large parent would inflate every later run's peak."""
     spark = [
         "prepare.engine=spark", f"prepare.spark.master='{args.spark_master}'",
         f"prepare.spark.shuffle_partitions={args.spark_partitions}",
@@ -195,7 +199,11 @@ def spark_run(overrides: list[str], run_dir: Path, polars_graph: Path, args: arg
     run["master"] = args.spark_master
     if run["returncode"] == 0 and (polars_graph / "meta.json").exists():
         t0 = time.perf_counter()
-        diffs = snapshot_differences(polars_graph, run_dir / "graph")
+        code = ("import json, sys; from hir.data.compare import snapshot_differences as d; "
+                "print(json.dumps(d(sys.argv[1], sys.argv[2])))")
+        out = subprocess.run([PY, "-c", code, str(polars_graph), str(run_dir / "graph")], cwd=ROOT,
+                             capture_output=True, text=True)
+        diffs = json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else [out.stderr[-2000:]]
         run["equal_to_polars"] = {"equal": not diffs, "differences": diffs,
                                   "compared": "meta.json counts, nodes/*, edges/*, events.parquet (sorted)",
                                   "seconds": round(time.perf_counter() - t0, 1)}
@@ -227,9 +235,7 @@ def main() -> None:
     work, cache = Path(args.workdir), Path(args.cache)
     work.mkdir(parents=True, exist_ok=True)
 
-    import numpy
-    import pandas
-    import polars
+    from importlib.metadata import version
 
     result: dict[str, Any] = {
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -237,8 +243,8 @@ def main() -> None:
                               text=True).stdout.strip(),
         "machine": {
             "cpus": os.cpu_count(), "ram_gib": round(psutil.virtual_memory().total / GIB, 1),
-            "python": platform.python_version(), "polars": polars.__version__, "pandas": pandas.__version__,
-            "numpy": numpy.__version__,
+            "python": platform.python_version(), "polars": version("polars"), "pandas": version("pandas"),
+            "numpy": version("numpy"), "pyspark": version("pyspark"),
             "note": "wall times include contention from other processes; see load_avg_* and cpu_s",
         },
         "targets": {"events_per_s_at_10M": TARGET_EVENTS_PER_S, "peak_rss_gib_at_100M": TARGET_RSS_GIB},
