@@ -11,7 +11,8 @@ relation. Buckets are user ranges taken in order, so every edge file comes out s
 Up to ``bucket_events`` events the whole table is one bucket held in memory (no temporary
 files at all). Above it, the labelled events are first partitioned by user range to
 lz4 Parquet, and each bucket is read, written and dropped in turn, so memory stays at one
-bucket (16M events ~ 2 GiB) plus the node tables.
+bucket plus the node tables (benchmarks/results/prepare.json has the measured peaks: one
+10M-event bucket, and 100M events in seven buckets).
 """
 
 from __future__ import annotations
