@@ -28,6 +28,7 @@ from hir.train.context import ContextSampler, topk_edges
 from hir.train.datamodule import EmbedBatches
 from hir.train.graph import content_rows, load_graph
 from hir.train.module import embed_batch
+from hir.train.spectral import SPECTRAL_FILE, SpectralBasis, attach_base
 
 log = logging.getLogger(__name__)
 
@@ -76,11 +77,22 @@ class Embedder:
         data = self.hp.get("data", {})
         self.graph_dir = Path(graph_dir)
         self.store = load_graph(graph_dir, content_dir, tuple(visible_splits), **data.get("graph", {}))
-        if self.store.spec != {k: self.hp["net_config"].get(k) for k in self.store.spec}:
+        sizes = {k: self.store.spec[k] for k in ("n_types", "n_stages", "content_dim", "n_recency")}
+        if sizes != {k: self.hp["net_config"].get(k) for k in sizes}:
             raise InputError(
                 f"checkpoint {checkpoint} was trained on a snapshot with {self.hp['net_config']} but "
-                f"{graph_dir} + {content_dir} give {self.store.spec}; export with the snapshot it was trained on"
+                f"{graph_dir} + {content_dir} give {sizes}; export with the snapshot it was trained on"
             )
+        # the spectral basis sits beside the checkpoint; users are folded in from the engagement
+        # visible now (which may be more than training saw)
+        spectral = self.checkpoint.parent / SPECTRAL_FILE
+        if not spectral.exists():
+            raise InputError(f"{spectral} is missing: the spectral basis `hir train` wrote beside {checkpoint}; retrain")
+        self.basis = SpectralBasis.load(spectral)
+        if self.basis.rank != self.net.base_dim:
+            raise InputError(f"{spectral} has rank {self.basis.rank} but {checkpoint} was trained on rank "
+                             f"{self.net.base_dim}: the two files come from different runs")
+        attach_base(self.store, self.basis)
         self.sampler = ContextSampler(self.store, **data.get("context", {}))
         self.version = checkpoint_version(checkpoint)
         self._key_index: dict[str, dict[str, int]] = {}
@@ -117,8 +129,8 @@ class Embedder:
 
     @torch.inference_mode()
     def semantic(self, z: np.ndarray) -> np.ndarray:
-        """(n, dim) universal embeddings -> (n, dim') their unit semantic part, the tokenizer's space
-        (``dim' = dim - 1`` with a prior coordinate, see :class:`hir.nn.HirNet`)."""
+        """(n, dim) universal embeddings -> (n, dim - 1) their unit direction, the tokenizer's space
+        (see :class:`hir.nn.HirNet`)."""
         return self.net.semantic(torch.from_numpy(np.ascontiguousarray(z, np.float32))).numpy()
 
     @torch.inference_mode()

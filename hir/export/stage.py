@@ -19,6 +19,8 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from hir.errors import InputError
+
 # see hir/train/stage.py: sleeping OpenMP threads (set before torch loads)
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
@@ -28,8 +30,16 @@ META_FILE = "meta.json"
 
 
 def resolve_checkpoint(cfg: DictConfig) -> Path:
+    """``model.export.checkpoint``: ``best`` (the best validation point `hir train` recorded in
+    ``train_metrics.json``), ``last``, or a path."""
     choice = str(cfg.model.export.checkpoint)
-    return Path(cfg.paths.checkpoint_dir) / "last.ckpt" if choice == "last" else Path(choice)
+    ckpt_dir = Path(cfg.paths.checkpoint_dir)
+    if choice == "best":
+        metrics = ckpt_dir / "train_metrics.json"
+        if not metrics.exists():
+            raise InputError(f"{metrics} does not exist; run `hir train` first (or set model.export.checkpoint=PATH)")
+        return Path(json.loads(metrics.read_text())["best_checkpoint"])
+    return ckpt_dir / "last.ckpt" if choice == "last" else Path(choice)
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
@@ -98,7 +108,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 
     top1 = [c[:, 0].astype(np.int64) for c in codes]
     with_text = np.array([i for i, t in enumerate(texts) if t], dtype=np.int64)
-    # prototypes live in the semantic part of the embedding (without the prior coordinate)
+    # prototypes live in the direction part of the embedding (without the scale slack)
     members = top_members(embedder.net.tokenizer, embedder.semantic(z), with_text, int(ex.label_members))
     vectors = [v.detach().numpy() for v in embedder.net.tokenizer.vectors()]
     proto_rows = []

@@ -3,7 +3,7 @@
 from hir.nn.attention import BiasedSelfAttention
 from hir.nn.buckets import BucketVocab
 from hir.nn.hierarchy import HierarchicalTokenizer
-from hir.nn.losses import AlignLoss, BalanceLoss, ContrastiveLoss, DistillLoss
+from hir.nn.losses import AlignLoss, BalanceLoss, CatalogueLoss, ContrastiveLoss, DistillLoss
 from hir.nn.net import HirNet
 from hir.nn.transformer import GraphTransformer
 
@@ -12,6 +12,7 @@ __all__ = [
     "BalanceLoss",
     "BiasedSelfAttention",
     "BucketVocab",
+    "CatalogueLoss",
     "ContrastiveLoss",
     "DistillLoss",
     "GraphTransformer",

@@ -8,6 +8,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -31,11 +33,14 @@ class DistillLoss(nn.Module):
         levels: prototypes per level, coarse first.
         student_temp: tau_s (default 0.1).
         center_momentum: EMA momentum of the centre (default 0.9).
+        directions: (teacher view, student view) pairs taught (default both ways).
     """
 
-    def __init__(self, levels: tuple[int, ...], student_temp: float = 0.1, center_momentum: float = 0.9) -> None:
+    def __init__(self, levels: tuple[int, ...], student_temp: float = 0.1, center_momentum: float = 0.9,
+                 directions: tuple[tuple[int, int], ...] = ((0, 1), (1, 0))) -> None:
         super().__init__()
         self.levels, self.student_temp, self.center_momentum = tuple(levels), student_temp, center_momentum
+        self.directions = tuple(tuple(d) for d in directions)
         self.register_buffer("center", torch.zeros(1, self.levels[-1]))
 
     def forward(self, student: list[Tensor], teacher: list[Tensor], teacher_temp: float) -> Tensor:
@@ -47,7 +52,7 @@ class DistillLoss(nn.Module):
         preds = [level_log_probs(F.log_softmax(s / self.student_temp, -1), self.levels) for s in student]
         parts = [
             -(targets[x][lvl] * preds[y][lvl]).sum(-1).mean()
-            for x, y in ((0, 1), (1, 0))
+            for x, y in self.directions
             for lvl in range(len(self.levels))
         ]
         if self.training:
@@ -72,18 +77,21 @@ class AlignLoss(nn.Module):
     Args:
         dim: embedding width.
         hidden: predictor hidden width (default 2 * dim).
+        directions: (teacher view, student view) pairs (default both ways).
     """
 
-    def __init__(self, dim: int, hidden: int | None = None) -> None:
+    def __init__(self, dim: int, hidden: int | None = None,
+                 directions: tuple[tuple[int, int], ...] = ((0, 1), (1, 0))) -> None:
         super().__init__()
         hidden = hidden or 2 * dim
+        self.directions = tuple(tuple(d) for d in directions)
         self.predictor = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
 
     def forward(self, student: list[Tensor], teacher: list[Tensor]) -> Tensor:
         """student, teacher: per view (B, C) embeddings -> scalar."""
         parts = [
-            2 - 2 * F.cosine_similarity(self.predictor(student[x]), teacher[y], dim=-1).mean()
-            for x, y in ((0, 1), (1, 0))
+            2 - 2 * F.cosine_similarity(self.predictor(student[y]), teacher[x], dim=-1).mean()
+            for x, y in self.directions
         ]
         return torch.stack(parts).mean()
 
@@ -98,23 +106,64 @@ class ContrastiveLoss(nn.Module):
     mixed negative sampling, Yang et al., 2020). A candidate that is the same entity as the
     positive is masked (not a negative).
 
+    With ``learn_temperature`` the scale ``1 / tau`` is a parameter (initialised at the given
+    tau, kept in [1, 100]): the embeddings' entity scales ``a`` (:class:`hir.nn.HirNet`) spread
+    over orders of magnitude, and a fixed tau would fix how sharply the softmax can separate them.
+
     Args:
         temperature: tau (default 0.1).
+        learn_temperature: learn ``1 / tau`` (default False).
     """
 
-    def __init__(self, temperature: float = 0.1) -> None:
+    def __init__(self, temperature: float = 0.1, learn_temperature: bool = False) -> None:
         super().__init__()
         self.temperature = temperature
+        self.log_scale = nn.Parameter(torch.tensor(-math.log(temperature)), requires_grad=learn_temperature)
+
+    @property
+    def scale(self) -> Tensor:
+        return self.log_scale.clamp(0.0, math.log(100.0)).exp()
 
     def forward(self, users: Tensor, items: Tensor, log_q: Tensor, item_ids: Tensor) -> Tensor:
         """users: (P, C); items: (M, C), M >= P, the first P the positives; log_q: (M,) log sampling
         rate of each candidate; item_ids: (M,) global ids (to mask duplicates) -> scalar."""
         p = users.shape[0]
-        logits = users @ items.T / self.temperature - log_q[None, :]  # (P, M)
+        logits = (users @ items.T) * self.scale - log_q[None, :]  # (P, M)
         same = item_ids[:p, None] == item_ids[None, :]  # (P, M)
         same[torch.arange(p), torch.arange(p)] = False
         logits = logits.masked_fill(same, float("-inf"))
         return F.cross_entropy(logits, torch.arange(p, device=users.device))
+
+
+class CatalogueLoss(nn.Module):
+    """Softmax of a held-out positive over the whole catalogue, the user's other entities masked.
+
+    ``logits[i, j] = s * u_i·e_j`` over every catalogue entity j (fixed vectors: the spectral
+    base), the entities user i already engaged with removed except its positive; the loss is the
+    cross-entropy of the positive. With the user's base and context computed without the positive
+    (leave-one-out), this is the masked new-to-user task of evaluation, on train pairs: predict
+    an entity the user has not been seen with, among everything it has not had. ``s`` is a
+    learned scale (initialised at ``1 / temperature``, kept in [1, 100]).
+
+    Args:
+        temperature: initial tau (default 0.05).
+        learn_temperature: learn ``s`` (default True).
+    """
+
+    def __init__(self, temperature: float = 0.05, learn_temperature: bool = True) -> None:
+        super().__init__()
+        self.log_scale = nn.Parameter(torch.tensor(-math.log(temperature)), requires_grad=learn_temperature)
+
+    @property
+    def scale(self) -> Tensor:
+        return self.log_scale.clamp(0.0, math.log(100.0)).exp()
+
+    def forward(self, users: Tensor, catalogue: Tensor, target: Tensor, mask_rows: Tensor, mask_cols: Tensor) -> Tensor:
+        """users: (P, C); catalogue: (M, C); target: (P,) int64 catalogue rows of the positives;
+        mask_rows, mask_cols: (Q,) int64 (user row, catalogue row) entries to remove -> scalar."""
+        logits = (users @ catalogue.T) * self.scale  # (P, M)
+        logits = logits.index_put((mask_rows, mask_cols), logits.new_tensor(float("-inf")))
+        return F.cross_entropy(logits, target)
 
 
 class BalanceLoss(nn.Module):

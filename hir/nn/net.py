@@ -11,61 +11,69 @@ from torch import Tensor, nn
 from hir.nn.buckets import PRIMITIVE, BucketVocab
 from hir.nn.features import TokenEncoder
 from hir.nn.hierarchy import HierarchicalTokenizer
-from hir.nn.norm import GroupedBatchNorm
 from hir.nn.transformer import GraphTransformer
 
 DEFAULT_BIAS: dict[str, Any] = {"table": True, "exposure": True, "lam_init": 0.1, "buckets": {}}
-# pre-tanh start of every group's prior coordinate: non-zero, so that the user-side and the
-# entity-side priors both get a gradient at step 0 (at 0 their product has a saddle point)
-PRIOR_INIT = 0.5
+USER_TYPE = 0  # hir.data.schema.ENTITY_TYPES[0]: users are the query side of the space
 
 
 class HirNet(nn.Module):
-    """Bias-aware graph transformer over a seed's context, with a hierarchical tokenizer on top.
+    """Bias-aware graph transformer over a seed's context, refining a spectral base, with a
+    hierarchical tokenizer on top.
 
-    A context (B, N) is embedded by :class:`TokenEncoder`; the level-0 interest prototypes are
+    A context (B, N) is embedded by :class:`TokenEncoder` (each token carries its unit spectral
+    base vector ``b_hat``, :mod:`hir.train.spectral`); the level-0 interest prototypes are
     appended as M shared *primitive* tokens (the global, long-range view every context attends
     to); :class:`GraphTransformer` runs attention with score
 
         s_h(i, j) = q_i·k_j / sqrt(d) + T_h[qb_i, kb_j] - lambda_h * log(1 + exposure_j)
 
-    and the seed token's output, projected and L2-normalised, is the universal embedding (one
-    space for every entity type). :attr:`tokenizer` maps embeddings to Bag-of-Meaning tokens.
+    and the seed token's output ``h`` gives a direction ``s`` (K dims, unit) and, for entities,
+    a scale ``a`` in (0, 1):
 
-    Prior coordinate (``prior_max > 0``). The output is standardised per (seed type, view)
-    (:class:`GroupedBatchNorm`), which removes every direction that all users share: on its own,
-    no entity can score high for every user, i.e. cosine retrieval cannot express popularity.
-    So the last coordinate is a learned, un-normalised *prior* ``p = prior_max * tanh(.)``:
+        engagement view, user:     s = normalize(b_hat_seed + W_s h)
+        engagement view, entity:   s = b_hat_seed,                  a = sigmoid(g_seed)
+        knowledge view:            s = normalize(W_k h),            a = sigmoid(w_k·h + o_type)
 
-        z = [sqrt(1 - p^2) * s, p]        (s: the standardised, unit "semantic" part, C - 1 dims)
+    (a seed without a base, i.e. without engagement, takes the knowledge form in both views).
+    The transformer refines the query side: a user's embedding is a learned, context-aware
+    correction of its spectral fold-in (which of its engagements matter, by funnel stage,
+    recency and content), trained against the whole catalogue of entity bases
+    (:class:`hir.nn.CatalogueLoss`); warm entities keep their base, cold ones get the knowledge
+    view, which is trained to land where the base would be (cross-view distillation).
 
-    ``z`` stays unit-norm, so an inner product / cosine search (Milvus) scores
-    ``sqrt(1-p_u^2) sqrt(1-p_e^2) s_u.s_e + p_u p_e``: an entity's ``p_e`` acts as a learned
-    popularity bias, weighed by the user's ``p_u``. Entity-entity cosine also gets the ``p p``
-    term (popular entities look a bit alike). The hierarchy works on the semantic part alone
-    (:meth:`semantic`), so tokens describe what an entity is about, not how popular it is.
+    ``g_seed`` is the logit of the seed's base scale (popularity, from the base norm). ``W_s``
+    starts at zero, so before training the engagement view *is* the spectral base and training
+    learns the correction on top. The universal embedding is unit-norm with K + 1
+    coordinates:
+
+        entity:  z = [a s, sqrt(1 - a^2)]        user:  z = [s, 0]
+
+    so the cosine (= inner product) of a user and an entity is ``a_e s_u·s_e``: a plain cosine
+    search (Milvus) ranks by the learned affinity times the entity's learned scale, the exact
+    form of a spectral score ``b_u·b_e`` (norm = popularity). The last coordinate is a slack
+    that users never weigh. The hierarchy works on the direction ``s`` alone (:meth:`semantic`),
+    so tokens describe what an entity is about, not how popular it is.
 
     Args:
         n_types: entity types of the snapshot.
         n_stages: funnel stages of the snapshot.
         content_dim: width of the content rows fed by the sampler.
+        base_dim: width K of the spectral base (the embedding has K + 1 coordinates).
         n_recency: recency buckets (default 4).
-        dim: embedding width C (default 64).
+        width: transformer width C (default 64).
         depth: transformer blocks (default 2).
         heads: attention heads (default 4).
         mlp_ratio: MLP width / C (default 4).
         dropout: dropout in blocks (default 0.1).
-        id_buckets: most rows of the id table: one row per node when ``n_nodes`` fit, else two
-            hashes into this many rows (default 65536; see :class:`TokenEncoder`).
-        id_dropout: per-token id dropout while training (default 0.3).
+        base_dropout: per-token base dropout while training (default 0.3; see :class:`TokenEncoder`).
         attention_backend: ``hir_kernels`` backend (default "auto").
         bias: ``table`` (bool), ``exposure`` (bool), ``lam_init`` (float), ``buckets``
             (component -> bool, see :class:`BucketVocab`). Default: everything on.
         hierarchy: keyword arguments of :class:`HierarchicalTokenizer` (levels, top_k, tau, radius).
         primitive_tokens: append the level-0 prototypes as context tokens (default True).
-        n_nodes: nodes of the snapshot (global ids 0..n_nodes-1; None = unknown, ids hashed).
-        prior_max: bound of the prior coordinate (0 = none: the whole embedding is semantic;
-            default 0.7).
+        transformer: use the transformer's correction (default True). False = the engagement
+            view is the spectral base alone (the ablation "no transformer").
     """
 
     def __init__(
@@ -73,63 +81,59 @@ class HirNet(nn.Module):
         n_types: int,
         n_stages: int,
         content_dim: int,
+        base_dim: int,
         n_recency: int = 4,
-        dim: int = 64,
+        width: int = 64,
         depth: int = 2,
         heads: int = 4,
         mlp_ratio: float = 4.0,
         dropout: float = 0.1,
-        id_buckets: int = 65536,
-        id_dropout: float = 0.3,
+        base_dropout: float = 0.3,
         attention_backend: str = "auto",
         bias: dict[str, Any] | None = None,
         hierarchy: dict[str, Any] | None = None,
         primitive_tokens: bool = True,
-        prior_max: float = 0.7,
-        n_nodes: int | None = None,
+        transformer: bool = True,
     ) -> None:
         super().__init__()
         bias = DEFAULT_BIAS | dict(bias or {})
         unknown = sorted(set(bias) - set(DEFAULT_BIAS))
         if unknown:
             raise ValueError(f"unknown bias options {unknown}; expected {sorted(DEFAULT_BIAS)}")
-        if not 0.0 <= prior_max < 1.0:
-            raise ValueError(f"prior_max={prior_max} must be in [0, 1): the semantic part needs a share of the unit norm")
-        self.n_types, self.dim, self.prior_max = n_types, dim, float(prior_max)
-        # width of the semantic part (the tokenizer's space)
-        self.sem_dim = dim - 1 if self.prior_max > 0 else dim
+        self.n_types, self.width, self.base_dim = n_types, width, int(base_dim)
+        self.dim = self.base_dim + 1  # the universal embedding's width
+        self.use_transformer = bool(transformer)
         self.buckets = BucketVocab(n_types, n_stages, n_recency, bias["buckets"])
-        self.encoder = TokenEncoder(dim, n_types, n_stages, content_dim, id_buckets, id_dropout, n_nodes)
+        self.encoder = TokenEncoder(width, n_types, n_stages, content_dim, self.base_dim, base_dropout)
         self.transformer = GraphTransformer(
-            dim, depth, heads, mlp_ratio, dropout,
+            width, depth, heads, mlp_ratio, dropout,
             n_query_buckets=self.buckets.n_query, n_key_buckets=self.buckets.n_key,
             bias_table=bool(bias["table"]), exposure_bias=bool(bias["exposure"]),
             lam_init=float(bias["lam_init"]), backend=attention_backend,
         )
-        self.head = nn.Linear(dim, self.sem_dim)
-        # the seed's own id embedding also reaches the output directly: a free per-entity vector
-        # on top of the contextual one (collaborative structure needs no trip through attention)
-        self.id_skip = nn.Linear(dim, self.sem_dim, bias=False)
-        with torch.no_grad():
-            self.id_skip.weight.copy_(torch.eye(self.sem_dim, dim))
-        # standardise the output per (seed type, view): embeddings spread over the sphere instead
-        # of a narrow cone, and the shared prototypes cannot just encode "user vs product"
-        self.out_norm = GroupedBatchNorm(2 * n_types, self.sem_dim)
-        if self.prior_max > 0:
-            self.prior = nn.Linear(dim, 1)
-            # one learned offset per (seed type, view) group, like the normalisation's groups
-            self.prior_offset = nn.Parameter(torch.full((2 * n_types,), PRIOR_INIT))
-            nn.init.normal_(self.prior.weight, std=0.01)
-            nn.init.zeros_(self.prior.bias)
-        else:
-            self.prior, self.prior_offset = None, None
-        self.tokenizer = HierarchicalTokenizer(self.sem_dim, **dict(hierarchy or {}))
-        self.primitive = nn.Linear(self.sem_dim, dim) if primitive_tokens else None
+        # engagement view: the zero-initialised correction of a user's base direction
+        self.head = nn.Linear(width, self.base_dim)
+        # knowledge view: direction and scale from content and metadata alone
+        self.know_head = nn.Linear(width, self.base_dim)
+        self.know_scale = nn.Linear(width, 1)
+        self.know_offset = nn.Parameter(torch.zeros(n_types))
+        self.tokenizer = HierarchicalTokenizer(self.base_dim, **dict(hierarchy or {}))
+        self.primitive = nn.Linear(self.base_dim, width) if primitive_tokens else None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.zeros_(self.head.weight)
+        nn.init.zeros_(self.head.bias)
+        self.know_head.reset_parameters()
+        nn.init.normal_(self.know_scale.weight, std=0.01)
+        nn.init.zeros_(self.know_scale.bias)
+        # a content-only entity starts at a low scale (sigmoid(-4) ~ 0.02): unknown popularity
+        nn.init.constant_(self.know_offset, -4.0)
 
     def _append_primitives(self, h: Tensor, view: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
         """Append the M level-0 prototypes as tokens to every context: (B, N, C) -> (B, N+M, C)."""
         b = h.shape[0]
-        protos = self.tokenizer.vectors()[0]  # (M, C)
+        protos = self.tokenizer.vectors()[0]  # (M, K)
         p = self.encoder.norm(self.primitive(protos) + self.encoder.types.weight[self.n_types])  # (M, C)
         m = p.shape[0]
         h = torch.cat([h, p[None].expand(b, m, -1)], dim=1)  # (B, N+M, C)
@@ -146,41 +150,64 @@ class HirNet(nn.Module):
         view["mask"] = ext(view["mask"], True)
         return h, view
 
-    def forward(self, view: dict[str, Tensor], use_ids: bool = True) -> Tensor:
-        """A batch of contexts (see :meth:`TokenEncoder.forward`; plus ``recency`` (B, N) int64 and
-        ``mask`` (B, N) bool, token 0 = the seed) -> (B, C) L2-normalised seed embeddings.
-
-        ``use_ids`` selects the view: True = engagement view (ids on), False = knowledge view.
-        """
-        h, ids = self.encoder(view, use_ids, return_ids=True)  # (B, N, C) x 2
+    def encode(self, view: dict[str, Tensor], use_ids: bool = True) -> tuple[Tensor, Tensor]:
+        """A batch of contexts -> (direction (B, K) unit, scale logit (B,)); see :meth:`forward`."""
+        seed_type = view["type"][:, 0]
+        row0 = view["row"][:, 0].clamp_min(0)
+        if use_ids and "base" not in view:
+            raise ValueError("the engagement view needs the batch's spectral base rows (view['base'])")
+        if not self.use_transformer and use_ids:
+            d = (view["seed_base"] if "seed_base" in view else view["base"][row0]).float()  # (B, K)
+            return F.normalize(d, dim=-1), view["base_logit"][row0].float()
+        h = self.encoder(view, use_ids)  # (B, N, C)
         if self.primitive is not None:
             h, view = self._append_primitives(h, view)  # (B, N+M, C)
         qb, kb = self.buckets(view["type"], view["relation"], view["hop"], view["stage"], view["recency"])
-        h = self.transformer(h, qb, kb, view["exposure"].float(), view["mask"])  # (B, N', C)
-        group = view["type"][:, 0] * 2 + int(use_ids)  # (B,) seed type x view
-        pre = self.head(h[:, 0]) + self.id_skip(ids[:, 0])  # (B, C')
-        sem = F.normalize(self.out_norm(pre, group), dim=-1)  # (B, C') unit
-        if self.prior is None:
-            return sem
-        p = self.prior_max * torch.tanh(self.prior(h[:, 0]).float().squeeze(-1) + self.prior_offset[group])  # (B,)
-        return torch.cat([sem * torch.sqrt(1 - p * p)[:, None], p[:, None]], dim=-1)  # (B, C) unit
+        h = self.transformer(h, qb, kb, view["exposure"].float(), view["mask"])[:, 0]  # (B, C) the seed's output
+        d = self.know_head(h).float()  # (B, K)
+        g = self.know_scale(h).float().squeeze(-1) + self.know_offset[seed_type]  # (B,)
+        if use_ids:
+            # (B, K); a batch may give the seeds' own base rows (training: leave-one-out users)
+            base = (view["seed_base"] if "seed_base" in view else view["base"][row0]).float()
+            # a seed without a base (no engagement: cold start) keeps the knowledge direction
+            has = (base.norm(dim=-1) > 0)[:, None]
+            # the transformer refines users (the query side); an entity keeps its base
+            refine = (seed_type == USER_TYPE)[:, None].float()
+            d = torch.where(has, F.normalize(base, dim=-1) + refine * self.head(h).float(), d)
+            g = torch.where(has[:, 0], view["base_logit"][row0].float(), g)
+        return F.normalize(d, dim=-1), g
+
+    def forward(self, view: dict[str, Tensor], use_ids: bool = True) -> Tensor:
+        """A batch of contexts -> (B, K + 1) unit universal embeddings.
+
+        ``view``: see :meth:`TokenEncoder.forward`, plus ``recency`` (B, N) int64, ``mask``
+        (B, N) bool (token 0 = the seed) and, for the engagement view, ``base`` (U, K) and
+        ``base_logit`` (U,) per content row. ``use_ids`` selects the view: True = engagement
+        view (base on), False = knowledge view.
+        """
+        s, g = self.encode(view, use_ids)
+        return self.pack(s, g, view["type"][:, 0])
+
+    @staticmethod
+    def pack(s: Tensor, logit: Tensor, seed_type: Tensor) -> Tensor:
+        """direction (B, K), scale logit (B,), seed type (B,) -> (B, K + 1) unit embeddings."""
+        a = torch.where(seed_type == USER_TYPE, torch.ones_like(logit), torch.sigmoid(logit))  # (B,)
+        slack = torch.sqrt((1 - a * a).clamp_min(0))
+        return torch.cat([s * a[:, None], slack[:, None]], dim=-1)
 
     def semantic(self, z: Tensor) -> Tensor:
-        """Universal embeddings (..., C) -> their unit semantic part (..., C'): the tokenizer's
-        input. Without a prior coordinate, ``z`` itself."""
-        if self.prior is None:
-            return z
-        return F.normalize(z[..., : self.sem_dim], dim=-1)
+        """Universal embeddings (..., K + 1) -> their unit direction (..., K): the tokenizer's input."""
+        return F.normalize(z[..., : self.base_dim], dim=-1)
 
-    def prior_of(self, z: Tensor) -> Tensor:
-        """Universal embeddings (..., C) -> their prior coordinate (...) (zeros without one)."""
-        return z[..., -1] if self.prior is not None else z.new_zeros(z.shape[:-1])
+    def scale_of(self, z: Tensor) -> Tensor:
+        """Universal embeddings (..., K + 1) -> their scale ``a`` (...) (1 for users)."""
+        return z[..., : self.base_dim].norm(dim=-1)
 
     def tokens(self, z: Tensor) -> tuple[list[Tensor], list[Tensor], Tensor]:
-        """Universal embeddings (B, C) -> Bag-of-Meaning (codes, weights, aux) of their semantic part;
-        see :meth:`HierarchicalTokenizer.forward`."""
+        """Universal embeddings (B, K + 1) -> Bag-of-Meaning (codes, weights, aux) of their
+        direction; see :meth:`HierarchicalTokenizer.forward`."""
         return self.tokenizer(self.semantic(z))
 
     def extra_repr(self) -> str:
-        return (f"n_types={self.n_types}, dim={self.dim}, primitives={self.primitive is not None}, "
-                f"prior_max={self.prior_max}")
+        return (f"n_types={self.n_types}, base_dim={self.base_dim}, width={self.width}, "
+                f"primitives={self.primitive is not None}, transformer={self.use_transformer}")

@@ -1,15 +1,21 @@
-"""Callbacks for `hir train` beyond Lightning's own (add them under ``callbacks:`` in the config)."""
+"""Callbacks for `hir train` beyond Lightning's own: the step-0 validation point (built in) and
+fault injection (add it under ``callbacks:`` in the config)."""
 
 from __future__ import annotations
 
 import logging
 import os
 import signal
+from pathlib import Path
+from typing import Any
 
 import lightning as L
+import torch
 from lightning.pytorch.callbacks import Callback
 
 log = logging.getLogger(__name__)
+
+INIT_CHECKPOINT = "init.ckpt"
 
 
 class CrashAfterEpoch(Callback):
@@ -31,3 +37,33 @@ class CrashAfterEpoch(Callback):
         if trainer.current_epoch == self.epoch + 1:
             log.warning("CrashAfterEpoch: killing rank %d after epoch %d", trainer.global_rank, self.epoch)
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+class InitialValidation(Callback):
+    """Validates the model before its first step and saves it as ``init.ckpt``.
+
+    At step 0 the engagement view is exactly the spectral base (the transformer's corrections
+    start at zero), so this point is what training must beat: it joins the validation history
+    (epoch -1) and competes for the best checkpoint that export uses. Skipped on resume.
+
+    Args:
+        dirpath: the checkpoint directory.
+        monitor: the metric compared (default ``val/recall@20``).
+    """
+
+    def __init__(self, dirpath: str | Path, monitor: str = "val/recall@20") -> None:
+        self.dirpath, self.monitor = Path(dirpath), monitor
+        self.score: float | None = None
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: Any) -> None:
+        if trainer.global_step > 0 or not len(trainer.datamodule.val):
+            return
+        metrics = pl_module.validate_now()
+        pl_module.history.append({"epoch": -1, "step": 0, **metrics})
+        self.score = float(metrics[self.monitor])
+        log.info("step 0 (spectral base, no correction yet): %s", {k: round(v, 4) for k, v in metrics.items()})
+        if trainer.is_global_zero:
+            self.dirpath.mkdir(parents=True, exist_ok=True)
+            # the keys export reads (hir.export.embed.load_checkpoint), nothing of the loops
+            torch.save({"state_dict": pl_module.state_dict(), "hyper_parameters": dict(pl_module.hparams),
+                        "hir_history": list(pl_module.history)}, self.dirpath / INIT_CHECKPOINT)

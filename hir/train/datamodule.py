@@ -20,6 +20,8 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from hir.train.context import ContextSampler
 from hir.train.graph import GraphStore
+from hir.train.spectral import leave_one_out
+from hir.train.valset import ValSet, validation_set
 
 log = logging.getLogger(__name__)
 
@@ -27,12 +29,16 @@ log = logging.getLogger(__name__)
 def to_tensors(store: GraphStore, views: dict[str, dict[str, np.ndarray]], **extra: np.ndarray) -> dict[str, Any]:
     """Numpy views -> tensors, with one shared content matrix.
 
-    Each distinct node of the batch gets one content row (``content`` (U, D) float16); each view
-    gets ``row`` (R, N) int64 pointing into it (-1 for padding).
+    Each distinct node of the batch gets one content row (``content`` (U, D) float16) and, when
+    the store has a spectral base, one base row (``base`` (U, K) float32, ``base_logit`` (U,));
+    each view gets ``row`` (R, N) int64 pointing into them (-1 for padding).
     """
     nodes = np.concatenate([v["node"].ravel() for v in views.values()]) if views else np.zeros(0, np.int64)
     uniq = np.unique(nodes[nodes >= 0])
     out: dict[str, Any] = {"content": torch.from_numpy(store.content[uniq])}
+    if store.base is not None:
+        out["base"] = torch.from_numpy(store.base[uniq])
+        out["base_logit"] = torch.from_numpy(store.base_logit[uniq])
     for name, v in views.items():
         t = {k: torch.from_numpy(np.ascontiguousarray(a)) for k, a in v.items()}
         t["row"] = torch.from_numpy(np.where(v["node"] >= 0, np.searchsorted(uniq, v["node"]), -1))
@@ -48,12 +54,20 @@ class TrainBatches(Dataset):
     first 2P seeds, each with the other side hidden from its context) followed by ``batch_size``
     seeds of every entity type from the epoch's seed order. ``cand_index`` (M,) lists the
     contrastive candidates among the seeds (the P entities first, then extra uniform negatives)
-    and ``log_q`` (M,) their log sampling rates.
+    and ``log_q`` (M,) their log sampling rates. With a ``catalogue`` (:func:`catalogue`):
+    ``cat_target`` (P,) the positives' catalogue rows and ``cat_mask_rows``/``cat_mask_cols`` the
+    (pair, catalogue row) entries of each pair user's other deep-stage entities, which the
+    catalogue loss masks; ``seed_base`` gives the pair users' base without their positive.
     """
 
     def __init__(self, store: GraphStore, sampler: ContextSampler, batch_size: int, pairs: int,
-                 seeds_per_epoch: int | None, seed: int, rank: int = 0, world: int = 1) -> None:
+                 seeds_per_epoch: int | None, seed: int, rank: int = 0, world: int = 1,
+                 catalogue: np.ndarray | None = None) -> None:
         self.store, self.sampler = store, sampler
+        self.catalogue_row = None
+        if catalogue is not None:
+            self.catalogue_row = np.full(store.n_nodes, -1, np.int64)
+            self.catalogue_row[catalogue] = np.arange(len(catalogue))
         self.batch_size, self.seed, self.rank, self.world = batch_size, seed, rank, world
         self.pairs = pairs if len(store.deep_pairs) else 0
         self.n_seeds = min(seeds_per_epoch or store.n_nodes, store.n_nodes)
@@ -98,8 +112,40 @@ class TrainBatches(Dataset):
         extra = np.flatnonzero(np.isin(st.node_type[seeds], self.target_types)) + 2 * p if p else np.zeros(0, np.int64)
         cand = np.concatenate([np.arange(p, 2 * p), extra]).astype(np.int64)
         expected = self.pairs * st.deep_degree[all_seeds[cand]] / self._total + self.batch_size / st.n_nodes
-        return to_tensors(st, views, seeds=all_seeds, cand_index=cand, log_q=np.log(expected).astype(np.float32),
-                          n_pairs=np.asarray(len(pairs)))
+        extra = {}
+        if st.base is not None:
+            # the pairs' users see their base without the held-out entity (a deep pair: weight 1)
+            seed_base = st.base[all_seeds].copy()
+            if p:
+                seed_base[:p] = leave_one_out(st, pairs[:, 0], pairs[:, 1], np.ones(p))
+            extra["seed_base"] = seed_base
+        if self.catalogue_row is not None and p:
+            extra |= self._catalogue_targets(pairs)
+        out = to_tensors(st, views, seeds=all_seeds, cand_index=cand, log_q=np.log(expected).astype(np.float32),
+                         n_pairs=np.asarray(len(pairs)), **extra)
+        return out
+
+
+    def _catalogue_targets(self, pairs: np.ndarray) -> dict[str, np.ndarray]:
+        eng, deepest = self.store.eng, len(self.store.stage_order)
+        start, end = eng.indptr[pairs[:, 0]], eng.indptr[pairs[:, 0] + 1]
+        deg = end - start
+        row_of = np.repeat(np.arange(len(pairs)), deg)
+        e = np.repeat(start - np.cumsum(deg) + deg, deg) + np.arange(int(deg.sum()))
+        keep = (eng.stage[e] == deepest) & (eng.dst[e] != pairs[row_of, 1])
+        cols = self.catalogue_row[eng.dst[e[keep]]]
+        ok = cols >= 0
+        return {"cat_target": self.catalogue_row[pairs[:, 1]], "cat_mask_rows": row_of[keep][ok], "cat_mask_cols": cols[ok]}
+
+
+def catalogue(store: GraphStore) -> np.ndarray:
+    """(M,) global ids of the catalogue the user-side loss ranks: every entity of the types
+    deep-stage edges point to that has a spectral base."""
+    if store.base is None or len(store.deep_pairs) == 0:
+        return np.zeros(0, np.int64)
+    types = np.unique(store.node_type[store.deep_pairs[:, 1]])
+    has = np.linalg.norm(store.base, axis=1) > 0
+    return np.flatnonzero(np.isin(store.node_type, types) & has).astype(np.int64)
 
 
 class EpochBatchSampler(Sampler):
@@ -143,25 +189,6 @@ class EmbedBatches(Dataset):
         return to_tensors(self.store, views, eng_nodes=nodes[warm], kno_nodes=nodes[~warm])
 
 
-def validation_nodes(store: GraphStore, max_candidates: int | None, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """(users with val deep edges, candidate entities) for recall@K.
-
-    Candidates are every entity of the types that deep-stage edges point to; with
-    ``max_candidates`` a seeded random subset of them, always including the val positives.
-    """
-    if len(store.val_pairs) == 0:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    users = np.unique(store.val_pairs[:, 0])
-    target_types = np.unique(store.node_type[np.concatenate([store.val_pairs[:, 1], store.deep_pairs[:, 1]])])
-    cands = np.flatnonzero(np.isin(store.node_type, target_types))
-    if max_candidates and len(cands) > max_candidates:
-        pos = np.unique(store.val_pairs[:, 1])
-        rest = np.setdiff1d(cands, pos)
-        pick = np.random.default_rng([seed, 7]).choice(rest, max(max_candidates - len(pos), 0), replace=False)
-        cands = np.union1d(pos, pick)
-    return users, cands
-
-
 class HirDataModule(L.LightningDataModule):
     """Contexts for training, node batches for validation.
 
@@ -173,13 +200,15 @@ class HirDataModule(L.LightningDataModule):
         seeds_per_epoch: seeds per epoch (default all nodes).
         embed_batch_size: nodes per validation batch (default 1024).
         val_candidates: cap on recall@K candidates (default all).
+        val_protocol: ``masked_new`` or ``all`` (see :mod:`hir.train.valset`).
         num_workers, pin_memory, persistent_workers: DataLoader settings.
         seed: base of every random draw.
     """
 
     def __init__(self, store: GraphStore, context: dict[str, int] | None = None, batch_size: int = 256, pairs: int = 64,
                  seeds_per_epoch: int | None = None, embed_batch_size: int = 1024, val_candidates: int | None = None,
-                 num_workers: int = 0, pin_memory: bool = False, persistent_workers: bool = True, seed: int = 42) -> None:
+                 num_workers: int = 0, pin_memory: bool = False, persistent_workers: bool = True, seed: int = 42,
+                 val_protocol: str = "masked_new") -> None:
         super().__init__()
         self.store = store
         self.sampler = ContextSampler(store, **(context or {}))
@@ -188,7 +217,12 @@ class HirDataModule(L.LightningDataModule):
         self.num_workers, self.pin_memory = num_workers, pin_memory
         self.persistent_workers = persistent_workers and num_workers > 0
         self.seed = seed
-        self.val_users, self.val_cands = validation_nodes(store, val_candidates, seed)
+        self.val: ValSet = validation_set(store, val_candidates, seed, val_protocol)
+
+    @property
+    def catalogue(self) -> np.ndarray:
+        """The user-side loss's catalogue (:func:`catalogue`; empty before a base is attached)."""
+        return catalogue(self.store)
 
     def _loader(self, dataset: Dataset, sampler: Sampler | None = None) -> DataLoader:
         return DataLoader(dataset, batch_size=None, sampler=sampler, shuffle=False, num_workers=self.num_workers,
@@ -197,7 +231,8 @@ class HirDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         rank = self.trainer.global_rank if self.trainer else 0
         world = self.trainer.world_size if self.trainer else 1
-        ds = TrainBatches(self.store, self.sampler, self.batch_size, self.pairs, self.seeds_per_epoch, self.seed, rank, world)
+        ds = TrainBatches(self.store, self.sampler, self.batch_size, self.pairs, self.seeds_per_epoch, self.seed, rank, world,
+                          self.catalogue)
         log.info("train: %d batches per epoch per rank (rank %d of %d), %d seeds + %d pairs per batch",
                  len(ds), rank, world, self.batch_size, ds.pairs)
         n = len(ds)
@@ -217,5 +252,5 @@ class HirDataModule(L.LightningDataModule):
 
     def val_dataloader(self) -> DataLoader:
         # every rank embeds everything (no sharding): recall@K needs all candidates on one rank
-        nodes = np.concatenate([self.val_users, self.val_cands])
+        nodes = np.concatenate([self.val.users, self.val.cands])
         return self._loader(EmbedBatches(self.store, self.sampler, nodes, self.embed_batch_size, self.seed))

@@ -94,6 +94,12 @@ class GraphStore:
     layout: dict[str, Any]  # content row layout (see load_content)
     split_bounds: dict[str, str]  # the snapshot's split bounds (ISO), from meta.json
     visible_end: str  # ISO time the visible engagement ends (val_start or test_start)
+    # spectral base (hir.train.spectral), set by attach_base: (n, K) float32 vectors (zero rows =
+    # none) and (n,) float32 scale logits
+    base: np.ndarray | None = None
+    base_logit: np.ndarray | None = None
+    base_degree: np.ndarray | None = None  # (n,) column degree of the base (entities)
+    base_filter: np.ndarray | None = None  # (K,) the users' spectral filter
 
     @property
     def n_nodes(self) -> int:

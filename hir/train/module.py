@@ -13,14 +13,16 @@ import torch
 from torch import Tensor, nn
 
 from hir.errors import HirError
-from hir.nn import AlignLoss, BalanceLoss, ContrastiveLoss, DistillLoss, HirNet
-from hir.train.metrics import recall_at_k, usage_stats
+from hir.nn import AlignLoss, BalanceLoss, CatalogueLoss, ContrastiveLoss, DistillLoss, HirNet
+from hir.nn.net import USER_TYPE
+from hir.train.metrics import usage_stats
+from hir.train.spectral import masked_recall
 
 log = logging.getLogger(__name__)
 
 DEFAULT_OBJECTIVE: dict[str, Any] = {
     # weight of each loss part in the total
-    "weights": {"distill": 1.0, "align": 1.0, "contrastive": 1.0, "balance": 1.0, "prior": 1.0},
+    "weights": {"distill": 1.0, "align": 1.0, "contrastive": 0.0, "catalogue": 1.0, "balance": 1.0, "scale": 1.0},
     "student_temp": 0.1,
     # teacher temperature: linear warm-up from `teacher_temp_start` over `teacher_temp_warmup` of training
     "teacher_temp_start": 0.04,
@@ -28,6 +30,12 @@ DEFAULT_OBJECTIVE: dict[str, Any] = {
     "teacher_temp_warmup": 0.3,
     "center_momentum": 0.9,
     "contrastive_temp": 0.1,
+    # learn the contrastive softmax's scale 1/tau (from contrastive_temp)
+    "learn_temperature": True,
+    # which view teaches which (distill, align, balance): eng_to_know = the engagement-view
+    # teacher teaches the knowledge-view student (content learns the collaborative space, for cold
+    # start); both = also the reverse (the knowledge teacher pulls engagement embeddings)
+    "cross_view": "eng_to_know",
     # strength of the logQ popularity correction of the contrastive loss (1 = full, 0 = off)
     "logq": 1.0,
     # EMA momentum of the teacher: cosine from `momentum` to 1 over training. Short CPU runs
@@ -102,9 +110,21 @@ class HirModule(L.LightningModule):
         self.teacher = copy.deepcopy(net).requires_grad_(False)
         self.train(self.training)
         levels = net.tokenizer.levels
-        self.distill = DistillLoss(levels, objective["student_temp"], objective["center_momentum"])
-        self.align = AlignLoss(net.sem_dim)
-        self.contrastive = ContrastiveLoss(objective["contrastive_temp"])
+        views = {"eng_to_know": ((0, 1),), "both": ((0, 1), (1, 0))}
+        if objective["cross_view"] not in views:
+            raise HirError(f"model.objective.cross_view={objective['cross_view']!r}; expected one of {sorted(views)}")
+        directions = views[objective["cross_view"]]
+        self.students = sorted({y for _, y in directions})
+        self.distill = DistillLoss(levels, objective["student_temp"], objective["center_momentum"], directions)
+        self.align = AlignLoss(net.base_dim, directions=directions)
+        self.contrastive = ContrastiveLoss(objective["contrastive_temp"], bool(objective["learn_temperature"]))
+        self.catalogue_loss = CatalogueLoss(objective["contrastive_temp"], bool(objective["learn_temperature"]))
+        # a part that is off must not leave trainable parameters DDP would wait for
+        for name, loss in (("contrastive", self.contrastive), ("catalogue", self.catalogue_loss)):
+            if not self.weights_of(objective)[name]:
+                loss.requires_grad_(False)
+        # (M, C) packed base embeddings of the catalogue (fixed; built at fit start, not saved)
+        self._catalogue: Tensor | None = None
         self.balance = BalanceLoss(levels, objective["student_temp"])
         self.weights = objective["weights"]
         unknown = sorted(set(self.weights) - set(DEFAULT_OBJECTIVE["weights"]))
@@ -124,12 +144,13 @@ class HirModule(L.LightningModule):
         # seed contexts trained on by this process since it started (throughput)
         self.contexts_seen = 0
 
+    @staticmethod
+    def weights_of(objective: dict[str, Any]) -> dict[str, float]:
+        return {k: float(v) for k, v in objective["weights"].items()}
+
     def train(self, mode: bool = True) -> HirModule:
         super().train(mode)
         self.teacher.eval()
-        # ...except its output normalisation, which keeps statistics of the teacher's own outputs
-        # (the student's would not fit the EMA weights' outputs: eval-time embeddings would shift)
-        self.teacher.out_norm.train(mode)
         return self
 
     # -- schedules ---------------------------------------------------------------------------
@@ -140,6 +161,19 @@ class HirModule(L.LightningModule):
         self.momentum = momentum_schedule(total, o["momentum"])
         if not bool(self.prototypes_ready):
             self._init_prototypes()
+        self._catalogue = self.catalogue_matrix()
+
+    @torch.no_grad()
+    def catalogue_matrix(self) -> Tensor:
+        """(M, C) packed base embeddings of the datamodule's catalogue (the entities' engagement
+        view, which the transformer does not change: see :class:`hir.nn.HirNet`)."""
+        from hir.train.datamodule import catalogue
+
+        store = self.trainer.datamodule.store
+        ids = catalogue(store)
+        s = torch.nn.functional.normalize(torch.from_numpy(store.base[ids]), dim=-1)
+        z = HirNet.pack(s, torch.from_numpy(store.base_logit[ids]), torch.from_numpy(store.node_type[ids].astype(np.int64)))
+        return z.to(self.device)
 
     @torch.no_grad()
     def _init_prototypes(self) -> None:
@@ -171,8 +205,10 @@ class HirModule(L.LightningModule):
     # -- training ----------------------------------------------------------------------------
     @staticmethod
     def views(batch: dict[str, Any]) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-        """The batch's (engagement, knowledge) views, each with the shared content rows."""
-        return {**batch["eng"], "content": batch["content"]}, {**batch["kno"], "content": batch["content"]}
+        """The batch's (engagement, knowledge) views, each with the shared content rows (and the
+        engagement view with the spectral base rows)."""
+        base = {k: batch[k] for k in ("base", "base_logit", "seed_base") if k in batch}
+        return {**batch["eng"], "content": batch["content"], **base}, {**batch["kno"], "content": batch["content"]}
 
     def loss_parts(self, batch: dict[str, Any]) -> dict[str, Tensor]:
         """The named, unweighted loss parts of one batch (raises on a non-finite part)."""
@@ -180,7 +216,7 @@ class HirModule(L.LightningModule):
         full = [self.net(eng, use_ids=True), self.net(kno, use_ids=False)]  # 2 x (B, C)
         with torch.no_grad():
             t_full = [self.teacher(eng, use_ids=True), self.teacher(kno, use_ids=False)]  # 2 x (B, C)
-        # the hierarchy and the cross-view objectives work on the semantic part; the prior
+        # the hierarchy and the cross-view objectives work on the direction; the scale
         # coordinate (if any) is trained by the contrastive part and matched across views below
         student = [self.net.semantic(z) for z in full]  # 2 x (B, C')
         teacher = [self.teacher.semantic(z) for z in t_full]  # 2 x (B, C')
@@ -193,16 +229,24 @@ class HirModule(L.LightningModule):
         parts = {
             "distill": self.distill(s_scores, t_scores, float(self.teacher_temp[step])),
             "align": self.align(student, teacher),
-            "balance": self.balance(s_scores),
+            "balance": self.balance([s_scores[y] for y in self.students]),
         }
-        if self.net.prior is not None:
-            # cold-start entities are embedded by the knowledge view: its prior must sit on the
-            # engagement view's scale, or content-only entities would flood (or vanish from)
-            # retrieval. The knowledge view regresses the teacher's engagement-view prior.
-            gap = self.net.prior_of(full[1]) - self.teacher.prior_of(t_full[0])
-            parts["prior"] = (gap / self.net.prior_max).pow(2).mean()
+        # cold-start entities are embedded by the knowledge view: its scale (popularity) must sit
+        # on the engagement view's, or content-only entities would flood (or vanish from)
+        # retrieval. The knowledge view regresses the teacher's engagement-view scale, in logs.
+        seed_type = eng["type"][:, 0]
+        keys = seed_type != USER_TYPE
+        if keys.any():
+            gap = torch.log(self.net.scale_of(full[1][keys]).clamp_min(1e-4)) - torch.log(
+                self.teacher.scale_of(t_full[0][keys]).clamp_min(1e-4))
+            parts["scale"] = gap.pow(2).mean()
+        else:
+            parts["scale"] = full[1].sum() * 0.0
         p = int(batch["n_pairs"])
-        if p:
+        if p and "cat_target" in batch and self._catalogue is not None and len(self._catalogue):
+            parts["catalogue"] = self.catalogue_loss(full[0][:p], self._catalogue, batch["cat_target"],
+                                                     batch["cat_mask_rows"], batch["cat_mask_cols"])
+        if p and self.weights["contrastive"] > 0:
             # pairs are the batch's first 2P seeds (P users, then their entities); candidates are
             # those entities plus the batch's other seeds of the target types (mixed negatives)
             cand = batch["cand_index"]
@@ -257,27 +301,41 @@ class HirModule(L.LightningModule):
         nodes = torch.cat([n for n, _ in self._val]).numpy()
         z = torch.cat([e for _, e in self._val])
         self._val.clear()
-        dm = self.trainer.datamodule
-        index = {int(n): i for i, n in enumerate(nodes)}
-        cand_rows = torch.as_tensor([index[int(c)] for c in dm.val_cands])
-        cand_pos = {int(c): i for i, c in enumerate(dm.val_cands)}
-        pairs = dm.store.val_pairs
-        by_user: dict[int, list[int]] = {}
-        for u, e in pairs:
-            by_user.setdefault(int(u), []).append(cand_pos[int(e)])
-        users = [int(u) for u in dm.val_users]
-        recall = recall_at_k(z[[index[u] for u in users]], z[cand_rows], [np.unique(by_user[u]) for u in users], self.val_k)
-        metrics = {f"val/recall@{k}": float(v) for k, v in recall.items()}
+        metrics = self.val_metrics(nodes, z)
+        self.history.append({"epoch": self.current_epoch, "step": self.global_step, **metrics})
+        # every rank embeds everything, so the values agree across ranks; the mean is logged
+        self.log_dict(metrics, prog_bar=False, sync_dist=True)
+        log.info("epoch %d: %s", self.current_epoch, {k: round(v, 4) for k, v in metrics.items()})
+
+    @torch.no_grad()
+    def val_metrics(self, nodes: np.ndarray, z: Tensor) -> dict[str, float]:
+        """Embedded validation nodes (n,) and their (n, C) embeddings -> recall@K under the
+        datamodule's protocol (:mod:`hir.train.valset`) and per-level prototype usage."""
+        val = self.trainer.datamodule.val
+        index = np.full(int(nodes.max()) + 1 if len(nodes) else 0, -1, np.int64)
+        index[nodes] = np.arange(len(nodes))
+        zu = z[index[val.users]].numpy()
+        zc = z[index[val.cands]].numpy()
+        metrics = {f"val/recall@{k}": float(masked_recall(zu, zc, val.positives, val.masked, k)) for k in self.val_k}
         codes, _, _ = self.teacher.tokens(z.to(self.device))
         for lvl, c in enumerate(codes):
             usage, entropy = usage_stats(c[:, 0], self.teacher.tokenizer.levels[lvl])
             metrics[f"proto/usage_l{lvl}"] = usage
             metrics[f"proto/entropy_l{lvl}"] = entropy
-        self.history.append({"epoch": self.current_epoch, "step": self.global_step, **metrics})
-        # every rank embeds everything, so the values agree across ranks (up to each rank's
-        # normalisation statistics); the mean over ranks is logged
-        self.log_dict(metrics, prog_bar=False, sync_dist=True)
-        log.info("epoch %d: %s", self.current_epoch, {k: round(v, 4) for k, v in metrics.items()})
+        return metrics
+
+    @torch.no_grad()
+    def validate_now(self) -> dict[str, float]:
+        """Validation metrics of the current teacher, outside Lightning's loop (the step-0 point:
+        the spectral base before any correction is learned)."""
+        from lightning.fabric.utilities.apply_func import move_data_to_device
+
+        was = self.training
+        self.eval()
+        out = [self.embed(move_data_to_device(b, self.device)) for b in self.trainer.datamodule.val_dataloader()]
+        self.train(was)
+        nodes = torch.cat([n.cpu() for n, _ in out]).numpy()
+        return self.val_metrics(nodes, torch.cat([e.float().cpu() for _, e in out]))
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["hir_history"] = list(self.history)

@@ -19,6 +19,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from hir.errors import HirError
+
 # Idle OpenMP threads sleep instead of spinning. The model runs many small ops; with spinning
 # threads, two intra-op threads on a busy 2-core machine measured 10x slower per step (4.2 vs
 # 0.4 CPU-s). Only effective if torch is not imported yet (the OpenMP runtime reads it at load).
@@ -29,12 +31,66 @@ log = logging.getLogger(__name__)
 METRICS_FILE = "train_metrics.json"
 
 
-def net_config(cfg_model: DictConfig | dict, spec: dict[str, Any]) -> dict[str, Any]:
-    """The plain keyword arguments of :class:`hir.nn.HirNet`: snapshot sizes + ``model.*``."""
+def best_checkpoint(history: list[dict[str, float]], monitor: str, ckpt_dir: Path, best_cb: Any) -> dict[str, Any]:
+    """The validation point export should use: the best of the step-0 point (``init.ckpt``, the
+    spectral base) and the epochs (``best.ckpt``), by ``monitor``; ties go to the earlier one."""
+    from hir.train.callbacks import INIT_CHECKPOINT
+
+    points = [h for h in history if monitor in h]
+    if not points:
+        return {"checkpoint": str(ckpt_dir / "last.ckpt"), "epoch": -1, "score": float("nan")}
+    top = max(points, key=lambda h: (h[monitor], -h["step"]))
+    init = next((h for h in points if h["epoch"] == -1), None)
+    path = ckpt_dir / INIT_CHECKPOINT if top["epoch"] == -1 else Path(best_cb.best_model_path or ckpt_dir / "last.ckpt")
+    return {"checkpoint": str(path), "epoch": int(top["epoch"]), "step": int(top["step"]), "score": float(top[monitor]),
+            "base_score": float(init[monitor]) if init else None,
+            "gain_over_base": float(top[monitor] - init[monitor]) if init else None}
+
+
+NET_KEYS = ("width", "depth", "heads", "mlp_ratio", "dropout", "base_dropout", "attention_backend",
+            "bias", "hierarchy", "primitive_tokens", "transformer")
+
+
+def net_config(cfg_model: DictConfig | dict, spec: dict[str, Any], base_dim: int) -> dict[str, Any]:
+    """The plain keyword arguments of :class:`hir.nn.HirNet`: snapshot sizes, the spectral rank
+    and ``model.*`` (:data:`NET_KEYS`)."""
     m = cfg_model if isinstance(cfg_model, dict) else OmegaConf.to_container(cfg_model, resolve=True)
-    keys = ("dim", "depth", "heads", "mlp_ratio", "dropout", "id_buckets", "id_dropout", "attention_backend",
-            "bias", "hierarchy", "primitive_tokens", "prior_max")
-    return {**spec, **{k: m[k] for k in keys}}
+    sizes = {k: spec[k] for k in ("n_types", "n_stages", "content_dim", "n_recency")}
+    return {**sizes, "base_dim": int(base_dim), **{k: m[k] for k in NET_KEYS}}
+
+
+def spectral_base(store: Any, cfg_spectral: dict[str, Any], valset: Any, seed: int, path: Path,
+                  reuse: bool) -> tuple[Any, dict[str, Any]]:
+    """Fit (or, resuming, reload) the spectral basis, choose its rank on the validation set when
+    ``rank: auto``, attach the base to ``store`` and save the basis to ``path``.
+
+    Returns the (truncated) basis and a report: the rank, the val recall@20 of each rank tried,
+    seconds.
+    """
+    from hir.train.spectral import SpectralBasis, attach_base, fit_spectral, select_rank
+
+    t0 = time.perf_counter()
+    report: dict[str, Any] = {}
+    if reuse and path.exists():
+        basis = SpectralBasis.load(path)
+        report["reused"] = str(path)
+    else:
+        rank = cfg_spectral["rank"]
+        ranks = sorted(int(r) for r in cfg_spectral["ranks"]) if rank == "auto" else [int(rank)]
+        basis = fit_spectral(store, max(ranks), float(cfg_spectral["stage_base"]), float(cfg_spectral["sigma_weight"]),
+                             int(cfg_spectral["n_iter"]), seed)
+        if len(ranks) > 1:
+            best, table = select_rank(store, basis, valset, ranks)
+            report["val_recall@20_by_rank"] = table
+            basis = basis.truncate(best)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        basis.save(path)
+    attach_base(store, basis)
+    report |= {"rank": basis.rank, "seconds": round(time.perf_counter() - t0, 2)}
+    log.info("spectral base: rank %d%s in %.1fs", basis.rank,
+             f" (val recall@20 by rank {report['val_recall@20_by_rank']})" if "val_recall@20_by_rank" in report else "",
+             report["seconds"])
+    return basis, report
 
 
 def _container(node: Any) -> Any:
@@ -76,13 +132,15 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     import lightning as L
     import torch
     from hydra.utils import instantiate
-    from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
     from lightning.pytorch.loggers import CSVLogger
 
     from hir.nn import HirNet
+    from hir.train.callbacks import InitialValidation
     from hir.train.datamodule import HirDataModule
     from hir.train.graph import load_graph
     from hir.train.module import HirModule
+    from hir.train.spectral import SPECTRAL_FILE
     from hir_kernels import attention_backend
 
     # the teacher is in eval mode on purpose (no dropout, full ids): not worth a warning per fit
@@ -97,14 +155,30 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     store = load_graph(cfg.paths.graph_dir, cfg.paths.content_dir, ("train",), **_container(m.graph))
     t_load = time.perf_counter() - t0
     L.seed_everything(cfg.seed, workers=True, verbose=False)
-    net_kw = net_config(m, store.spec)
+    dm_kw = _container(m.data)
+    dm = HirDataModule(store, _container(m.context), seed=cfg.seed, val_protocol=str(m.val_protocol), **dm_kw)
+    if not len(dm.val):
+        raise HirError(
+            f"{cfg.paths.graph_dir}: the val split of dataset {cfg.data.name!r} has no deep-stage "
+            f"({store.deep_stage!r}) pairs {'new to their user ' if m.val_protocol == 'masked_new' else ''}"
+            "to validate on; give the val split more data (data.split.val_fraction, or data.split.val_start) "
+            "or use model.val_protocol=all"
+        )
+    basis, spectral = spectral_base(store, _container(m.spectral), dm.val, int(cfg.seed), ckpt_dir / SPECTRAL_FILE,
+                                    reuse=bool(ckpt_path))
+    net_kw = net_config(m, store.spec, basis.rank)
     net = HirNet(**net_kw)
     module = HirModule(net, net_kw, _container(m.objective), _container(m.optim), list(m.val_k), cfg.seed,
                        data={"graph": _container(m.graph), "context": _container(m.context)})
-    dm = HirDataModule(store, _container(m.context), seed=cfg.seed, **_container(m.data))
     n_params = sum(p.numel() for p in net.parameters())
-    callbacks = [ModelCheckpoint(dirpath=str(ckpt_dir), filename="epoch{epoch:03d}", auto_insert_metric_name=False,
-                                 every_n_epochs=1, save_top_k=-1, save_last=True, save_on_train_epoch_end=True)]
+    monitor = f"val/recall@{int(m.monitor_k)}"
+    best_cb = ModelCheckpoint(dirpath=str(ckpt_dir), filename="best", monitor=monitor, mode="max", save_top_k=1,
+                              auto_insert_metric_name=False, enable_version_counter=False)
+    # last.ckpt after every epoch, improved or not: what `ckpt_path=last` resumes from
+    last_cb = ModelCheckpoint(dirpath=str(ckpt_dir), filename="last", monitor=None, save_top_k=1, every_n_epochs=1,
+                              save_on_train_epoch_end=True, auto_insert_metric_name=False, enable_version_counter=False)
+    init_cb = InitialValidation(ckpt_dir, monitor)
+    callbacks = [init_cb, best_cb, last_cb]
     callbacks += [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
     logger = instantiate(cfg.logger) if cfg.get("logger") else CSVLogger(save_dir=cfg.paths.output_dir, name="logs", version="train")
     # seeds are sharded by the datamodule itself (deterministic per rank); Lightning must not
@@ -114,15 +188,21 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                                      reload_dataloaders_every_n_epochs=1)
     backend = attention_backend(trainer.strategy.root_device.type, m.attention_backend)
     if trainer.is_global_zero:
-        log.info("model: %d parameters, dim %d, %d layers x %d heads, levels %s; attention backend %s (config %r); "
-                 "contexts %d engagement / %d knowledge tokens + %d primitives",
-                 n_params, m.dim, m.depth, m.heads, list(m.hierarchy.levels), backend, m.attention_backend,
-                 dm.sampler.eng_len, dm.sampler.know_len, m.hierarchy.levels[0] if m.primitive_tokens else 0)
+        log.info("model: %d parameters, embedding dim %d (spectral rank %d + 1), width %d, %d layers x %d heads, "
+                 "levels %s; attention backend %s (config %r); contexts %d engagement / %d knowledge tokens + %d "
+                 "primitives; %d val users (%s)",
+                 n_params, net.dim, basis.rank, m.width, m.depth, m.heads, list(m.hierarchy.levels), backend,
+                 m.attention_backend, dm.sampler.eng_len, dm.sampler.know_len,
+                 m.hierarchy.levels[0] if m.primitive_tokens else 0, len(dm.val), dm.val.protocol)
     t1 = time.perf_counter()
     trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path, weights_only=True)
     t_fit = time.perf_counter() - t1
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if torch.is_tensor(v) and v.numel() == 1}
     if trainer.is_global_zero:
+        best = best_checkpoint(module.history, monitor, ckpt_dir, best_cb)
+        early = next((c for c in trainer.callbacks if isinstance(c, EarlyStopping)), None)
+        stopped_by = ("early_stopping" if early is not None and early.stopped_epoch > 0 else
+                      "max_time" if trainer.max_epochs and trainer.current_epoch < trainer.max_epochs else "max_epochs")
         report = {
             "metrics": metrics,
             "history": module.history,
@@ -131,14 +211,20 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             "parameters": n_params,
             "attention_backend": backend,
             "world_size": trainer.world_size,
-            "seconds": {"load_graph": round(t_load, 2), "fit": round(t_fit, 2)},
+            "spectral": spectral,
+            "monitor": monitor,
+            "best": best,
+            "stopped_by": stopped_by,
+            "seconds": {"load_graph": round(t_load, 2), "spectral": spectral["seconds"], "fit": round(t_fit, 2)},
             "contexts_per_s": round(module.contexts_seen / max(t_fit, 1e-9), 1),
+            "best_checkpoint": best["checkpoint"],
             "last_checkpoint": str(ckpt_dir / "last.ckpt"),
             "config": {"model": _container(m), "trainer": _container(cfg.trainer)},
         }
         ckpt_dir.mkdir(parents=True, exist_ok=True)
         metrics_path.write_text(json.dumps(report, indent=2))
-        log.info("trained in %.1fs (%d steps); %s", t_fit, trainer.global_step,
-                 {k: round(v, 4) for k, v in metrics.items() if k.startswith("val/")})
+        log.info("trained in %.1fs (%d steps, stopped by %s); best %s = %.4f at epoch %d (%s; the spectral base "
+                 "alone: %s)", t_fit, trainer.global_step, stopped_by, monitor, best["score"], best["epoch"],
+                 best["checkpoint"], best.get("base_score"))
         print(f"checkpoints: {ckpt_dir}")
     return metrics

@@ -38,7 +38,7 @@ def test_every_entity_has_one_row_with_the_contract_schema(exported):
         keys = pl.read_parquet(out / "graph" / "nodes" / f"{etype}.parquet").sort("node_id")["key"].cast(pl.String)
         assert df["entity_id"].to_list() == keys.to_list()
         emb = np.stack(df["embedding"].to_numpy())
-        assert emb.shape == (n, 16) and np.isfinite(emb).all()
+        assert emb.shape == (n, 17) and np.isfinite(emb).all()  # spectral rank 16 + the scale slack
         np.testing.assert_allclose(np.linalg.norm(emb, axis=1), 1.0, atol=1e-5)
         for k, size in enumerate(LEVELS):
             tokens, weights = np.stack(df[f"tokens_l{k}"].to_numpy()), np.stack(df[f"weights_l{k}"].to_numpy())

@@ -1,4 +1,4 @@
-"""HirNet end to end on a hand-built batch; GroupedBatchNorm; online k-means of the codebook."""
+"""HirNet end to end on a hand-built batch (spectral base, scale packing, views); online k-means of the codebook."""
 
 from __future__ import annotations
 
@@ -8,26 +8,28 @@ import torch.nn.functional as F
 from hir.nn import HirNet
 from hir.nn.buckets import ENGAGEMENT, METADATA, SELF
 from hir.nn.hierarchy import HierarchicalTokenizer
-from hir.nn.norm import GroupedBatchNorm
 
 
-def _view(b: int = 6, n: int = 5, content_dim: int = 7) -> dict[str, torch.Tensor]:
+def _view(b: int = 6, n: int = 5, content_dim: int = 7, base_dim: int = 16) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
     rel = torch.tensor([SELF, ENGAGEMENT, ENGAGEMENT, METADATA, METADATA]).repeat(b, 1)
     hop = torch.tensor([0, 1, 2, 1, 2]).repeat(b, 1)
     stage = torch.tensor([0, 1, 2, 0, 0]).repeat(b, 1)
+    base = torch.randn(9, base_dim, generator=g)
+    base[6] = 0  # row 6 (the seed of context 3, an entity): a node without a base (cold start)
     return {
         "node": torch.arange(b * n).view(b, n), "row": torch.arange(b * n).view(b, n) % 9,
         "content": torch.randn(9, content_dim, generator=g), "type": (torch.arange(b) % 2)[:, None].repeat(1, n),
         "relation": rel, "hop": hop, "stage": stage, "recency": (stage > 0).long() * 2,
         "count": torch.rand(b, n, generator=g), "age": torch.rand(b, n, generator=g),
         "exposure": torch.rand(b, n, generator=g) * 50, "mask": torch.ones(b, n, dtype=torch.bool),
+        "base": base, "base_logit": torch.randn(9, generator=g),
     }
 
 
 def _net(**kw) -> HirNet:
     torch.manual_seed(0)
-    return HirNet(n_types=5, n_stages=2, content_dim=7, dim=16, depth=2, heads=2, id_buckets=64,
+    return HirNet(n_types=5, n_stages=2, content_dim=7, base_dim=16, width=16, depth=2, heads=2,
                   hierarchy={"levels": [2, 4]}, **kw)
 
 
@@ -35,46 +37,62 @@ def test_forward_gives_unit_embeddings_for_both_views():
     net = _net()
     for use_ids in (True, False):
         z = net(_view(), use_ids=use_ids)
-        assert z.shape == (6, 16)
+        assert z.shape == (6, 17)
         torch.testing.assert_close(z.norm(dim=-1), torch.ones(6))
 
 
-def test_prior_coordinate_is_bounded_and_the_semantic_part_is_unit():
-    net = _net(prior_max=0.5)
-    z = net(_view(), use_ids=True)
-    p = net.prior_of(z)
-    assert (p.abs() <= 0.5).all() and (p.abs() > 0).all()
-    sem = net.semantic(z)
-    assert sem.shape == (6, 15)
-    torch.testing.assert_close(sem.norm(dim=-1), torch.ones(6))
-    # the semantic part is the embedding without its prior coordinate, rescaled to unit norm
-    torch.testing.assert_close(sem * torch.sqrt(1 - p * p)[:, None], z[:, :15])
-    codes, weights, _ = net.tokens(z)
+def test_before_training_the_engagement_view_is_the_spectral_base():
+    net = _net()
+    view = _view()
+    z = net(view, use_ids=True)
+    seeds = view["row"][:, 0]
+    has = view["base"][seeds].norm(dim=-1) > 0
+    s = net.semantic(z)
+    torch.testing.assert_close(s[has], F.normalize(view["base"][seeds], dim=-1)[has])
+    # users (type 0) are the query side: unit direction, zero slack; entities carry their base scale
+    users = view["type"][:, 0] == 0
+    torch.testing.assert_close(net.scale_of(z)[users], torch.ones(int(users.sum())))
+    torch.testing.assert_close(z[users, -1], torch.zeros(int(users.sum())))
+    ent = ~users & has
+    torch.testing.assert_close(net.scale_of(z)[ent], torch.sigmoid(view["base_logit"][seeds][ent]))
+    # so a user-entity cosine is the entity's scale times the direction cosine
+    u, e = z[0], z[1]
+    torch.testing.assert_close(u @ e, net.scale_of(z)[1] * (s[0] @ s[1]))
+    _, weights, _ = net.tokens(z)
     torch.testing.assert_close(sum(w.sum(dim=1) for w in weights), torch.full((6,), 2.0))
-    assert [c.shape[0] for c in codes] == [6, 6]
-    # without the coordinate the whole embedding is semantic
-    flat = _net(prior_max=0.0)
-    z0 = flat(_view())
-    assert flat.semantic(z0) is z0 and torch.equal(flat.prior_of(z0), torch.zeros(6))
 
 
-def test_prior_max_out_of_range_is_refused():
-    import pytest
+def test_training_moves_users_only_and_a_seed_without_base_takes_the_knowledge_form():
+    net = _net()
+    torch.nn.init.normal_(net.head.weight, std=0.5)  # a learned correction
+    view = _view()
+    z, know = net(view, use_ids=True), net(view, use_ids=False)
+    seeds = view["row"][:, 0]
+    users = view["type"][:, 0] == 0
+    has = view["base"][seeds].norm(dim=-1) > 0
+    base_dir = F.normalize(view["base"][seeds], dim=-1)
+    moved = (net.semantic(z) - base_dir).norm(dim=-1) > 1e-3
+    assert moved[users & has].all() and not moved[~users & has].any()
+    cold = ~has
+    assert cold.any()
+    torch.testing.assert_close(z[cold], know[cold])
 
-    with pytest.raises(ValueError, match="prior_max"):
-        _net(prior_max=1.0)
+
+def test_leave_one_out_seed_base_overrides_the_shared_row():
+    net = _net()
+    view = _view()
+    view["seed_base"] = torch.randn(6, 16)
+    z = net(view, use_ids=True)
+    torch.testing.assert_close(net.semantic(z), F.normalize(view["seed_base"], dim=-1))
 
 
-def test_id_table_has_a_row_per_node_when_they_fit_else_hashes():
-    direct = _net(n_nodes=30)
-    assert direct.encoder.direct and direct.encoder.ids.num_embeddings == 30
-    node = torch.tensor([[0, 5, 29, -1]])
-    emb = direct.encoder.id_embedding(node)
-    torch.testing.assert_close(emb[0, :3], direct.encoder.ids.weight[[0, 5, 29]])
-    assert torch.equal(emb[0, 3], torch.zeros(16))
-    hashed = _net(n_nodes=1000)  # more nodes than id_buckets=64
-    assert not hashed.encoder.direct and hashed.encoder.ids.num_embeddings == 64
-    assert not _net().encoder.direct  # unknown node count: hashed
+def test_without_the_transformer_the_engagement_view_is_the_base_for_everyone():
+    net = _net(transformer=False)
+    view = _view()
+    seeds = view["row"][:, 0]
+    has = view["base"][seeds].norm(dim=-1) > 0
+    z = net(view, use_ids=True)
+    torch.testing.assert_close(net.semantic(z)[has], F.normalize(view["base"][seeds], dim=-1)[has])
 
 
 def test_gradients_reach_bias_tables_and_lambda():
@@ -91,19 +109,7 @@ def test_gradients_reach_bias_tables_and_lambda():
 def test_bias_switches_remove_parameters():
     net = _net(bias={"table": False, "exposure": False})
     assert all(b.attn.table is None and b.attn.lam is None for b in net.transformer.blocks)
-    assert net(_view()).shape == (6, 16)
-
-
-def test_grouped_batch_norm_standardises_each_group():
-    norm = GroupedBatchNorm(n_groups=3, dim=2, momentum=1.0)
-    x = torch.tensor([[0.0, 1.0], [2.0, 3.0], [10.0, 10.0], [14.0, 12.0], [5.0, 5.0]])
-    group = torch.tensor([0, 0, 1, 1, 2])  # group 2 has one row: running stats (0, 1)
-    y = norm(x, group)
-    torch.testing.assert_close(y[:4].view(2, 2, 2).mean(1), torch.zeros(2, 2))
-    torch.testing.assert_close(y[4], x[4] / (1 + 1e-5) ** 0.5)
-    torch.testing.assert_close(norm.running_mean[:2], torch.tensor([[1.0, 2.0], [12.0, 11.0]]))
-    norm.eval()
-    torch.testing.assert_close(norm(x, group)[:4], y[:4], atol=1e-2, rtol=0.5)  # running stats (unbiased var)
+    assert net(_view()).shape == (6, 17)
 
 
 def test_online_kmeans_moves_prototypes_to_their_members_and_restarts_dead_ones():

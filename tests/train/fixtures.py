@@ -21,7 +21,7 @@ TINY_DATA = [
 ]
 # a model small enough to train two epochs in a few seconds
 TINY_MODEL = [
-    "model.dim=16", "model.depth=1", "model.heads=2", "model.id_buckets=1024", "model.hierarchy.levels=[2,4,8]",
+    "model.spectral.rank=16", "model.width=16", "model.depth=1", "model.heads=2", "model.hierarchy.levels=[2,4,8]",
     "model.hierarchy.top_k=2", "model.data.batch_size=48", "model.data.pairs=16", "model.data.seeds_per_epoch=192",
     "model.data.embed_batch_size=256", "model.data.val_candidates=null", "model.objective.init_nodes=256",
     "model.export.batch_size=256", "trainer.max_epochs=2", "trainer.log_every_n_steps=1", "trainer.enable_progress_bar=false",

@@ -9,8 +9,10 @@ import torch
 from torch.utils.data import DataLoader
 
 from hir.train.context import ContextSampler
-from hir.train.datamodule import EpochBatchSampler, TrainBatches, validation_nodes
+from hir.train.datamodule import EpochBatchSampler, TrainBatches, catalogue
 from hir.train.graph import load_graph
+from hir.train.spectral import attach_base, fit_spectral
+from hir.train.valset import validation_set
 
 
 def _flat(batch) -> dict[str, torch.Tensor]:
@@ -71,8 +73,43 @@ def test_pairs_lead_each_batch_with_their_other_side_hidden(tiny_run: Path):
         assert int(users[r]) not in eng[p + r].tolist()
 
 
-def test_validation_candidates_keep_every_positive(tiny_run: Path):
+def test_validation_candidates_keep_every_positive_and_mask_the_history(tiny_run: Path):
     store = load_graph(tiny_run / "graph", tiny_run / "content", ("train",))
-    users, cands = validation_nodes(store, max_candidates=20, seed=0)
-    assert set(np.unique(store.val_pairs[:, 0])) == set(users.tolist())
-    assert set(store.val_pairs[:, 1].tolist()) <= set(cands.tolist())
+    full = validation_set(store, max_candidates=20, seed=0, protocol="all")
+    assert set(np.unique(store.val_pairs[:, 0])) == set(full.users.tolist())
+    assert set(store.val_pairs[:, 1].tolist()) <= set(full.cands.tolist())
+    assert all(len(m) == 0 for m in full.masked)
+    new = validation_set(store, max_candidates=None, seed=0, protocol="masked_new")
+    visible = {(int(u), int(e)) for u in range(*store.type_range("user"))
+               for e in store.eng.dst[store.eng.indptr[u]:store.eng.indptr[u + 1]]}
+    deep = len(store.stage_order)
+    for u, pos, masked in zip(new.users, new.positives, new.masked):
+        ents = new.cands[pos]
+        # positives are new to the user: no visible engagement of any stage
+        assert not any((int(u), int(e)) in visible for e in ents)
+        # the masked candidates are exactly the user's visible deep-stage entities
+        a, b = store.eng.indptr[u], store.eng.indptr[u + 1]
+        want = set(store.eng.dst[a:b][store.eng.stage[a:b] == deep].tolist()) & set(new.cands.tolist())
+        assert set(new.cands[masked].tolist()) == want
+    assert len(new) < len(full) or sum(map(len, new.positives)) < sum(map(len, full.positives))
+
+
+def test_catalogue_targets_mask_the_users_other_entities_and_leave_out_the_positive(tiny_run: Path):
+    store = load_graph(tiny_run / "graph", tiny_run / "content", ("train",))
+    attach_base(store, fit_spectral(store, 8))
+    cat = catalogue(store)
+    ds = TrainBatches(store, ContextSampler(store, 4, 2, 2, 2, 2), 32, 8, 128, seed=3, catalogue=cat)
+    b = ds[(0, 0)]
+    p = int(b["n_pairs"])
+    users, items = b["seeds"][:p].numpy(), b["seeds"][p:2 * p].numpy()
+    np.testing.assert_array_equal(cat[b["cat_target"].numpy()], items)
+    deep = len(store.stage_order)
+    for r in range(p):
+        a, e = store.eng.indptr[users[r]], store.eng.indptr[users[r] + 1]
+        others = set(store.eng.dst[a:e][store.eng.stage[a:e] == deep].tolist()) - {int(items[r])}
+        got = set(cat[b["cat_mask_cols"][b["cat_mask_rows"] == r].numpy()].tolist())
+        assert got == others and int(items[r]) not in got
+    # the pair users' base omits their positive; everyone else's is the stored base
+    seed_base = b["seed_base"].numpy()
+    np.testing.assert_allclose(seed_base[p:], store.base[b["seeds"][p:].numpy()])
+    assert not np.allclose(seed_base[:p], store.base[users])

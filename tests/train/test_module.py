@@ -11,27 +11,40 @@ import torch
 from hir.errors import HirError
 from hir.nn import HirNet
 from hir.train.context import ContextSampler
-from hir.train.datamodule import TrainBatches
+from hir.train.datamodule import TrainBatches, catalogue
 from hir.train.graph import load_graph
 from hir.train.module import HirModule, momentum_schedule, teacher_temp_schedule
+from hir.train.spectral import attach_base, fit_spectral
 
 
 @pytest.fixture
 def setup(tiny_run: Path):
     store = load_graph(tiny_run / "graph", tiny_run / "content", ("train",))
+    attach_base(store, fit_spectral(store, 8))
     torch.manual_seed(0)
-    kw = {**store.spec, "dim": 16, "depth": 1, "heads": 2, "id_buckets": 256, "hierarchy": {"levels": [2, 4]}}
+    kw = {**{k: store.spec[k] for k in ("n_types", "n_stages", "content_dim", "n_recency")}, "base_dim": 8,
+          "width": 16, "depth": 1, "heads": 2, "hierarchy": {"levels": [2, 4]}}
     module = HirModule(HirNet(**kw), kw)
-    batch = TrainBatches(store, ContextSampler(store, 4, 2, 2, 2, 2), 32, 8, None, seed=0)[(0, 0)]
+    cat = catalogue(store)
+    module._catalogue = _packed(store, cat)
+    batch = TrainBatches(store, ContextSampler(store, 4, 2, 2, 2, 2), 32, 8, None, seed=0, catalogue=cat)[(0, 0)]
     return module, batch
+
+
+def _packed(store, ids: np.ndarray) -> torch.Tensor:
+    s = torch.nn.functional.normalize(torch.from_numpy(store.base[ids]), dim=-1)
+    return HirNet.pack(s, torch.from_numpy(store.base_logit[ids]), torch.from_numpy(store.node_type[ids].astype(np.int64)))
 
 
 def test_parts_are_named_and_the_teacher_gets_no_gradient(setup):
     module, batch = setup
     parts = module.loss_parts(batch)
-    # "prior": the knowledge view's prior coordinate regresses the engagement teacher's
-    assert set(parts) == {"distill", "align", "balance", "contrastive", "prior"}
+    # "scale": the knowledge view's entity scale regresses the engagement teacher's; the in-batch
+    # contrastive part is off by default (weight 0), the catalogue part trains the users
+    assert set(parts) == {"distill", "align", "balance", "catalogue", "scale"}
     sum(parts.values()).backward()
+    # the user correction gets a gradient from the catalogue part
+    assert module.net.head.weight.grad is not None and module.net.head.weight.grad.abs().sum() > 0
     assert all(p.grad is None for p in module.teacher.parameters())
     assert all(not p.requires_grad for p in module.teacher.parameters())
     assert module.net.encoder.content.weight.grad is not None
@@ -68,11 +81,11 @@ def test_schedules_are_precomputed_per_step():
     assert m[0] == pytest.approx(0.9) and m[-1] == pytest.approx(1.0) and (np.diff(m) >= 0).all()
 
 
-def test_no_prior_coordinate_means_no_prior_part(tiny_run: Path):
-    store = load_graph(tiny_run / "graph", tiny_run / "content", ("train",))
-    torch.manual_seed(0)
-    kw = {**store.spec, "dim": 16, "depth": 1, "heads": 2, "id_buckets": 256, "hierarchy": {"levels": [2, 4]},
-          "prior_max": 0.0}
-    module = HirModule(HirNet(**kw), kw)
-    batch = TrainBatches(store, ContextSampler(store, 4, 2, 2, 2, 2), 32, 8, None, seed=0)[(0, 0)]
-    assert set(module.loss_parts(batch)) == {"distill", "align", "balance", "contrastive"}
+def test_the_engagement_teacher_teaches_only_the_knowledge_student_by_default(setup):
+    module, batch = setup
+    module.weights = {**module.weights, "catalogue": 0.0, "scale": 0.0}
+    parts = module.loss_parts(batch)
+    sum(module.weights[k] * v for k, v in parts.items()).backward()
+    # distill/align/balance reach the knowledge head, never the engagement correction
+    assert module.net.know_head.weight.grad.abs().sum() > 0
+    assert module.net.head.weight.grad is None or module.net.head.weight.grad.abs().sum() == 0

@@ -43,7 +43,8 @@ def test_resume_after_kill_matches_uninterrupted(tiny_run: Path, tmp_path: Path)
     outs = [p.communicate(timeout=300)[0] for p in procs]
     assert procs[0].returncode == 0, outs[0][-3000:]
     assert procs[1].returncode == -signal.SIGKILL, outs[1][-3000:]
-    assert sorted(p.name for p in (crashed / "checkpoints").glob("*.ckpt")) == ["epoch000.ckpt", "last.ckpt"]
+    # the step-0 point, the best epoch so far and the last epoch (what a resume starts from)
+    assert sorted(p.name for p in (crashed / "checkpoints").glob("*.ckpt")) == ["best.ckpt", "init.ckpt", "last.ckpt"]
     assert not (crashed / "checkpoints" / "train_metrics.json").exists()
 
     resumed = run_hir(*_args(crashed), "++ckpt_path=last", cwd=tmp_path, env=ONE_THREAD)
@@ -61,4 +62,4 @@ def test_resume_after_kill_matches_uninterrupted(tiny_run: Path, tmp_path: Path)
     for k, v in ma["metrics"].items():
         if k.startswith(("val/", "proto/")):
             assert abs(v - mb["metrics"][k]) < 1e-6, k
-    assert [h["epoch"] for h in mb["history"]] == [0, 1]  # the history survived the crash
+    assert [h["epoch"] for h in mb["history"]] == [-1, 0, 1]  # the history survived the crash

@@ -1,0 +1,85 @@
+"""The validation task of training: which users, which candidates, which held-out positives.
+
+Protocol ``masked_new`` (the default; the one `hir evaluate` headlines, as in the LightGCN
+paper): each user's visible deep-stage entities are masked from its ranking, and the positives
+are the val-period deep-stage entities *new to the user* (no visible engagement of any stage).
+Protocol ``all``: nothing masked, every val deep-stage pair is a positive (repeat engagement
+counts).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from hir.errors import HirError
+from hir.train.graph import GraphStore
+
+PROTOCOLS = ("masked_new", "all")
+
+
+@dataclass
+class ValSet:
+    """users: (U,) global ids with at least one positive; cands: (M,) candidate global ids;
+    positives / masked: per user, row indices into ``cands``."""
+
+    users: np.ndarray
+    cands: np.ndarray
+    positives: list[np.ndarray]
+    masked: list[np.ndarray]
+    protocol: str
+
+    def __len__(self) -> int:
+        return len(self.users)
+
+
+def _pair_keys(users: np.ndarray, ents: np.ndarray, n: int) -> np.ndarray:
+    return users.astype(np.int64) * n + ents.astype(np.int64)
+
+
+def validation_set(store: GraphStore, max_candidates: int | None, seed: int, protocol: str = "masked_new") -> ValSet:
+    """Build the :class:`ValSet` of a training store (see the module doc).
+
+    Candidates are every entity of the types deep-stage edges point to; with ``max_candidates``
+    a seeded random subset of them, always including the positives.
+    """
+    if protocol not in PROTOCOLS:
+        raise HirError(f"model.val_protocol={protocol!r}; expected one of {list(PROTOCOLS)}")
+    empty = ValSet(np.zeros(0, np.int64), np.zeros(0, np.int64), [], [], protocol)
+    if len(store.val_pairs) == 0:
+        return empty
+    n = store.n_nodes
+    pairs = np.unique(store.val_pairs, axis=0)
+    eng = store.eng
+    src = np.repeat(np.arange(n), np.diff(eng.indptr))
+    lo, hi = store.type_range("user")
+    is_user = (src >= lo) & (src < hi)
+    visible = _pair_keys(src[is_user], eng.dst[is_user], n)
+    if protocol == "masked_new":
+        pairs = pairs[~np.isin(_pair_keys(pairs[:, 0], pairs[:, 1], n), visible)]
+        if len(pairs) == 0:
+            return empty
+    target_types = np.unique(store.node_type[np.concatenate([pairs[:, 1], store.deep_pairs[:, 1]])])
+    cands = np.flatnonzero(np.isin(store.node_type, target_types))
+    if max_candidates and len(cands) > max_candidates:
+        pos = np.unique(pairs[:, 1])
+        rest = np.setdiff1d(cands, pos)
+        pick = np.random.default_rng([seed, 7]).choice(rest, max(max_candidates - len(pos), 0), replace=False)
+        cands = np.union1d(pos, pick)
+    row_of = np.full(n, -1, np.int64)
+    row_of[cands] = np.arange(len(cands))
+    users = np.unique(pairs[:, 0])
+    order = np.argsort(pairs[:, 0], kind="stable")
+    split = np.searchsorted(pairs[order, 0], users)
+    positives = [np.unique(row_of[e]) for e in np.split(pairs[order, 1], split[1:])]
+    masked: list[np.ndarray] = []
+    for u in users:
+        if protocol == "all":
+            masked.append(np.zeros(0, np.int64))
+            continue
+        a, b = eng.indptr[u], eng.indptr[u + 1]
+        deep = eng.dst[a:b][eng.stage[a:b] == len(store.stage_order)]
+        rows = row_of[deep]
+        masked.append(np.unique(rows[rows >= 0]))
+    return ValSet(users.astype(np.int64), cands.astype(np.int64), positives, masked, protocol)
