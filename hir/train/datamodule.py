@@ -51,8 +51,9 @@ class TrainBatches(Dataset):
     """Map-style dataset indexed by ``(epoch, batch_index)`` (see :class:`EpochBatchSampler`).
 
     Each batch: ``pairs`` deep-funnel (user, entity) train edges (their users and entities are the
-    first 2P seeds, each with the other side hidden from its context) followed by ``batch_size``
-    seeds of every entity type from the epoch's seed order. ``cand_index`` (M,) lists the
+    first 2P seeds, each with the other side hidden from its context; with ``pair_entities=False``
+    only the P users) followed by ``batch_size`` seeds of every entity type from the epoch's seed
+    order. ``cand_index`` (M,) lists the
     contrastive candidates among the seeds (the P entities first, then extra uniform negatives)
     and ``log_q`` (M,) their log sampling rates. With a ``catalogue`` (:func:`catalogue`):
     ``cat_target`` (P,) the positives' catalogue rows and ``cat_mask_rows``/``cat_mask_cols`` the
@@ -62,8 +63,9 @@ class TrainBatches(Dataset):
 
     def __init__(self, store: GraphStore, sampler: ContextSampler, batch_size: int, pairs: int,
                  seeds_per_epoch: int | None, seed: int, rank: int = 0, world: int = 1,
-                 catalogue: np.ndarray | None = None) -> None:
+                 catalogue: np.ndarray | None = None, pair_entities: bool = True) -> None:
         self.store, self.sampler = store, sampler
+        self.pair_entities = pair_entities
         self.catalogue_row = None
         if catalogue is not None:
             self.catalogue_row = np.full(store.n_nodes, -1, np.int64)
@@ -101,16 +103,23 @@ class TrainBatches(Dataset):
         rng = np.random.default_rng([self.seed, epoch, g])
         seeds = self.order(epoch)[g * self.batch_size:(g + 1) * self.batch_size]
         pairs = self.draw_pairs(rng, self.pairs)
-        all_seeds = np.concatenate([pairs[:, 0], pairs[:, 1], seeds]).astype(np.int64)
-        exclude = np.concatenate([pairs[:, 1], pairs[:, 0], np.full(len(seeds), -1)]).astype(np.int64)
+        # the pairs' entities are seeds only for the in-batch contrastive part (they are its
+        # candidates); the catalogue part needs the users alone
+        ents = pairs[:, 1] if self.pair_entities else np.zeros(0, np.int64)
+        users_of = pairs[:, 0] if self.pair_entities else np.zeros(0, np.int64)
+        all_seeds = np.concatenate([pairs[:, 0], ents, seeds]).astype(np.int64)
+        exclude = np.concatenate([pairs[:, 1], users_of, np.full(len(seeds), -1)]).astype(np.int64)
         views = {"eng": self.sampler.engagement(all_seeds, rng, exclude), "kno": self.sampler.knowledge(all_seeds, rng)}
         # contrastive candidates: the pairs' entities (drawn ~ deep degree) and, as extra uniform
         # negatives, the batch's other seeds of the entity types deep edges point to. logQ of a
         # candidate = log of its expected count in a batch's candidate set under this mixed sampling
         st = self.store
         p = len(pairs)
-        extra = np.flatnonzero(np.isin(st.node_type[seeds], self.target_types)) + 2 * p if p else np.zeros(0, np.int64)
-        cand = np.concatenate([np.arange(p, 2 * p), extra]).astype(np.int64)
+        if p and self.pair_entities:
+            extra = np.flatnonzero(np.isin(st.node_type[seeds], self.target_types)) + 2 * p
+            cand = np.concatenate([np.arange(p, 2 * p), extra]).astype(np.int64)
+        else:
+            cand = np.zeros(0, np.int64)
         expected = self.pairs * st.deep_degree[all_seeds[cand]] / self._total + self.batch_size / st.n_nodes
         extra = {}
         if st.base is not None:
@@ -201,6 +210,7 @@ class HirDataModule(L.LightningDataModule):
         embed_batch_size: nodes per validation batch (default 1024).
         val_candidates: cap on recall@K candidates (default all).
         val_protocol: ``masked_new`` or ``all`` (see :mod:`hir.train.valset`).
+        pair_entities: put the pairs' entities into the batch (the in-batch contrastive part).
         num_workers, pin_memory, persistent_workers: DataLoader settings.
         seed: base of every random draw.
     """
@@ -208,7 +218,7 @@ class HirDataModule(L.LightningDataModule):
     def __init__(self, store: GraphStore, context: dict[str, int] | None = None, batch_size: int = 256, pairs: int = 64,
                  seeds_per_epoch: int | None = None, embed_batch_size: int = 1024, val_candidates: int | None = None,
                  num_workers: int = 0, pin_memory: bool = False, persistent_workers: bool = True, seed: int = 42,
-                 val_protocol: str = "masked_new") -> None:
+                 val_protocol: str = "masked_new", pair_entities: bool = True) -> None:
         super().__init__()
         self.store = store
         self.sampler = ContextSampler(store, **(context or {}))
@@ -218,6 +228,7 @@ class HirDataModule(L.LightningDataModule):
         self.persistent_workers = persistent_workers and num_workers > 0
         self.seed = seed
         self.val: ValSet = validation_set(store, val_candidates, seed, val_protocol)
+        self.pair_entities = pair_entities
 
     @property
     def catalogue(self) -> np.ndarray:
@@ -232,7 +243,7 @@ class HirDataModule(L.LightningDataModule):
         rank = self.trainer.global_rank if self.trainer else 0
         world = self.trainer.world_size if self.trainer else 1
         ds = TrainBatches(self.store, self.sampler, self.batch_size, self.pairs, self.seeds_per_epoch, self.seed, rank, world,
-                          self.catalogue)
+                          self.catalogue, self.pair_entities)
         log.info("train: %d batches per epoch per rank (rank %d of %d), %d seeds + %d pairs per batch",
                  len(ds), rank, world, self.batch_size, ds.pairs)
         n = len(ds)

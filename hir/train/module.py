@@ -246,7 +246,7 @@ class HirModule(L.LightningModule):
         if p and "cat_target" in batch and self._catalogue is not None and len(self._catalogue):
             parts["catalogue"] = self.catalogue_loss(full[0][:p], self._catalogue, batch["cat_target"],
                                                      batch["cat_mask_rows"], batch["cat_mask_cols"])
-        if p and self.weights["contrastive"] > 0:
+        if p and self.weights["contrastive"] > 0 and len(batch["cand_index"]):
             # pairs are the batch's first 2P seeds (P users, then their entities); candidates are
             # those entities plus the batch's other seeds of the target types (mixed negatives)
             cand = batch["cand_index"]

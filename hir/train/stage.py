@@ -156,7 +156,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     t_load = time.perf_counter() - t0
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     dm_kw = _container(m.data)
-    dm = HirDataModule(store, _container(m.context), seed=cfg.seed, val_protocol=str(m.val_protocol), **dm_kw)
+    dm = HirDataModule(store, _container(m.context), seed=cfg.seed, val_protocol=str(m.val_protocol),
+                       pair_entities=float(m.objective.weights.get("contrastive", 0.0)) > 0, **dm_kw)
     if not len(dm.val):
         raise HirError(
             f"{cfg.paths.graph_dir}: the val split of dataset {cfg.data.name!r} has no deep-stage "

@@ -113,3 +113,15 @@ def test_catalogue_targets_mask_the_users_other_entities_and_leave_out_the_posit
     seed_base = b["seed_base"].numpy()
     np.testing.assert_allclose(seed_base[p:], store.base[b["seeds"][p:].numpy()])
     assert not np.allclose(seed_base[:p], store.base[users])
+
+
+def test_without_pair_entities_the_batch_holds_the_pair_users_then_the_seeds(tiny_run: Path):
+    with_ents = _dataset(tiny_run)[(0, 1)]
+    users_only = _dataset(tiny_run, pair_entities=False)[(0, 1)]
+    p = int(users_only["n_pairs"])
+    np.testing.assert_array_equal(users_only["seeds"][:p], with_ents["seeds"][:p])
+    np.testing.assert_array_equal(users_only["seeds"][p:], with_ents["seeds"][2 * p:])
+    assert len(users_only["cand_index"]) == 0
+    # the users' contexts still hide their pair's entity
+    for r in range(p):
+        assert int(with_ents["seeds"][p + r]) not in users_only["eng"]["node"][r].tolist()
