@@ -278,7 +278,7 @@ def item_neighbours(x: sp.csr_matrix, k: int, chunk: int = 2000) -> sp.csr_matri
     return sp.csr_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(n, n))
 
 
-def itemknn_scores(data: RetrievalData, neighbours: int = 100) -> Scores:
+def itemknn_scores(data: RetrievalData, neighbours: int = 20) -> Scores:
     """Item-based CF: score(u, j) = Σ_{i ∈ hist(u)} cos(i, j) over each item's ``neighbours`` most
     similar items (0 = every co-occurring item); items without history are -inf."""
     x = data.seen
@@ -306,7 +306,7 @@ def itemknn_scores(data: RetrievalData, neighbours: int = 100) -> Scores:
     return score_all
 
 
-def itemknn_topk(data: RetrievalData, k: int, neighbours: int = 100) -> Ranked:
+def itemknn_topk(data: RetrievalData, k: int, neighbours: int = 20) -> Ranked:
     """Item-kNN top-k under both protocols (masked: the user's own history entities removed)."""
     return rank_dense(itemknn_scores(data, neighbours), data.users, k, data.seen)
 

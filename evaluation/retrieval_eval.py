@@ -48,7 +48,7 @@ def evaluate_retrieval(
     hir: TopK | None,
     content: tuple[np.ndarray, np.ndarray] | None,
     seed: int,
-    neighbours: int = 100,
+    neighbours: int = 20,
     history_splits: list[str] | None = None,
 ) -> dict[str, Any]:
     """The ``retrieval`` section of metrics.json: both protocols for every arm.
