@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch_geometric.nn import LightGCN
 
-from hir_evaluation.lightgcn import LightGCNConfig, fit_lightgcn, normalized_adjacency, propagate
+from hir_evaluation.lightgcn import LightGCNConfig, fit_lightgcn, propagate, propagation_graph
 from hir_evaluation.retrieval import (
     RetrievalData,
     RetrievalTask,
@@ -98,22 +98,22 @@ def test_inner_product_ranking_masks_items_and_history() -> None:
 
 
 def test_propagation_equals_pyg_lightgcn() -> None:
+    # users 0-3, items 0-3 (nodes 4-7); user 3 and item 3 have no edge (left out of the sparse products)
     u, i = np.array([0, 0, 1, 2, 2]), np.array([0, 1, 1, 2, 0])
-    adj = normalized_adjacency(u, i, 3, 6)
-    model = LightGCN(6, 4, 2, normalize=False)
-    reference = LightGCN(6, 4, 2)  # PyG's own gcn_norm over an edge index
+    graph = propagation_graph(u, i, 4)
+    assert graph.nodes.tolist() == [0, 1, 2, 4, 5, 6]
+    model = LightGCN(8, 4, 2, normalize=False)
+    reference = LightGCN(8, 4, 2)  # PyG's own gcn_norm over an edge index
     reference.load_state_dict(model.state_dict())
-    edge_index = torch.tensor(np.stack([np.concatenate([u, i + 3]), np.concatenate([i + 3, u])]))
-    assert torch.allclose(propagate(model, adj), reference.get_embedding(edge_index), atol=1e-6)
-    # and the custom backward is the true gradient (A symmetric)
-    x = torch.randn(6, 4, dtype=torch.float64, requires_grad=True)
-    dense = adj.to_dense().double()
-    model64 = LightGCN(6, 4, 1, normalize=False).double()
-    with torch.no_grad():
-        model64.embedding.weight.copy_(x)
-    propagate(model64, adj.double() if adj.dtype != torch.float64 else adj).sum().backward()
-    expected = (0.5 * torch.ones(6, 4, dtype=torch.float64) + 0.5 * dense.T @ torch.ones(6, 4, dtype=torch.float64))
-    assert torch.allclose(model64.embedding.weight.grad, expected, atol=1e-6)
+    edge_index = torch.tensor(np.stack([np.concatenate([u, i + 4]), np.concatenate([i + 4, u])]))
+    assert torch.allclose(propagate(model, graph), reference.get_embedding(edge_index), atol=1e-6)
+    # and the custom backward is the true gradient (A symmetric): d/dE sum(α0 E + α1 A E) = α0 + α1 Aᵀ 1
+    model1 = LightGCN(8, 4, 1, normalize=False)
+    propagate(model1, graph).sum().backward()
+    dense = torch.zeros(8, 8)
+    dense[graph.nodes[:, None], graph.nodes[None, :]] = graph.adj.to_dense()
+    expected = 0.5 * torch.ones(8, 4) + 0.5 * dense.T @ torch.ones(8, 4)
+    assert torch.allclose(model1.embedding.weight.grad, expected, atol=1e-6)
 
 
 def test_lightgcn_learns_planted_communities() -> None:
