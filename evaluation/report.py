@@ -80,8 +80,8 @@ def retrieval_rows(section: Mapping[str, Any], ks: list[int], bold: tuple[str, s
     rows = []
     for arm in RETRIEVAL_ARMS:
         values = section.get(arm) or {}
-        if arm in skipped:
-            rows.append([arm, f"skipped: {skipped[arm]}", *["–"] * (2 * len(ks) - 1)])
+        if arm in skipped:  # the reason goes under the table (skipped_line)
+            rows.append([arm, "skipped", *["–"] * (2 * len(ks) - 1)])
             continue
         cells = []
         for metric in retrieval_metrics(ks):
@@ -90,6 +90,11 @@ def retrieval_rows(section: Mapping[str, Any], ks: list[int], bold: tuple[str, s
         rows.append([arm, *cells])
     rows.append(["best", *[str(best.get(metric) or "–") for metric in retrieval_metrics(ks)]])
     return rows
+
+
+def skipped_line(section: Mapping[str, Any]) -> str:
+    """Why the arms a protocol skips have no values."""
+    return "; ".join(f"{arm} skipped: {why}" for arm, why in (section.get("skipped") or {}).items())
 
 
 def ratio_line(section: Mapping[str, Any]) -> str:
@@ -124,8 +129,9 @@ def print_summary(m: Mapping[str, Any], report_dir: Path) -> None:
         for row in retrieval_rows(section, ks, ("[bold]", "[/bold]")):
             t.add_row(*row)
         console.print(t)
-        if line := ratio_line(section):
-            console.print(f"{title}: {line}")
+        for line in (skipped_line(section), ratio_line(section)):
+            if line:
+                console.print(f"{title}: {line}")
     for note in (m.get("sources") or {}).get("notes", []):
         console.print(f"[yellow]note:[/] {note}")
     console.print(f"report: {report_dir / 'report.html'}")
@@ -204,6 +210,8 @@ def retrieval_md(m: Mapping[str, Any]) -> list[str]:
                 f"Protocol: {protocol}; users scored "
                 f"{section.get('users')}. {ratio_line(section)}",
                 _md_table(["arm", *retrieval_metrics(ks)], retrieval_rows(section, ks))]
+        if line := skipped_line(section):
+            out.append(line + ".")
     return out
 
 

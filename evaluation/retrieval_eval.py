@@ -76,7 +76,8 @@ def evaluate_retrieval(
         val = retrieval_data(snap, task, "val", seed)
         res = fit_lightgcn(val, val, data, kmax, lightgcn, seed)
         fits["lightgcn"] = {"best_epoch": res.best_epoch, "best_val_recall@20": res.best_val_recall,
-                            "selection": f"{MASKED} val recall@20", "epochs": res.epochs, "seconds": res.seconds,
+                            "selection": f"{MASKED} val recall@20", "epochs": res.epochs,
+                            "epochs_after_best": res.epochs - res.best_epoch, "seconds": res.seconds,
                             "stopped_by_budget": res.stopped_by_budget, "stopped_by": res.stopped_by,
                             "curve": res.curve}
         return res.ranked
