@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
+import scipy.sparse as sp
 
 from hir.errors import InputError
 from hir_evaluation.features import affinity
@@ -46,8 +47,10 @@ def user_profiles(
     re-normalised. Returns (profiles (n_users, d), has_profile (n_users,))."""
     mask = has[entity_ids]
     u, e = user_ids[mask], entity_ids[mask]
-    sums = np.zeros((n_users, vecs.shape[1]), dtype=np.float64)
-    np.add.at(sums, u, vecs[e])
+    # (n_users, n_entities) pair counts times the vectors: one sparse product (np.add.at took 68 s
+    # for completejourney's 712k pairs x 384 dims, this 0.8 s)
+    counts = sp.csr_matrix((np.ones(len(u), dtype=np.float64), (u, e)), shape=(n_users, len(vecs)))
+    sums = np.asarray(counts @ vecs.astype(np.float64, copy=False))
     norms = np.linalg.norm(sums, axis=1, keepdims=True)
     present = norms[:, 0] > 0
     return (sums / np.maximum(norms, 1e-12)).astype(np.float32), present

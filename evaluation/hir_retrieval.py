@@ -1,5 +1,10 @@
 """The HIR retrieval arm: each test user's published embedding searched against the entity
-type's Milvus alias (production path), or exact cosine search over the export files (fallback)."""
+type's Milvus alias (production path), or exact cosine search over the export files (fallback).
+
+Both give the two protocols of evaluation/retrieval.py. The masked one from Milvus: each user's
+search returns k + |history| hits (rounded up, see :func:`masked_limits`), history entities are
+dropped and the first k kept, which is exactly the exact masked top-k when the index is exact.
+"""
 
 from __future__ import annotations
 
@@ -9,10 +14,11 @@ from typing import Any
 
 import numpy as np
 import polars as pl
+import scipy.sparse as sp
 
 from hir_evaluation.hir_source import read_embeddings
-from hir_evaluation.published import published_search
-from hir_evaluation.retrieval import RetrievalData, TopK, topk_dense
+from hir_evaluation.published import MILVUS_MAX_LIMIT, published_search
+from hir_evaluation.retrieval import Ranked, RetrievalData, TopK, inner_product_scores, rank_dense
 from hir_evaluation.snapshot import Snapshot
 
 log = logging.getLogger(__name__)
@@ -23,18 +29,51 @@ def _keys(snap: Snapshot, entity_type: str) -> np.ndarray:
     return nodes["key"].cast(pl.String).to_numpy()
 
 
-def published_topk(manifest: dict[str, Any], snap: Snapshot, entity_type: str) -> TopK:
-    """User vectors from the Feast online store, top-k from Milvus by alias, keys mapped back to node ids."""
+def masked_limits(k: int, history_sizes: np.ndarray, cap: int = MILVUS_MAX_LIMIT) -> np.ndarray:
+    """(U,) Milvus limits for the masked protocol: k + |history_u| rounded up to a quarter-octave
+    step (at most four distinct limits per doubling, so users share search calls while fetching
+    at most 25% more hits than needed), capped at ``cap``."""
+    need = k + np.asarray(history_sizes, dtype=np.int64)
+    step = np.maximum(1, 2 ** np.floor(np.log2(np.maximum(need, 1))).astype(np.int64) // 4)
+    return np.minimum(-(-need // step) * step, cap)
 
-    def run(data: RetrievalData, k: int) -> np.ndarray:
-        hits, present = published_search(manifest, entity_type, _keys(snap, "user")[data.users].tolist(), k)
+
+def drop_seen(hits: list[list[int]], seen_rows: sp.csr_matrix, k: int) -> np.ndarray:
+    """(U, k): each row of ``hits`` (entity ids, best first) without the entities of the user's
+    row in ``seen_rows`` (U, I), cut to k (-1 pads)."""
+    out = np.full((len(hits), k), -1, dtype=np.int64)
+    for row, ids in enumerate(hits):
+        seen = set(seen_rows.indices[seen_rows.indptr[row] : seen_rows.indptr[row + 1]].tolist())
+        kept = [i for i in ids if i not in seen][:k]
+        out[row, : len(kept)] = kept
+    return out
+
+
+def published_topk(manifest: dict[str, Any], snap: Snapshot, entity_type: str) -> TopK:
+    """User vectors from the Feast online store, top-k from Milvus by alias, keys mapped back to
+    node ids; masked: k + |history| hits per user with the history entities dropped."""
+
+    def run(data: RetrievalData, k: int) -> Ranked:
+        seen = data.seen[data.users]  # (U, I)
+        sizes = np.diff(seen.indptr)
+        limits = masked_limits(k, sizes)
+        short = int((k + sizes > MILVUS_MAX_LIMIT).sum())
+        if short:
+            log.warning("hir retrieval (milvus): %d users have more than %d history entities; their masked lists "
+                        "may hold fewer than %d entities", short, MILVUS_MAX_LIMIT - k, k)
+        (full_hits, masked_hits), present = published_search(
+            manifest, entity_type, _keys(snap, "user")[data.users].tolist(), [np.full(len(data.users), k), limits])
         key_to_id = {key: i for i, key in enumerate(_keys(snap, entity_type).tolist())}
-        out = np.full((len(data.users), k), -1, dtype=np.int64)
-        for row, keys in zip(np.flatnonzero(present), hits):
+        rows = np.flatnonzero(present)
+        full = np.full((len(data.users), k), -1, dtype=np.int64)
+        for row, keys in zip(rows, full_hits):
             ids = [key_to_id.get(key, -1) for key in keys[:k]]
-            out[row, : len(ids)] = ids
-        log.info("hir retrieval (milvus): %d/%d test users have a published embedding", int(present.sum()), len(present))
-        return out
+            full[row, : len(ids)] = ids
+        masked = np.full((len(data.users), k), -1, dtype=np.int64)
+        masked[rows] = drop_seen([[key_to_id.get(key, -1) for key in keys] for keys in masked_hits], seen[rows], k)
+        log.info("hir retrieval (milvus): %d/%d test users have a published embedding; masked searches at %d "
+                 "limits (up to %d)", int(present.sum()), len(present), len(set(limits.tolist())), int(limits.max(initial=0)))
+        return Ranked(full, masked)
 
     return run
 
@@ -56,13 +95,15 @@ def _vectors(emb_dir: Path, snap: Snapshot, entity_type: str) -> tuple[np.ndarra
 
 
 def files_topk(emb_dir: Path, snap: Snapshot, entity_type: str) -> TopK:
-    """Exact inner-product top-k over ``embeddings/`` (vectors are L2-normalised, so cosine)."""
+    """Exact inner-product top-k over ``embeddings/`` (vectors are L2-normalised, so cosine),
+    both protocols from one scoring pass."""
 
-    def run(data: RetrievalData, k: int) -> np.ndarray:
+    def run(data: RetrievalData, k: int) -> Ranked:
         users, has_user = _vectors(emb_dir, snap, "user")
         items, has_item = _vectors(emb_dir, snap, entity_type)
-        top = topk_dense(users[data.users], items, k, item_mask=has_item)
-        top[~has_user[data.users]] = -1
-        return top
+        ranked = rank_dense(inner_product_scores(users, items, has_item), data.users, k, data.seen)
+        for top in (ranked.full, ranked.masked):
+            top[~has_user[data.users]] = -1
+        return ranked
 
     return run

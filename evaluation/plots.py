@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")  # headless: the report is written to files, never shown
 import matplotlib.pyplot as plt
@@ -53,16 +54,52 @@ def lift_bars(ranking: Mapping[str, Any]) -> bytes:
 
 
 def recall_curves(retrieval: Mapping[str, Any], ks: list[int]) -> bytes:
+    """recall@K per arm: the full-catalogue protocol, and beside it the masked new-to-user one
+    when the section has it."""
+    panels = [("full catalogue", retrieval)]
+    if retrieval.get("masked_new_to_user"):
+        panels.append(("masked new-to-user", retrieval["masked_new_to_user"]))
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 3.6), squeeze=False)
+    for ax, (title, section) in zip(axes[0], panels):
+        for arm in ("hir", "popularity", "itemknn", "lightgcn", "content", "repeat"):
+            m = section.get(arm) or {}
+            ys = [m.get(f"recall@{k}") for k in ks]
+            if all(_finite(y) for y in ys):
+                ax.plot(ks, ys, marker="o", label=arm, color=COLORS[arm], lw=2.2 if arm == "hir" else 1.4)
+        ax.set_xlabel("K")
+        ax.set_ylabel("recall@K")
+        ax.set_title(f"Retrieval recall@K, {title}", fontsize=10)
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    return _png(fig)
+
+
+def lightgcn_curve(fit: Mapping[str, Any]) -> bytes:
+    """LightGCN's validation recall@20 per epoch (the masked new-to-user one it is selected on,
+    and the full-catalogue one, dashed), the selected epoch marked; top axis: seconds."""
+    curve = fit.get("curve") or []
+    epochs = [c["epoch"] for c in curve]
     fig, ax = plt.subplots(figsize=(5.5, 3.6))
-    for arm in ("hir", "popularity", "itemknn", "lightgcn", "content", "repeat"):
-        m = retrieval.get(arm) or {}
-        ys = [m.get(f"recall@{k}") for k in ks]
-        if all(_finite(y) for y in ys):
-            ax.plot(ks, ys, marker="o", label=arm, color=COLORS[arm], lw=2.2 if arm == "hir" else 1.4)
-    ax.set_xlabel("K")
-    ax.set_ylabel("recall@K")
-    ax.set_title("Retrieval recall@K on held-out deep-funnel events")
-    ax.legend(fontsize=8)
+    ax.plot(epochs, [c["val_recall@20"] for c in curve], color=COLORS["lightgcn"], lw=1.8,
+            label="val recall@20, masked new-to-user (selection)")
+    if all(_finite(c.get("val_recall@20_full")) for c in curve):
+        ax.plot(epochs, [c["val_recall@20_full"] for c in curve], color=COLORS["lightgcn"], lw=1.2, ls="--",
+                label="val recall@20, full catalogue")
+    best = fit.get("best_epoch")
+    if best:
+        ax.axvline(best, color="black", lw=0.8, ls=":", label=f"selected epoch {best}")
+    secs = np.array([c["seconds"] for c in curve], dtype=float)
+    if len(curve) < 2:
+        ax.set_xlim(0.5, 1.5 + len(curve))
+    elif np.all(np.diff(secs) > 0):  # an invertible epoch -> seconds map
+        ep = np.array(epochs, dtype=float)
+        top = ax.secondary_xaxis("top", functions=(lambda e: np.interp(e, ep, secs), lambda t: np.interp(t, secs, ep)))
+        top.set_xlabel("seconds", fontsize=8)
+    stop = "the budget (" + str(fit.get("stopped_by")) + ")" if fit.get("stopped_by_budget") else "patience"
+    ax.set_title(f"LightGCN validation curve (stopped by {stop})", fontsize=10)
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("val recall@20")
+    ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     return _png(fig)
 

@@ -55,10 +55,61 @@ def ranking_rows(m: Mapping[str, Any]) -> list[list[str]]:
     return rows
 
 
-def retrieval_rows(m: Mapping[str, Any], ks: list[int]) -> list[list[str]]:
+MASKED = "masked_new_to_user"
+
+
+def retrieval_metrics(ks: list[int]) -> list[str]:
+    return [*[f"recall@{k}" for k in ks], *[f"ndcg@{k}" for k in ks]]
+
+
+def retrieval_sections(m: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
+    """(title, section) of each retrieval protocol in metrics.json: the full catalogue, then the
+    masked new-to-user one (absent in reports written before it existed)."""
     r = m.get("retrieval") or {}
-    return [[arm, *[fmt((r.get(arm) or {}).get(f"recall@{k}")) for k in ks], fmt((r.get(arm) or {}).get("ndcg@20"))]
-            for arm in RETRIEVAL_ARMS]
+    out: list[tuple[str, Mapping[str, Any]]] = [("full catalogue", r)]
+    if r.get(MASKED):
+        out.append((f"{MASKED} (history masked)", r[MASKED]))
+    return out
+
+
+def retrieval_rows(section: Mapping[str, Any], ks: list[int], bold: tuple[str, str] = ("**", "**")) -> list[list[str]]:
+    """One row per arm (the best arm's value of each metric wrapped in ``bold``; a skipped arm
+    says why), then a ``best`` row naming the winning arm per metric."""
+    best = section.get("best") or {}
+    skipped = section.get("skipped") or {}
+    rows = []
+    for arm in RETRIEVAL_ARMS:
+        values = section.get(arm) or {}
+        if arm in skipped:  # the reason goes under the table (skipped_line)
+            rows.append([arm, "skipped", *["–"] * (2 * len(ks) - 1)])
+            continue
+        cells = []
+        for metric in retrieval_metrics(ks):
+            cell = fmt(values.get(metric))
+            cells.append(f"{bold[0]}{cell}{bold[1]}" if best.get(metric) == arm else cell)
+        rows.append([arm, *cells])
+    rows.append(["best", *[str(best.get(metric) or "–") for metric in retrieval_metrics(ks)]])
+    return rows
+
+
+def skipped_line(section: Mapping[str, Any]) -> str:
+    """Why the arms a protocol skips have no values."""
+    return "; ".join(f"{arm} skipped: {why}" for arm, why in (section.get("skipped") or {}).items())
+
+
+def ratio_line(section: Mapping[str, Any]) -> str:
+    """hir over the best baseline (and over repeat, where reported) of one protocol."""
+    best, rep = section.get("hir_over_best_baseline") or {}, section.get("hir_over_repeat") or {}
+    out = []
+    if best.get("ratio") is not None:
+        out.append(f"hir / best baseline ({best['best_baseline']}) {best.get('metric', 'recall@20')} = "
+                   f"{fmt(best['ratio'], 3)}")
+    elif best.get("best_baseline"):
+        out.append(f"best baseline {best['best_baseline']} {best.get('metric', 'recall@20')} = "
+                   f"{fmt(best.get('best_value'))} (no hir value)")
+    if rep.get("ratio") is not None:
+        out.append(f"hir / repeat (reference: the user's own past entities) = {fmt(rep['ratio'], 3)}")
+    return "; ".join(out)
 
 
 def print_summary(m: Mapping[str, Any], report_dir: Path) -> None:
@@ -71,18 +122,16 @@ def print_summary(m: Mapping[str, Any], report_dir: Path) -> None:
         t.add_row(*row)
     console.print(t)
     ks = m.get("retrieval", {}).get("ks") or [10, 20, 50]
-    t = Table(title=f"retrieval (test users {m.get('retrieval', {}).get('users')})")
-    for col in ("arm", *[f"recall@{k}" for k in ks], "ndcg@20"):
-        t.add_column(col, justify="right" if col != "arm" else "left")
-    for row in retrieval_rows(m, ks):
-        t.add_row(*row)
-    console.print(t)
-    ratio = (m.get("retrieval") or {}).get("hir_over_best_baseline") or {}
-    if ratio.get("ratio") is not None:
-        console.print(f"hir / best baseline ({ratio['best_baseline']}) recall@20: {ratio['ratio']:.3f}")
-    repeat = (m.get("retrieval") or {}).get("hir_over_repeat") or {}
-    if repeat.get("ratio") is not None:
-        console.print(f"hir / repeat (the user's own past entities) recall@20: {repeat['ratio']:.3f}")
+    for title, section in retrieval_sections(m):
+        t = Table(title=f"retrieval, {title} (users {section.get('users')}; best in bold)")
+        for col in ("arm", *retrieval_metrics(ks)):
+            t.add_column(col, justify="right" if col != "arm" else "left")
+        for row in retrieval_rows(section, ks, ("[bold]", "[/bold]")):
+            t.add_row(*row)
+        console.print(t)
+        for line in (skipped_line(section), ratio_line(section)):
+            if line:
+                console.print(f"{title}: {line}")
     for note in (m.get("sources") or {}).get("notes", []):
         console.print(f"[yellow]note:[/] {note}")
     console.print(f"report: {report_dir / 'report.html'}")
@@ -106,9 +155,14 @@ def slice_rows(m: Mapping[str, Any]) -> list[list[str]]:
 
 
 def retrieval_slice_rows(m: Mapping[str, Any]) -> list[list[str]]:
-    slices = (m.get("retrieval") or {}).get("slices") or {}
-    return [[name, str(sl.get("users")), *[fmt((sl.get(arm) or {}).get("recall@20")) for arm in RETRIEVAL_ARMS]]
-            for name, sl in slices.items()]
+    """recall@20 per slice: the full-catalogue slices, then the masked protocol's (``masked/...``)."""
+    rows = []
+    for prefix, section in (("", m.get("retrieval") or {}), ("masked/", (m.get("retrieval") or {}).get(MASKED) or {})):
+        skipped = section.get("skipped") or {}
+        for name, sl in (section.get("slices") or {}).items():
+            rows.append([f"{prefix}{name}", str(sl.get("users")), *[
+                "skipped" if arm in skipped else fmt((sl.get(arm) or {}).get("recall@20")) for arm in RETRIEVAL_ARMS]])
+    return rows
 
 
 SLICE_HEADER = ["slice", "rows/users", "positives", "AUC base", "AUC hir", "AUC content",
@@ -144,14 +198,21 @@ def diagnostics_md(d: Mapping[str, Any]) -> str:
     return "\n\n".join(parts) or "No export diagnostics (no embeddings/hierarchy found)."
 
 
-def ratio_md(r: Mapping[str, Any]) -> str:
-    best, rep = r.get("hir_over_best_baseline") or {}, r.get("hir_over_repeat") or {}
-    out = []
-    if best.get("ratio") is not None:
-        out.append(f"hir / best baseline ({best['best_baseline']}) recall@20 = {fmt(best['ratio'], 3)}")
-    if rep.get("ratio") is not None:
-        out.append(f"hir / repeat (reference: the user's own past entities) = {fmt(rep['ratio'], 3)}")
-    return "; ".join(out) + "." if out else ""
+def retrieval_md(m: Mapping[str, Any]) -> list[str]:
+    """The retrieval section's paragraphs: one table per protocol, each with its hir/best ratio."""
+    r = m.get("retrieval") or {}
+    ks = r.get("ks") or [10, 20, 50]
+    out = [f"History: {r.get('history_splits')}; test users {r.get('users')}. Two protocols for every arm; "
+           "the best arm on each metric is in bold and named in the `best` row."]
+    for title, section in retrieval_sections(m):
+        protocol = section.get("protocol") or "no arm filters a user's past entities"
+        out += [f"### Retrieval, {title}",
+                f"Protocol: {protocol}; users scored "
+                f"{section.get('users')}. {ratio_line(section)}",
+                _md_table(["arm", *retrieval_metrics(ks)], retrieval_rows(section, ks))]
+        if line := skipped_line(section):
+            out.append(line + ".")
+    return out
 
 
 def protocol_md(r: Mapping[str, Any]) -> str:
@@ -171,8 +232,10 @@ def fits_md(m: Mapping[str, Any]) -> str:
             parts.append(f"ranker {arm}: best at step {fit['steps']} ({fmt(fit['seconds'], 1)}s)")
     g = ((m.get("retrieval") or {}).get("fits") or {}).get("lightgcn")
     if g:
-        stop = ", stopped by eval.lightgcn.max_seconds" if g.get("stopped_by_budget") else ""
-        parts.append(f"LightGCN: best epoch {g['best_epoch']}, val recall@20 {fmt(g['best_val_recall@20'])} "
+        by = g.get("stopped_by") or ("max_seconds" if g.get("stopped_by_budget") else "patience")
+        stop = f", stopped by the budget eval.lightgcn.{by}" if g.get("stopped_by_budget") else ", at its val plateau"
+        parts.append(f"LightGCN: best epoch {g['best_epoch']} of {g.get('epochs', '?')}, "
+                     f"{g.get('selection', 'val recall@20')} {fmt(g['best_val_recall@20'])} "
                      f"({fmt(g['seconds'], 1)}s{stop})")
     for arm, why in ((m.get("ranking") or {}).get("skipped") or {}).items():
         parts.append(f"ranking arm {arm} skipped: {why}")
@@ -180,7 +243,6 @@ def fits_md(m: Mapping[str, Any]) -> str:
 
 
 def markdown(m: Mapping[str, Any], figures: Mapping[str, str]) -> str:
-    ks = (m.get("retrieval") or {}).get("ks") or [10, 20, 50]
     src = m.get("sources") or {}
     out = [
         f"# hir evaluation: {m.get('dataset')}",
@@ -192,9 +254,7 @@ def markdown(m: Mapping[str, Any], figures: Mapping[str, str]) -> str:
         protocol_md(m.get("ranking") or {}),
         _md_table(["arm", "AUC", "NE", "calibration", "NE lift vs baseline [95% CI]"], ranking_rows(m)),
         "## Retrieval",
-        f"History: {(m.get('retrieval') or {}).get('history_splits')}; no arm filters a user's past entities. "
-        f"{ratio_md(m.get('retrieval') or {})}",
-        _md_table(["arm", *[f"recall@{k}" for k in ks], "ndcg@20"], retrieval_rows(m, ks)),
+        *retrieval_md(m),
         fits_md(m),
         "## Slices",
         _md_table(SLICE_HEADER, slice_rows(m)),
@@ -207,6 +267,13 @@ def markdown(m: Mapping[str, Any], figures: Mapping[str, str]) -> str:
     return "\n\n".join(out) + "\n"
 
 
+def _cell(text: str) -> str:
+    """A table cell as HTML: markdown ``**bold**`` (the best arm's value) becomes <b>."""
+    if len(text) > 4 and text.startswith("**") and text.endswith("**"):
+        return f"<b>{html.escape(text[2:-2])}</b>"
+    return html.escape(text)
+
+
 def html_page(md_text: str, figures: Mapping[str, bytes], title: str) -> str:
     """A self-contained page: the markdown's tables rendered as HTML, figures inlined."""
     body: list[str] = []
@@ -217,7 +284,7 @@ def html_page(md_text: str, figures: Mapping[str, bytes], title: str) -> str:
             cells = [[c.strip() for c in r.strip().strip("|").split("|")] for r in table if not set(r) <= set("|- ")]
             head, *rest = cells
             body.append("<table><tr>" + "".join(f"<th>{html.escape(c)}</th>" for c in head) + "</tr>" + "".join(
-                "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rest) + "</table>")
+                "<tr>" + "".join(f"<td>{_cell(c)}</td>" for c in r) + "</tr>" for r in rest) + "</table>")
             table.clear()
 
     for line in md_text.splitlines():

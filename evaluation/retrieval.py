@@ -1,10 +1,20 @@
 """Retrieval lift: top-K entities per test user, scored on held-out deep-funnel events.
 
-Every arm sees the same history (events before the test period), the same users and the same
-candidate catalogue (every node of the entity type); none filters out a user's past entities,
-so repeat engagement counts for all arms alike. Slices: held-out entities new to the user (no
-event of any stage with it before the test period) and item-cold ones (first event in the test
-period).
+Every arm sees the same history (``RetrievalData.history``: the history stages' events of the
+periods the arms may learn from), the same users and the same candidate catalogue (every node of
+the entity type). Two protocols, both computed for every arm from one scoring pass:
+
+- ``full`` (the first protocol): each arm ranks the whole catalogue, past entities included, so
+  repeat engagement counts for all arms alike; relevance = every held-out entity. Slices:
+  held-out entities new to the user (no event of any stage with it before the period) and
+  item-cold ones (first event in the period).
+- ``masked_new_to_user`` (the LightGCN paper's protocol, He et al. 2020): each user's history
+  entities are removed from the ranking (score -inf) before the top-K is taken, and relevance is
+  the held-out entities new to the user; slice: item-cold entities under the same masking.
+
+Masking lives in one place, :func:`rank_dense` (dense-score arms: -inf on the user's row of the
+sparse history matrix, a chunk of users at a time); the HIR Milvus arm masks its search results
+the equivalent way (evaluation/hir_retrieval.py).
 """
 
 from __future__ import annotations
@@ -12,6 +22,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import polars as pl
@@ -47,7 +58,7 @@ class RetrievalTask:
 class RetrievalData:
     """users: (U,) test user ids; relevant / new_to_user / item_cold: per user sets of entity ids;
     history: (user_id, entity_id, n) pairs before the test period (history stages), the train
-    data of every baseline; n_users / n_items: node counts."""
+    data of every baseline and what the masked protocol removes; n_users / n_items: node counts."""
 
     users: np.ndarray
     relevant: list[set[int]]
@@ -56,6 +67,12 @@ class RetrievalData:
     history: pl.DataFrame
     n_users: int
     n_items: int
+
+    @cached_property
+    def seen(self) -> sp.csr_matrix:
+        """(n_users, n_items) binary CSR of the history pairs, by user id: the entities the masked
+        protocol removes from each user's ranking."""
+        return interaction_matrix(self.history, self.n_users, self.n_items)
 
 
 def history_frame(snap: Snapshot, task: RetrievalTask, splits: list[str]) -> pl.DataFrame:
@@ -119,13 +136,39 @@ def retrieval_data(
     )
 
 
-def score_arm(topk: np.ndarray, data: RetrievalData, ks: tuple[int, ...]) -> dict[str, dict[str, float]]:
-    """recall@K / NDCG@K overall and per slice for one arm's (U, Kmax) top-K ids."""
-    return {
-        "all": recall_ndcg_at_k(topk, data.relevant, ks),
-        "new_to_user": recall_ndcg_at_k(topk, data.new_to_user, ks),
-        "item_cold": recall_ndcg_at_k(topk, data.item_cold, ks),
-    }
+@dataclass
+class Ranked:
+    """One arm's (U, k) top-k entity ids per protocol, best first (-1 = empty slot).
+
+    full: ranked over the whole catalogue; masked: the user's history entities removed before
+    the top-k was taken (None: the arm has no masked list; ``repeat`` ranks history only).
+    """
+
+    full: np.ndarray
+    masked: np.ndarray | None
+
+
+# an arm: test data, k -> its top-k lists under both protocols
+TopK = Callable[["RetrievalData", int], Ranked]
+# a dense arm's scorer: user ids (n,) -> (n, I) float32 scores; -inf = never retrieved
+Scores = Callable[[np.ndarray], torch.Tensor]
+
+FULL_SLICES = {"all": "relevant", "new_to_user": "new_to_user", "item_cold": "item_cold"}
+MASKED_SLICES = {"masked_new_to_user": "new_to_user", "masked_item_cold": "item_cold"}
+
+
+def score_arm(ranked: Ranked, data: RetrievalData, ks: tuple[int, ...]) -> dict[str, dict[str, float]]:
+    """recall@K / NDCG@K of one arm per protocol and slice.
+
+    Keys: ``all``, ``new_to_user``, ``item_cold`` (the full ranking against every held-out
+    entity, the new-to-user ones and the item-cold ones) and, when the arm has a masked list,
+    ``masked_new_to_user`` and ``masked_item_cold`` (history masked; relevance = the new-to-user
+    / item-cold held-out entities).
+    """
+    out = {name: recall_ndcg_at_k(ranked.full, getattr(data, sets), ks) for name, sets in FULL_SLICES.items()}
+    if ranked.masked is not None:
+        out |= {name: recall_ndcg_at_k(ranked.masked, getattr(data, sets), ks) for name, sets in MASKED_SLICES.items()}
+    return out
 
 
 def topk_ids(scores: torch.Tensor, k: int) -> np.ndarray:
@@ -138,21 +181,49 @@ def topk_ids(scores: torch.Tensor, k: int) -> np.ndarray:
     return np.pad(ids, ((0, 0), (0, k - kk)), constant_values=-1)
 
 
-def topk_dense(
-    user_vecs: np.ndarray, item_vecs: np.ndarray, k: int, chunk: int = 512, item_mask: np.ndarray | None = None
-) -> np.ndarray:
-    """Exact top-k by inner product: user_vecs (U, d) x item_vecs (I, d) -> (U, k) item ids.
+def mask_seen(scores: torch.Tensor, seen_rows: sp.csr_matrix) -> None:
+    """Set ``scores`` (n, I) to -inf, in place, wherever ``seen_rows`` (n, I) has an entry."""
+    rows = np.repeat(np.arange(seen_rows.shape[0]), np.diff(seen_rows.indptr))
+    scores[torch.from_numpy(rows), torch.from_numpy(seen_rows.indices.astype(np.int64))] = -torch.inf
 
-    ``item_mask`` (I,) False excludes items (e.g. without a vector) from every list.
+
+def rank_dense(scores: Scores, users: np.ndarray, k: int, seen: sp.csr_matrix | None, chunk: int = 256) -> Ranked:
+    """Both protocols' top-k of a dense-score arm, scoring each chunk of users once.
+
+    Args:
+        scores: the arm's scorer, user ids (n,) -> (n, I) scores.
+        users: (U,) user ids ranked.
+        seen: (n_users, I) history matrix by user id (``RetrievalData.seen``); None = full only.
+    Returns:
+        Ranked with ``full`` (U, k) and ``masked`` (U, k): the same scores with the user's history
+        entities at -inf.
     """
+    full, masked = [], []
+    for start in range(0, len(users), chunk):
+        block = users[start : start + chunk]
+        s = scores(block)  # (n, I)
+        full.append(topk_ids(s, k))
+        if seen is not None:
+            mask_seen(s, seen[block])
+            masked.append(topk_ids(s, k))
+    empty = np.zeros((0, k), dtype=np.int64)
+    return Ranked(np.concatenate(full) if full else empty,
+                  (np.concatenate(masked) if masked else empty) if seen is not None else None)
+
+
+def inner_product_scores(user_vecs: np.ndarray, item_vecs: np.ndarray, item_mask: np.ndarray | None = None) -> Scores:
+    """Scorer of user_vecs (n_users, d), indexed by user id, times item_vecs (I, d); ``item_mask``
+    (I,) False excludes an item (-inf) from every list (e.g. one without a vector)."""
     items = torch.from_numpy(np.ascontiguousarray(item_vecs, dtype=np.float32))
-    out = []
-    for start in range(0, user_vecs.shape[0], chunk):
-        scores = torch.from_numpy(np.ascontiguousarray(user_vecs[start : start + chunk], dtype=np.float32)) @ items.T
-        if item_mask is not None:
-            scores[:, ~torch.from_numpy(item_mask)] = -torch.inf
-        out.append(topk_ids(scores, k))
-    return np.concatenate(out) if out else np.zeros((0, k), dtype=np.int64)
+    excluded = None if item_mask is None else torch.from_numpy(~np.asarray(item_mask, dtype=bool))
+
+    def score(users: np.ndarray) -> torch.Tensor:
+        s = torch.from_numpy(np.ascontiguousarray(user_vecs[users], dtype=np.float32)) @ items.T  # (n, I)
+        if excluded is not None:
+            s[:, excluded] = -torch.inf
+        return s
+
+    return score
 
 
 def interaction_matrix(history: pl.DataFrame, n_users: int, n_items: int) -> sp.csr_matrix:
@@ -163,12 +234,19 @@ def interaction_matrix(history: pl.DataFrame, n_users: int, n_items: int) -> sp.
     )
 
 
-def popularity_topk(data: RetrievalData, k: int) -> np.ndarray:
-    """The same list for everyone: entities by history event count (ties by id)."""
+def popularity_scores(data: RetrievalData) -> Scores:
+    """The same scores for everyone: entities by history event count, ties by id (a strict order,
+    so the list never depends on how topk breaks ties); entities without history are -inf."""
     counts = data.history.group_by("entity_id").agg(pl.col("n").sum()).sort(["n", "entity_id"], descending=[True, False])
-    top = counts["entity_id"].head(k).to_numpy()
-    top = np.pad(top, (0, k - len(top)), constant_values=-1)
-    return np.tile(top, (len(data.users), 1))
+    order = counts["entity_id"].to_numpy().copy()  # writable: torch indexes with it
+    row = torch.full((data.n_items,), -torch.inf)
+    row[torch.from_numpy(order)] = torch.arange(len(order), 0, -1, dtype=torch.float32)
+    return lambda users: row.expand(len(users), -1).clone()
+
+
+def popularity_topk(data: RetrievalData, k: int) -> Ranked:
+    """The most popular entities; masked: the most popular ones the user has not had."""
+    return rank_dense(popularity_scores(data), data.users, k, data.seen)
 
 
 def item_neighbours(x: sp.csr_matrix, k: int, chunk: int = 2000) -> sp.csr_matrix:
@@ -200,33 +278,42 @@ def item_neighbours(x: sp.csr_matrix, k: int, chunk: int = 2000) -> sp.csr_matri
     return sp.csr_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(n, n))
 
 
-def itemknn_topk(data: RetrievalData, k: int, neighbours: int = 100, chunk: int = 256) -> np.ndarray:
+def itemknn_scores(data: RetrievalData, neighbours: int = 20) -> Scores:
     """Item-based CF: score(u, j) = Σ_{i ∈ hist(u)} cos(i, j) over each item's ``neighbours`` most
-    similar items (0 = every co-occurring item, cheaper but popularity-dominated)."""
-    x = interaction_matrix(data.history, data.n_users, data.n_items)
+    similar items (0 = every co-occurring item); items without history are -inf."""
+    x = data.seen
     deg = np.asarray(x.sum(0)).ravel()
-    never = torch.from_numpy(deg == 0)
-    out = []
+    never = torch.from_numpy(deg == 0)  # never-interacted items have no neighbours
     if neighbours > 0:
         sim = item_neighbours(x, neighbours)
-        for start in range(0, len(data.users), chunk):
-            scores = torch.from_numpy((x[data.users[start : start + chunk]] @ sim).toarray().astype(np.float32))
-            scores[:, never] = -torch.inf  # never-interacted items have no neighbours
-            out.append(topk_ids(scores, k))
-        return np.concatenate(out)
+
+        def score(users: np.ndarray) -> torch.Tensor:
+            s = torch.from_numpy((x[users] @ sim).toarray().astype(np.float32))  # (n, I)
+            s[:, never] = -torch.inf
+            return s
+
+        return score
     # full neighbourhood as (x_u D^-1/2 Xᵀ)(X D^-1/2), never forming the item-item matrix
     xn = sp.csr_matrix(x @ sp.diags((1.0 / np.sqrt(np.maximum(deg, 1.0))).astype(np.float32)), dtype=np.float32)
     x_t, xn_t = x.T.tocsr(), xn.T.tocsr()
-    for start in range(0, len(data.users), chunk):
-        overlap = (xn[data.users[start : start + chunk]] @ x_t).toarray()  # (chunk, n_users): x_u D^-1/2 Xᵀ
-        scores = torch.from_numpy(np.ascontiguousarray((xn_t @ overlap.T).T, dtype=np.float32))  # (chunk, n_items)
-        scores[:, never] = -torch.inf
-        out.append(topk_ids(scores, k))
-    return np.concatenate(out)
+
+    def score_all(users: np.ndarray) -> torch.Tensor:
+        overlap = (xn[users] @ x_t).toarray()  # (n, n_users): x_u D^-1/2 Xᵀ
+        s = torch.from_numpy(np.ascontiguousarray((xn_t @ overlap.T).T, dtype=np.float32))  # (n, I)
+        s[:, never] = -torch.inf
+        return s
+
+    return score_all
 
 
-def repeat_topk(data: RetrievalData, k: int) -> np.ndarray:
-    """The user's own history, most frequent first (ties by id): the repeat-engagement baseline."""
+def itemknn_topk(data: RetrievalData, k: int, neighbours: int = 20) -> Ranked:
+    """Item-kNN top-k under both protocols (masked: the user's own history entities removed)."""
+    return rank_dense(itemknn_scores(data, neighbours), data.users, k, data.seen)
+
+
+def repeat_topk(data: RetrievalData, k: int) -> Ranked:
+    """The user's own history, most frequent first (ties by id): the repeat-engagement reference.
+    No masked list: every entity it ranks is one the masked protocol removes."""
     ranked = (
         data.history.join(pl.DataFrame({"user_id": data.users}), on="user_id", how="semi")
         .sort(["user_id", "n", "entity_id"], descending=[False, True, False])
@@ -240,10 +327,10 @@ def repeat_topk(data: RetrievalData, k: int) -> np.ndarray:
     for row, user in enumerate(data.users.tolist()):
         items = lists.get(user, [])
         out[row, : len(items)] = items
-    return out
+    return Ranked(out, None)
 
 
-def profile_topk(data: RetrievalData, item_vecs: np.ndarray, has_vec: np.ndarray, k: int) -> np.ndarray:
+def profile_topk(data: RetrievalData, item_vecs: np.ndarray, has_vec: np.ndarray, k: int) -> Ranked:
     """Content arm: a user is the mean of their history entities' vectors; cosine top-k over
     entities that have a vector."""
     from hir_evaluation.content_source import user_profiles
@@ -251,10 +338,7 @@ def profile_topk(data: RetrievalData, item_vecs: np.ndarray, has_vec: np.ndarray
     profiles, present = user_profiles(
         item_vecs, has_vec, data.history["user_id"].to_numpy(), data.history["entity_id"].to_numpy(), data.n_users
     )
-    top = topk_dense(profiles[data.users], item_vecs, k, item_mask=has_vec)
-    top[~present[data.users]] = -1  # no history with text: nothing to retrieve from
-    return top
-
-
-# an arm: test data, k -> (U, k) entity ids, best first (-1 = empty slot)
-TopK = Callable[[RetrievalData, int], np.ndarray]
+    ranked = rank_dense(inner_product_scores(profiles, item_vecs, has_vec), data.users, k, data.seen)
+    for top in (ranked.full, ranked.masked):
+        top[~present[data.users]] = -1  # no history with text: nothing to retrieve from
+    return ranked

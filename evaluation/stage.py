@@ -233,6 +233,9 @@ def figures(metrics: dict[str, Any], points: dict[str, Any] | None, entity_type:
         "recall_at_k": plots.recall_curves(metrics["retrieval"], metrics["retrieval"]["ks"]),
         "calibration": plots.calibration_plot(metrics["ranking"]["calibration_curves"]),
     }
+    lightgcn = (metrics["retrieval"].get("fits") or {}).get("lightgcn") or {}
+    if lightgcn.get("curve"):
+        figs["lightgcn_curve"] = plots.lightgcn_curve(lightgcn)
     if metrics["diagnostics"].get("token_usage"):
         figs["token_usage"] = plots.token_usage_plot(metrics["diagnostics"]["token_usage"])
     if points is not None:

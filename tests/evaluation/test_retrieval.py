@@ -10,17 +10,18 @@ import pytest
 import torch
 from torch_geometric.nn import LightGCN
 
-from hir_evaluation.lightgcn import LightGCNConfig, fit_lightgcn, normalized_adjacency, propagate
+from hir_evaluation.lightgcn import LightGCNConfig, fit_lightgcn, propagate, propagation_graph
 from hir_evaluation.retrieval import (
     RetrievalData,
     RetrievalTask,
+    inner_product_scores,
     interaction_matrix,
     item_neighbours,
     itemknn_topk,
     popularity_topk,
+    rank_dense,
     repeat_topk,
     retrieval_data,
-    topk_dense,
 )
 from hir_evaluation.snapshot import load_snapshot
 
@@ -54,7 +55,7 @@ def _brute_scores(history: pl.DataFrame, n_users: int, n_items: int, k: int | No
 def test_itemknn_matches_brute_force(neighbours: int) -> None:
     # 40 neighbours = every item: the pruned path must then equal the full neighbourhood
     history = _random_history(0)
-    top = itemknn_topk(_data(history, 30, 40), 5, neighbours=neighbours)
+    top = itemknn_topk(_data(history, 30, 40), 5, neighbours=neighbours).full
     brute = _brute_scores(history, 30, 40, None)
     for u in range(30):
         # compare scores, not ids: ties may be broken either way
@@ -77,35 +78,42 @@ def test_item_neighbours_keep_the_k_most_similar() -> None:
 def test_popularity_and_repeat() -> None:
     history = pl.DataFrame({"user_id": [0, 0, 1, 1, 2], "entity_id": [3, 1, 3, 2, 3], "n": [1.0, 5.0, 1.0, 1.0, 2.0]})
     data = _data(history, 4, 5)
-    assert popularity_topk(data, 3)[0].tolist() == [1, 3, 2]  # by event count: 5, 4, 1
+    pop = popularity_topk(data, 3)
+    assert pop.full[0].tolist() == [1, 3, 2]  # by event count: 5, 4, 1
+    # masked: the most popular entities the user has not had (entity 0 and 4 have no history)
+    assert pop.masked.tolist() == [[2, -1, -1], [1, -1, -1], [1, 2, -1], [1, 3, 2]]
     rep = repeat_topk(data, 2)
-    assert rep[0].tolist() == [1, 3] and rep[2].tolist() == [3, -1] and rep[3].tolist() == [-1, -1]
+    assert rep.full[0].tolist() == [1, 3] and rep.full[2].tolist() == [3, -1] and rep.full[3].tolist() == [-1, -1]
+    assert rep.masked is None  # every entity it ranks is masked
 
 
-def test_topk_dense_masks_items() -> None:
-    users = np.array([[1.0, 0.0]], dtype=np.float32)
+def test_inner_product_ranking_masks_items_and_history() -> None:
+    users = np.array([[1.0, 0.0], [0.0, 1.0]], dtype=np.float32)
     items = np.array([[1, 0], [0.9, 0.1], [0, 1]], dtype=np.float32)
-    assert topk_dense(users, items, 2).tolist() == [[0, 1]]
-    assert topk_dense(users, items, 2, item_mask=np.array([False, True, True])).tolist() == [[1, 2]]
+    seen = interaction_matrix(pl.DataFrame({"user_id": [0], "entity_id": [0]}), 2, 3)
+    ranked = rank_dense(inner_product_scores(users, items), np.array([0, 1]), 2, seen)
+    assert ranked.full.tolist() == [[0, 1], [2, 1]] and ranked.masked.tolist() == [[1, 2], [2, 1]]
+    ranked = rank_dense(inner_product_scores(users, items, np.array([False, True, True])), np.array([0]), 2, None)
+    assert ranked.full.tolist() == [[1, 2]] and ranked.masked is None
 
 
 def test_propagation_equals_pyg_lightgcn() -> None:
+    # users 0-3, items 0-3 (nodes 4-7); user 3 and item 3 have no edge (left out of the sparse products)
     u, i = np.array([0, 0, 1, 2, 2]), np.array([0, 1, 1, 2, 0])
-    adj = normalized_adjacency(u, i, 3, 6)
-    model = LightGCN(6, 4, 2, normalize=False)
-    reference = LightGCN(6, 4, 2)  # PyG's own gcn_norm over an edge index
+    graph = propagation_graph(u, i, 4)
+    assert graph.nodes.tolist() == [0, 1, 2, 4, 5, 6]
+    model = LightGCN(8, 4, 2, normalize=False)
+    reference = LightGCN(8, 4, 2)  # PyG's own gcn_norm over an edge index
     reference.load_state_dict(model.state_dict())
-    edge_index = torch.tensor(np.stack([np.concatenate([u, i + 3]), np.concatenate([i + 3, u])]))
-    assert torch.allclose(propagate(model, adj), reference.get_embedding(edge_index), atol=1e-6)
-    # and the custom backward is the true gradient (A symmetric)
-    x = torch.randn(6, 4, dtype=torch.float64, requires_grad=True)
-    dense = adj.to_dense().double()
-    model64 = LightGCN(6, 4, 1, normalize=False).double()
-    with torch.no_grad():
-        model64.embedding.weight.copy_(x)
-    propagate(model64, adj.double() if adj.dtype != torch.float64 else adj).sum().backward()
-    expected = (0.5 * torch.ones(6, 4, dtype=torch.float64) + 0.5 * dense.T @ torch.ones(6, 4, dtype=torch.float64))
-    assert torch.allclose(model64.embedding.weight.grad, expected, atol=1e-6)
+    edge_index = torch.tensor(np.stack([np.concatenate([u, i + 4]), np.concatenate([i + 4, u])]))
+    assert torch.allclose(propagate(model, graph), reference.get_embedding(edge_index), atol=1e-6)
+    # and the custom backward is the true gradient (A symmetric): d/dE sum(α0 E + α1 A E) = α0 + α1 Aᵀ 1
+    model1 = LightGCN(8, 4, 1, normalize=False)
+    propagate(model1, graph).sum().backward()
+    dense = torch.zeros(8, 8)
+    dense[graph.nodes[:, None], graph.nodes[None, :]] = graph.adj.to_dense()
+    expected = 0.5 * torch.ones(8, 4) + 0.5 * dense.T @ torch.ones(8, 4)
+    assert torch.allclose(model1.embedding.weight.grad, expected, atol=1e-6)
 
 
 def test_lightgcn_learns_planted_communities() -> None:
@@ -119,9 +127,21 @@ def test_lightgcn_learns_planted_communities() -> None:
     cfg = LightGCNConfig(dim=8, layers=2, lr=0.05, batch_size=256, steps_per_epoch=10, max_epochs=5, patience=5,
                          max_seconds=30)
     res = fit_lightgcn(data, data, data, 10, cfg, seed=0)
-    same = np.mean([np.mean([(t < 20) == (u < 20) for t in res.topk[u]]) for u in range(40)])
+    same = np.mean([np.mean([(t < 20) == (u < 20) for t in res.ranked.full[u]]) for u in range(40)])
     assert same > 0.9
+    # masked: the user's own community entities they have not bought yet come first
+    bought = history.group_by("user_id").agg("entity_id").sort("user_id")["entity_id"].to_list()
+    unbought = [held[u] - set(bought[u]) for u in range(40)]
+    found = np.mean([len(unbought[u] & set(res.ranked.masked[u].tolist())) / min(10, len(unbought[u]))
+                     for u in range(40)])
+    assert found > 0.9
+    assert not any(set(bought[u]) & set(res.ranked.masked[u].tolist()) for u in range(40))
     assert res.best_val_recall > 0.4
+    # the curve has one entry per epoch; the selected epoch is the best masked val recall on it
+    assert [c["epoch"] for c in res.curve] == list(range(1, res.epochs + 1))
+    best = max(res.curve, key=lambda c: c["val_recall@20"])
+    assert res.best_epoch == best["epoch"] and res.best_val_recall == best["val_recall@20"]
+    assert res.stopped_by in ("patience", "max_epochs") and res.stopped_by_budget == (res.stopped_by != "patience")
 
 
 def test_retrieval_data_slices(tiny_graph: Path) -> None:

@@ -52,7 +52,7 @@ def test_rees46_report(compose: Callable, tmp_path: Path) -> None:
     stability = metrics["diagnostics"]["stability"]
     assert [s["level"] for s in stability] == [0, 1] and all(0 <= s["jaccard"] <= 1 for s in stability)
     html = (report / "report.html").read_text()
-    assert html.count("data:image/png;base64,") == 5 and "src=\"http" not in html
+    assert html.count("data:image/png;base64,") == 6 and "src=\"http" not in html  # + the LightGCN curve
     assert "## Slices" in (report / "report.md").read_text()
 
     # idempotent: the finished report is reused, force=true recomputes

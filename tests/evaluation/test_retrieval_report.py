@@ -1,0 +1,109 @@
+"""The retrieval section of metrics.json under both protocols, and how the report shows it: one
+table per protocol, the winning arm of each metric in bold and named, hir/best per protocol."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hir_evaluation.content_source import load_content
+from hir_evaluation.hir_retrieval import files_topk
+from hir_evaluation.lightgcn import LightGCNConfig
+from hir_evaluation.report import clean, html_page, markdown, print_summary, retrieval_rows
+from hir_evaluation.retrieval import RetrievalTask
+from hir_evaluation.retrieval_eval import ARMS, MASKED, best_arms, best_baseline_ratio, evaluate_retrieval
+from hir_evaluation.snapshot import load_snapshot
+from tests.evaluation.fixtures import write_content, write_export
+
+KS = (1, 3)
+METRICS = [f"{m}@{k}" for k in KS for m in ("recall", "ndcg")]
+
+
+def test_best_arm_and_ratio() -> None:
+    section = {"hir": {"recall@20": 0.3}, "popularity": {"recall@20": 0.1}, "itemknn": {"recall@20": 0.2},
+               "lightgcn": {"recall@20": None}, "repeat": {"recall@20": 0.5}}
+    assert best_arms(section, ARMS, ["recall@20", "ndcg@20"]) == {"recall@20": "repeat", "ndcg@20": None}
+    ratio = best_baseline_ratio(section, "recall@20")
+    assert ratio["best_baseline"] == "itemknn" and ratio["ratio"] == pytest.approx(1.5)
+    assert best_baseline_ratio({"hir": {"recall@20": 0.3}}, "recall@20")["ratio"] is None
+
+
+@pytest.fixture
+def retrieval(tiny_graph: Path, tmp_path: Path) -> dict:
+    write_export(tiny_graph, tmp_path / "embeddings", dim=4, levels=(2,), top_k=1)
+    write_content(tiny_graph, tmp_path / "content", dim=8)
+    snap = load_snapshot(tiny_graph)
+    content = load_content(tmp_path / "content", "product", snap.num_nodes("product"))
+    cfg = LightGCNConfig(dim=4, batch_size=16, steps_per_epoch=2, max_epochs=3, patience=1, min_epochs=1)
+    # as metrics.json holds it (NaN -> null)
+    return clean(evaluate_retrieval(snap, RetrievalTask(ks=KS), cfg, files_topk(tmp_path / "embeddings", snap, "product"),
+                                    content, seed=0, neighbours=3, history_splits=["train"]))
+
+
+def test_both_protocols_for_every_arm(retrieval: dict) -> None:
+    masked = retrieval[MASKED]
+    # tiny.py: test purchases (0, 2) and (1, 3); only product 2 is new to its user, so one user is scored
+    assert retrieval["users"] == 2 and masked["users"] == 1
+    for arm in ("hir", "popularity", "itemknn", "lightgcn", "content"):
+        assert set(METRICS) <= set(retrieval[arm]) and set(METRICS) <= set(masked[arm])
+        assert masked[arm]["recall@3"] is not None
+        assert masked["slices"]["item_cold"][arm]["recall@3"] is None  # no item-cold purchase in tiny.py
+    assert all(v is None for v in masked["repeat"].values()) and "repeat" in masked["skipped"]
+    assert retrieval["repeat"]["recall@1"] is not None
+    for section in (retrieval, masked):
+        assert set(section["best"]) == set(METRICS)
+        for metric, arm in section["best"].items():
+            assert section[arm][metric] == max(v[metric] for a, v in section.items()
+                                               if a in ARMS and v[metric] is not None)
+        assert section["hir_over_best_baseline"]["metric"] == "recall@20"
+    fit = retrieval["fits"]["lightgcn"]
+    assert fit["selection"] == f"{MASKED} val recall@20"
+    assert [c["epoch"] for c in fit["curve"]] == list(range(1, fit["epochs"] + 1))
+    assert {"epoch", "seconds", "loss", "val_recall@20", "val_recall@20_full"} <= set(fit["curve"][0])
+
+
+def _metrics() -> dict:
+    arm = {"hir": 0.2, "popularity": 0.1, "itemknn": 0.3, "lightgcn": 0.25, "content": 0.05, "repeat": 0.4}
+    full = {a: {m: v for m in METRICS} for a, v in arm.items()}
+    masked = {a: {m: v / 2 for m in METRICS} for a, v in arm.items() if a != "repeat"}
+    masked["repeat"] = dict.fromkeys(METRICS)
+    masked["hir"] = {m: 0.5 for m in METRICS}  # hir wins the masked protocol
+    section = {"ks": list(KS), "users": 10, "history_splits": ["train"], "protocol": "full catalogue", **full,
+               "best": dict.fromkeys(METRICS, "repeat"),
+               "hir_over_best_baseline": {"metric": "recall@20", "best_baseline": "itemknn", "ratio": 0.2 / 0.3},
+               "slices": {"item_cold": {"users": 3, **full}},
+               MASKED: {"protocol": "masked", "users": 8, **masked, "skipped": {"repeat": "ranks only history"},
+                        "best": dict.fromkeys(METRICS, "hir"), "slices": {"item_cold": {"users": 2, **masked}},
+                        "hir_over_best_baseline": {"metric": "recall@20", "best_baseline": "itemknn",
+                                                   "ratio": 0.5 / 0.15}},
+               "fits": {"lightgcn": {"best_epoch": 7, "epochs": 12, "best_val_recall@20": 0.1, "seconds": 30.0,
+                                     "stopped_by": "patience", "stopped_by_budget": False,
+                                     "selection": f"{MASKED} val recall@20"}}}
+    return {"dataset": "tiny", "retrieval": section, "ranking": {}, "diagnostics": {}, "sources": {}}
+
+
+def test_report_shows_both_tables_and_names_the_winner(capsys: pytest.CaptureFixture[str]) -> None:
+    m = _metrics()
+    md = markdown(m, {})
+    assert "### Retrieval, full catalogue" in md and f"### Retrieval, {MASKED}" in md
+    assert "hir / best baseline (itemknn) recall@20 = 0.667" in md and "= 3.333" in md
+    masked_rows = retrieval_rows(m["retrieval"][MASKED], list(KS))
+    assert masked_rows[0][:2] == ["hir", "**0.5000**"]  # the winner in bold
+    assert masked_rows[-1] == ["best", *["hir"] * len(METRICS)]
+    assert masked_rows[-2][:2] == ["repeat", "skipped"] and "repeat skipped: ranks only history." in md
+    assert "| best | repeat | repeat |" in md
+    assert "masked/item_cold" in md and "best epoch 7 of 12" in md and "at its val plateau" in md
+    page = html_page(md, {}, "t")
+    assert "<b>0.5000</b>" in page and "**0.5000**" not in page
+    print_summary(m, Path("report"))
+    out = capsys.readouterr().out
+    assert "full catalogue" in out and MASKED in out and "3.333" in out
+
+
+def test_report_of_an_older_metrics_file_has_one_table() -> None:
+    m = _metrics()
+    del m["retrieval"][MASKED]
+    md = markdown(m, {})
+    assert md.count("### Retrieval") == 1 and "### Retrieval, full catalogue" in md
+    assert "masked/" not in md
