@@ -63,7 +63,8 @@ class TrainBatches(Dataset):
 
     def __init__(self, store: GraphStore, sampler: ContextSampler, batch_size: int, pairs: int,
                  seeds_per_epoch: int | None, seed: int, rank: int = 0, world: int = 1,
-                 catalogue: np.ndarray | None = None, pair_entities: bool = True) -> None:
+                 catalogue: np.ndarray | None = None, pair_entities: bool = True,
+                 train_pairs: np.ndarray | None = None) -> None:
         self.store, self.sampler = store, sampler
         self.pair_entities = pair_entities
         self.catalogue_row = None
@@ -71,12 +72,15 @@ class TrainBatches(Dataset):
             self.catalogue_row = np.full(store.n_nodes, -1, np.int64)
             self.catalogue_row[catalogue] = np.arange(len(catalogue))
         self.batch_size, self.seed, self.rank, self.world = batch_size, seed, rank, world
-        self.pairs = pairs if len(store.deep_pairs) else 0
+        # the (user, entity) pairs drawn: every deep pair, or the ones the spectral fit held out
+        self.pair_pool = store.deep_pairs if train_pairs is None else np.asarray(train_pairs, np.int64)
+        self.pairs = pairs if len(self.pair_pool) else 0
         self.n_seeds = min(seeds_per_epoch or store.n_nodes, store.n_nodes)
         self.target_types = np.unique(store.node_type[store.deep_pairs[:, 1]]) if len(store.deep_pairs) else np.zeros(0, np.int8)
         self._order: tuple[int, np.ndarray] | None = None
-        # pairs are drawn ~ store.deep_weight (inverse CDF); a pair's rate is its weight / total
-        self._cum = np.cumsum(store.deep_weight)
+        # pairs are drawn ~ their deep-stage weight (inverse CDF); a pair's rate is its weight / total
+        weight = store.deep_weight if train_pairs is None else _pair_weights(store, self.pair_pool)
+        self._cum = np.cumsum(weight)
         self._total = float(self._cum[-1]) if len(self._cum) else 1.0
 
     def draw_pairs(self, rng: np.random.Generator, n: int) -> np.ndarray:
@@ -84,7 +88,7 @@ class TrainBatches(Dataset):
         if n == 0:
             return np.zeros((0, 2), np.int64)
         idx = np.searchsorted(self._cum, rng.random(n) * self._total, side="right")
-        return self.store.deep_pairs[np.minimum(idx, len(self._cum) - 1)]
+        return self.pair_pool[np.minimum(idx, len(self._cum) - 1)]
 
     def __len__(self) -> int:
         """Batches per rank and epoch."""
@@ -145,6 +149,15 @@ class TrainBatches(Dataset):
         cols = self.catalogue_row[eng.dst[e[keep]]]
         ok = cols >= 0
         return {"cat_target": self.catalogue_row[pairs[:, 1]], "cat_mask_rows": row_of[keep][ok], "cat_mask_cols": cols[ok]}
+
+
+def _pair_weights(store: GraphStore, pairs: np.ndarray) -> np.ndarray:
+    """The deep-stage sampling weights of a subset of ``store.deep_pairs`` (given as rows)."""
+    n = store.n_nodes
+    keys = store.deep_pairs[:, 0] * n + store.deep_pairs[:, 1]
+    order = np.argsort(keys)
+    pos = order[np.searchsorted(keys[order], pairs[:, 0] * n + pairs[:, 1])]
+    return store.deep_weight[pos]
 
 
 def catalogue(store: GraphStore) -> np.ndarray:
@@ -229,6 +242,8 @@ class HirDataModule(L.LightningDataModule):
         self.seed = seed
         self.val: ValSet = validation_set(store, val_candidates, seed, val_protocol)
         self.pair_entities = pair_entities
+        # the pairs training draws (None = every deep pair; set from the spectral fit's held-out ones)
+        self.train_pairs: np.ndarray | None = None
 
     @property
     def catalogue(self) -> np.ndarray:
@@ -243,7 +258,7 @@ class HirDataModule(L.LightningDataModule):
         rank = self.trainer.global_rank if self.trainer else 0
         world = self.trainer.world_size if self.trainer else 1
         ds = TrainBatches(self.store, self.sampler, self.batch_size, self.pairs, self.seeds_per_epoch, self.seed, rank, world,
-                          self.catalogue, self.pair_entities)
+                          self.catalogue, self.pair_entities, self.train_pairs)
         log.info("train: %d batches per epoch per rank (rank %d of %d), %d seeds + %d pairs per batch",
                  len(ds), rank, world, self.batch_size, ds.pairs)
         n = len(ds)

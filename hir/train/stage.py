@@ -78,7 +78,7 @@ def spectral_base(store: Any, cfg_spectral: dict[str, Any], valset: Any, seed: i
         rank = cfg_spectral["rank"]
         ranks = sorted(int(r) for r in cfg_spectral["ranks"]) if rank == "auto" else [int(rank)]
         basis = fit_spectral(store, max(ranks), float(cfg_spectral["stage_base"]), float(cfg_spectral["sigma_weight"]),
-                             int(cfg_spectral["n_iter"]), seed)
+                             int(cfg_spectral["n_iter"]), seed, float(cfg_spectral["holdout"]))
         if len(ranks) > 1:
             best, table = select_rank(store, basis, valset, ranks)
             report["val_recall@20_by_rank"] = table
@@ -167,6 +167,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         )
     basis, spectral = spectral_base(store, _container(m.spectral), dm.val, int(cfg.seed), ckpt_dir / SPECTRAL_FILE,
                                     reuse=bool(ckpt_path))
+    if len(basis.heldout):
+        # the transformer learns on the pairs the base never saw (see fit_spectral)
+        dm.train_pairs = basis.heldout
     net_kw = net_config(m, store.spec, basis.rank)
     net = HirNet(**net_kw)
     module = HirModule(net, net_kw, _container(m.objective), _container(m.optim), list(m.val_k), cfg.seed,

@@ -1,0 +1,189 @@
+"""Representation quality with defaults: `hir pipeline` on real datasets, retrieval of every arm.
+
+    python benchmarks/quality.py                                  # completejourney, online_retail, gowalla
+    python benchmarks/quality.py --datasets online_retail --reuse # re-read a finished run's reports
+
+For each dataset the whole pipeline runs with its defaults (no flags but ``data=`` and the run
+name) in ``outputs/<dataset>/<run-name>``; the figures come from that run's
+``report/metrics.json`` (`hir evaluate`: Milvus retrieval for hir, the baselines popularity,
+item-kNN, LightGCN and content on the same users and history) and
+``checkpoints/train_metrics.json``. Per arm: recall@20 and NDCG@20 of the full ranking, and of
+the LightGCN-paper protocol (each user's history masked from the ranking, relevance = entities
+new to the user), the item-cold slice under masking, and hir's ratio to the best baseline in each
+protocol; for hir also the training wall time, the epoch of the validation plateau, and the
+spectral base's own validation score (what training started from).
+
+Writes benchmarks/results/quality.json and quality.md (paths inside the checkout, relative).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import re
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+ARMS = ("hir", "popularity", "itemknn", "lightgcn", "content")
+BASELINES = ("popularity", "itemknn", "lightgcn")
+# targets of the representation-quality issue (defaults, 2 cores)
+TARGETS = {"masked_ratio": 1.1, "gowalla_recall@20": 0.1830}
+GOWALLA_PUBLISHED = {"LightGCN (paper)": 0.1830, "LightGCN (authors' code)": 0.1824, "EASE^R (BARS)": 0.1765,
+                     "NGCF (LightGCN paper)": 0.1570}
+
+
+def run_pipeline(dataset: str, run_name: str) -> dict[str, Any]:
+    """`hir pipeline data=<dataset> run_name=<run_name> force=true`; returns wall time and stage times."""
+    exe = Path(sys.executable).with_name("hir")
+    t0 = time.perf_counter()
+    res = subprocess.run([str(exe), "pipeline", f"data={dataset}", f"run_name={run_name}", "force=true"],
+                         cwd=ROOT, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if res.returncode != 0:
+        raise SystemExit(f"hir pipeline data={dataset} failed (rc {res.returncode}):\n{res.stderr[-4000:]}")
+    return {"wall_s": round(wall, 1)}
+
+
+def stage_times(run_dir: Path) -> dict[str, float]:
+    """Seconds per stage of the last pipeline in the run's hir.log (``stage X: done in Ns``)."""
+    times: dict[str, float] = {}
+    log = run_dir / "hir.log"
+    if log.exists():
+        for m in re.finditer(r"stage (\w+): done in ([0-9.]+)s", log.read_text()):
+            times[m.group(1)] = float(m.group(2))
+    return times
+
+
+def _metric(section: dict[str, Any], arm: str, key: str) -> float | None:
+    value = (section.get(arm) or {}).get(key)
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def collect(dataset: str, run_dir: Path) -> dict[str, Any]:
+    metrics = json.loads((run_dir / "report" / "metrics.json").read_text())
+    train = json.loads((run_dir / "checkpoints" / "train_metrics.json").read_text())
+    ret = metrics["retrieval"]
+    masked = ret["masked_new_to_user"]
+    cold = masked.get("slices", {}).get("item_cold", {})
+    arms = {}
+    for arm in ARMS:
+        arms[arm] = {
+            "recall@20": _metric(ret, arm, "recall@20"), "ndcg@20": _metric(ret, arm, "ndcg@20"),
+            "masked_new_recall@20": _metric(masked, arm, "recall@20"), "masked_new_ndcg@20": _metric(masked, arm, "ndcg@20"),
+            "masked_item_cold_recall@20": _metric(cold, arm, "recall@20"),
+        }
+
+    def best_of(key: str) -> tuple[str | None, float | None]:
+        vals = {a: arms[a][key] for a in BASELINES if arms[a][key] is not None}
+        if not vals:
+            return None, None
+        a = max(vals, key=lambda k: vals[k])
+        return a, vals[a]
+
+    out: dict[str, Any] = {"arms": arms, "users": ret.get("users"), "masked_users": masked.get("users")}
+    for proto, key in (("all", "recall@20"), ("masked_new_to_user", "masked_new_recall@20")):
+        arm, value = best_of(key)
+        hir = arms["hir"][key]
+        out[f"hir_over_best_{proto}"] = {"best_baseline": arm, "best_value": value, "hir": hir,
+                                         "ratio": hir / value if hir is not None and value else None}
+    best = train.get("best", {})
+    lgcn = ret.get("fits", {}).get("lightgcn", {})
+    out["training"] = {
+        "spectral_rank": train.get("spectral", {}).get("rank"),
+        "spectral_val_recall@20_by_rank": train.get("spectral", {}).get("val_recall@20_by_rank"),
+        "seconds": train.get("seconds"), "epochs": train.get("epochs"), "stopped_by": train.get("stopped_by"),
+        "plateau_epoch": best.get("epoch"), "best_val_recall@20": best.get("score"),
+        "base_val_recall@20": best.get("base_score"), "gain_over_base": best.get("gain_over_base"),
+        "val_curve": [{"epoch": h["epoch"], "val_recall@20": h.get("val/recall@20")} for h in train.get("history", [])],
+    }
+    out["lightgcn_fit"] = {k: lgcn.get(k) for k in ("best_epoch", "epochs", "seconds", "stopped_by", "best_val_recall@20")}
+    out["stages_s"] = stage_times(run_dir)
+    return out
+
+
+def targets(results: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for ds in ("completejourney", "online_retail"):
+        if ds in results:
+            r = results[ds]["hir_over_best_masked_new_to_user"]["ratio"]
+            out[f"{ds}_masked_new_ratio>=1.1"] = {"value": r, "met": r is not None and r >= TARGETS["masked_ratio"]}
+            a = results[ds]["arms"]
+            hc, cc = a["hir"]["masked_item_cold_recall@20"], a["content"]["masked_item_cold_recall@20"]
+            out[f"{ds}_item_cold>=content"] = {"hir": hc, "content": cc,
+                                              "met": hc is not None and cc is not None and hc > 0 and hc >= cc}
+    if "gowalla" in results:
+        r = results["gowalla"]["arms"]["hir"]["masked_new_recall@20"]
+        out["gowalla_recall@20>=0.1830"] = {"value": r, "met": r is not None and r >= TARGETS["gowalla_recall@20"]}
+    return out
+
+
+def _f(x: Any, nd: int = 4) -> str:
+    return "–" if x is None else f"{x:.{nd}f}" if isinstance(x, float) else str(x)
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    lines = ["# Representation quality (defaults, `python benchmarks/quality.py`)", "",
+             f"Run {doc['created']} on {doc['machine']}. Each dataset: `hir pipeline data=<d>` with defaults; "
+             "masked = each user's history removed from the ranking, relevance = entities new to the user "
+             "(the LightGCN-paper protocol).", ""]
+    for ds, r in doc["results"].items():
+        t = r["training"]
+        lines += [f"## {ds}", "",
+                  "| arm | recall@20 | ndcg@20 | masked new-to-user recall@20 | masked ndcg@20 | masked item-cold recall@20 |",
+                  "|---|---|---|---|---|---|"]
+        for arm, a in r["arms"].items():
+            lines.append(f"| {arm} | {_f(a['recall@20'])} | {_f(a['ndcg@20'])} | {_f(a['masked_new_recall@20'])} | "
+                         f"{_f(a['masked_new_ndcg@20'])} | {_f(a['masked_item_cold_recall@20'])} |")
+        m, u = r["hir_over_best_masked_new_to_user"], r["hir_over_best_all"]
+        lines += ["", f"- hir / best baseline: masked new-to-user **{_f(m['ratio'], 3)}** (best {m['best_baseline']}), "
+                      f"full ranking {_f(u['ratio'], 3)} (best {u['best_baseline']})",
+                  f"- training: spectral rank {t['spectral_rank']} (val recall@20 by rank {t['spectral_val_recall@20_by_rank']}), "
+                  f"{t['epochs']} epochs, stopped by {t['stopped_by']}, plateau at epoch {t['plateau_epoch']}; "
+                  f"val recall@20 base {_f(t['base_val_recall@20'])} -> best {_f(t['best_val_recall@20'])}; "
+                  f"seconds {t['seconds']}",
+                  f"- val curve: {', '.join(f'{c['epoch']}: {_f(c['val_recall@20'])}' for c in t['val_curve'])}",
+                  f"- LightGCN: {r['lightgcn_fit']}", f"- stage seconds: {r['stages_s']}, pipeline wall {r.get('wall_s')} s", ""]
+    if "gowalla" in doc["results"]:
+        lines += ["Published results on the Gowalla split (recall@20): "
+                  + ", ".join(f"{k} {v}" for k, v in GOWALLA_PUBLISHED.items()), ""]
+    lines += ["## Targets", "", "| target | value | met |", "|---|---|---|"]
+    for name, t in doc["targets"].items():
+        value = t.get("value") if "value" in t else f"hir {_f(t['hir'])} vs content {_f(t['content'])}"
+        lines.append(f"| {name} | {_f(value, 3) if isinstance(value, float) else value} | {'yes' if t['met'] else 'no'} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--datasets", default="completejourney,online_retail,gowalla")
+    ap.add_argument("--run-name", default="quality")
+    ap.add_argument("--reuse", action="store_true", help="read finished runs instead of running the pipelines")
+    ap.add_argument("--out", default=str(Path("benchmarks") / "results" / "quality.json"))
+    args = ap.parse_args()
+    out_path = ROOT / args.out
+    doc: dict[str, Any] = json.loads(out_path.read_text()) if out_path.exists() else {}
+    results = doc.get("results", {})
+    for ds in [d for d in args.datasets.split(",") if d]:
+        run_dir = ROOT / "outputs" / ds / args.run_name
+        wall = None if args.reuse else run_pipeline(ds, args.run_name)["wall_s"]
+        results[ds] = collect(ds, run_dir) | {"wall_s": wall if wall is not None else results.get(ds, {}).get("wall_s"),
+                                              "run_dir": str(run_dir.relative_to(ROOT))}
+        print(f"{ds}: hir/best masked {results[ds]['hir_over_best_masked_new_to_user']}", flush=True)
+    doc = {"created": datetime.now(UTC).isoformat(timespec="seconds"),
+           "machine": f"{platform.machine()}, {subprocess.getoutput('nproc')} cores",
+           "results": results}
+    doc["targets"] = targets(results)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps(doc, indent=2))
+    out_path.with_suffix(".md").write_text(markdown(doc))
+    print(markdown(doc))
+
+
+if __name__ == "__main__":
+    main()
