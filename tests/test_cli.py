@@ -43,3 +43,62 @@ def test_bad_rows_succeed_with_quarantine(tmp_path):
 
 def test_project_root_is_found(tmp_path):
     assert (ROOT / "conf" / "config.yaml").exists()
+
+
+TINY_SYNTHETIC = ["data=synthetic", "data.adapter.n_users=150", "data.adapter.n_products=240",
+                  "data.adapter.n_events=6000", "data.adapter.n_advertisers=12", "data.adapter.n_campaigns=20"]
+TINY_MODEL = ["model.dim=16", "model.depth=1", "model.heads=2", "model.hierarchy.levels=[2,4,8]",
+              "model.hierarchy.top_k=2", "model.data.batch_size=48", "model.data.pairs=16",
+              "model.data.seeds_per_epoch=192", "model.data.val_candidates=null", "trainer.max_epochs=1",
+              "trainer.enable_progress_bar=false"]
+
+
+def test_multirun_flag_may_stand_anywhere(tmp_path):
+    """`hir prepare experiment-ish=... -m data=...`: overrides after -m used to be rejected."""
+    out = run_hir("prepare", *TINY_SYNTHETIC[:1], "-m", *TINY_SYNTHETIC[1:], "seed=1,2",
+                  f"hydra.sweep.dir={tmp_path}/mr", f"paths.cache_dir={tmp_path}/.cache", cwd=tmp_path)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "unrecognized arguments" not in out.stderr
+    for job in ("0", "1"):
+        assert (tmp_path / "mr" / job / "graph" / "meta.json").exists()
+
+
+def test_help_and_cfg_show_the_stage_that_runs(tmp_path):
+    out = run_hir("train", "--help", cwd=tmp_path)
+    assert out.returncode == 0
+    assert "hir train: one stage of hir" in out.stdout
+    assert "\nstage: train\n" in out.stdout and "stage: pipeline" not in out.stdout
+    # --cfg after an override (Hydra's flags may stand anywhere too), and its value kept
+    out = run_hir("export", "model.dim=24", "--cfg", "job", "seed=5", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.startswith("stage: export\n") and "\n  dim: 24\n" in out.stdout and "\nseed: 5\n" in out.stdout
+
+
+def test_optuna_sweep_prepares_once_and_finds_the_data(tmp_path):
+    """The README's `hir train hparams_search=optuna data=...` from a fresh directory: the trials
+    share one snapshot, prepared before the first trial in the run dir `hir prepare` would use."""
+    out = run_hir("train", "hparams_search=optuna", *TINY_SYNTHETIC, *TINY_MODEL, "hydra.sweeper.n_trials=2",
+                  "hydra.sweeper.sampler.n_startup_trials=2", f"paths.cache_dir={tmp_path}/.cache", cwd=tmp_path)
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-3000:]
+    assert (tmp_path / "outputs" / "synthetic" / "default" / "graph" / "meta.json").exists()
+    assert (tmp_path / "outputs" / "synthetic" / "default" / "content" / "meta.json").exists()
+    (sweep,) = (tmp_path / "multirun").iterdir()
+    assert (sweep / "optimization_results.yaml").exists()
+    assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == ["0", "1"]
+    assert not (sweep / "0" / "graph").exists()  # trials read the shared snapshot, never their own
+    assert text.count("stage prepare: start") == 1
+    assert "setup plugin" not in text  # alembic's plugin registry at INFO, through Hydra's logger
+
+
+def test_a_missing_optimized_metric_names_the_cause(tmp_path):
+    """No deep-funnel events in the val split: training cannot rank validation pairs, so it
+    returns no val/recall@K; the sweep used to die with a KeyError."""
+    out = run_hir("pipeline", "pipeline.stages=[prepare,enrich,train]", *TINY_SYNTHETIC, *TINY_MODEL,
+                  "data.split.val_fraction=0.0005", "optimized_metric=val/recall@20", f"hydra.run.dir={tmp_path}/run",
+                  f"paths.cache_dir={tmp_path}/.cache", cwd=tmp_path)
+    text = out.stdout + out.stderr
+    assert out.returncode == 2, text[-3000:]
+    assert "Traceback" not in text and "KeyError" not in text
+    assert "dataset 'synthetic' has no 'purchase' (deep-funnel) events in its val split" in text
+    assert "data.split.val_fraction" in text
