@@ -249,6 +249,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         log.info("report exists at %s; reusing it (force=true recomputes)", report_dir)
         metrics = json.loads(done.read_text())
         print_summary(metrics, report_dir)
+        require_arms(metrics, cfg.eval, report_dir)
         return metrics
     ev = cfg.eval
     seed = int(ev.seed)
@@ -269,7 +270,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             int(ev.id_buckets), float(ev.min_fit_coverage), bool(ev.ranker_crossfit_fallback), int(ev.crossfit_folds),
         )
         sources.notes += ranking["notes"]
-        sources.notes += [f"ranking arm {arm} skipped: {why}" for arm, why in ranking["skipped"].items()]
+        for arm, why in ranking["skipped"].items():
+            ranking[arm]["skipped"] = why  # metrics.json: ranking.<arm>.skipped = the reason
         timings["ranking"] = time.perf_counter() - t0
         step("retrieval")
         t0 = time.perf_counter()
@@ -306,4 +308,21 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         metrics["timings_s"] = timings | {"figures": time.perf_counter() - t0}
         metrics = write_report(report_dir, metrics, figs)
     print_summary(metrics, report_dir)
+    require_arms(metrics, cfg.eval, report_dir)
     return metrics
+
+
+# ranking arm -> the option that lets it be missing from a report
+ARM_OPTIONS = {"hir": "eval.require_hir", "content": "eval.require_content"}
+
+
+def require_arms(metrics: dict[str, Any], ev: DictConfig, report_dir: Path) -> None:
+    """A ranking arm that was skipped fails the stage (the report is written first, and says
+    why), unless its ``eval.require_<arm>=false`` allows it."""
+    skipped = {arm: why for arm, why in ((metrics.get("ranking") or {}).get("skipped") or {}).items()
+               if bool(ev.get(ARM_OPTIONS.get(arm, "").removeprefix("eval."), True))}
+    if skipped:
+        lines = "; ".join(f"ranking arm {arm} skipped: {why}" for arm, why in skipped.items())
+        options = " ".join(f"{ARM_OPTIONS[a]}=false" for a in skipped if a in ARM_OPTIONS)
+        raise HirError(f"{lines}. The report ({report_dir / 'report.md'}) has the other arms; to accept a report "
+                       f"without {', '.join(skipped)}, run again with {options}")
