@@ -4,6 +4,7 @@ Feast calls and the retrieval helper. One published store is shared by the modul
 from __future__ import annotations
 
 import json
+import logging
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
@@ -44,7 +45,84 @@ def test_manifest_says_what_was_published_where(served: SimpleNamespace) -> None
     assert m["rows"]["product"] == served.emb["product"].height
     assert all(s["self_hit"] >= 0.9 for s in m["milvus"]["sanity"].values())
     assert read_state(served.store_dir)["live"] == "v1"
+    assert m["status"] == "live" and m["live_version"] == "v1"
     assert_serving(served.store_dir, "v1")
+
+
+def test_manifest_records_the_checksum_of_what_feast_and_milvus_got(served: SimpleNamespace) -> None:
+    from hir.publish import milvus_store
+    from hir.validate.binding import sha256
+
+    m = served.manifest
+    for etype, path in m["feast"]["offline_files"].items():
+        assert m["feast"]["offline_sha256"][etype] == sha256(Path(path))
+        payload = m["milvus"]["payload"][etype]
+        assert payload["sha256"] == sha256(Path(payload["file"])) and payload["rows"] == m["rows"][etype]
+    # the payload file holds exactly the vectors Milvus serves
+    sent = pl.read_parquet(m["milvus"]["payload"]["product"]["file"]).head(5)
+    client = milvus_store.connect(m["milvus"]["uri"])
+    try:
+        milvus_store.ensure_loaded(client, m["milvus"]["aliases"]["product"])
+        got = client.get(m["milvus"]["aliases"]["product"], ids=sent["id"].to_list(), output_fields=["embedding"])
+    finally:
+        milvus_store.disconnect(client, m["milvus"]["uri"])
+    by_id = {g["id"]: np.asarray(g["embedding"], np.float32) for g in got}
+    for pid, vec in zip(sent["id"], sent["embedding"].to_list()):
+        np.testing.assert_array_equal(by_id[pid], np.asarray(vec, np.float32))
+
+
+def test_nudged_twins_are_checked_against_the_validated_vectors(make_run) -> None:
+    """Exact twins are nudged apart for HNSW; the nudge is recorded and bounded, and one too large
+    to still be the validated vector stops the publish before anything is switched."""
+    from hir.errors import HirError
+
+    cfg = make_run("twins", created=CREATED)
+    path = Path(cfg.paths.embeddings_dir) / "product.parquet"
+    frame = pl.read_parquet(path)
+    emb = frame["embedding"].to_list()
+    for i in (1, 2, 3):
+        emb[i] = emb[0]
+    frame.with_columns(pl.Series("embedding", emb, dtype=pl.List(pl.Float32))).write_parquet(path)
+    validate.run(cfg)
+    too_far = export_run(Path(cfg.paths.graph_dir), Path(cfg.paths.output_dir), "twins", "publish.milvus.tie_break=1.0",
+                         created=CREATED)
+    frame.with_columns(pl.Series("embedding", emb, dtype=pl.List(pl.Float32))).write_parquet(path)  # same files again
+    with pytest.raises(HirError, match=r"product vectors for Milvus: 3 vectors would reach Milvus changed from the "
+                                       r"validated ones .*lower publish\.milvus\.tie_break"):
+        publish.run(too_far)
+    assert read_state(Path(cfg.publish.store_dir))["live"] is None
+    publish.run(cfg)
+    manifest = json.loads((Path(cfg.paths.publish_dir) / "manifest.json").read_text())
+    payload = manifest["milvus"]["payload"]["product"]
+    assert payload["nudged"] == manifest["milvus"]["tie_broken_rows"]["product"] == 3
+    assert 0.999 <= payload["min_cosine_to_validated"] < 1.0
+    sent = pl.read_parquet(payload["file"]).filter(pl.col("id").is_in(frame["entity_id"].head(4).to_list()))
+    assert sent["twin_group"].n_unique() == 1 and sent["embedding"].n_unique() == 4  # one group, four vectors
+
+
+def test_plain_pymilvus_from_another_process(served: SimpleNamespace, tmp_path: Path) -> None:
+    """The README's serving path without hir: every collection of a Milvus Lite dir opens released
+    in a new process, so a reader loads the alias before searching."""
+    import subprocess
+    import sys
+
+    product = served.emb["product"].row(11, named=True)
+    script = tmp_path / "reader.py"
+    script.write_text(f"""
+import json, sys
+from pymilvus import MilvusClient
+manifest = json.load(open({str(served.base / "v1" / "publish" / "manifest.json")!r}))
+client = MilvusClient(manifest["milvus"]["uri"])
+alias = manifest["milvus"]["aliases"]["product"]
+client.load_collection(alias)   # a new process sees every collection released
+hits = client.search(alias, data=[{list(product["embedding"])!r}], limit=3, output_fields=["id", "coarse_token"],
+                     search_params={{"params": manifest["milvus"]["search_params"]}})
+print(json.dumps([h["id"] for h in hits[0]]))
+client.close()
+""")
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1])[0] == product["entity_id"]
 
 
 def test_readme_snippet_online_and_point_in_time(served: SimpleNamespace) -> None:
@@ -93,10 +171,12 @@ def test_readme_snippet_online_and_point_in_time(served: SimpleNamespace) -> Non
     assert unknown["user__embedding"] == [None]
 
 
-def test_same_version_again_is_a_noop(served: SimpleNamespace, capsys: pytest.CaptureFixture) -> None:
+def test_same_version_again_is_a_noop(served: SimpleNamespace, caplog: pytest.LogCaptureFixture) -> None:
     history = len(read_state(served.store_dir)["history"])
-    metrics = publish.run(served.cfg)
-    assert metrics["noop"] and "already live" in capsys.readouterr().out
+    with caplog.at_level(logging.INFO, logger="hir.publish.stage"):
+        metrics = publish.run(served.cfg)
+    assert metrics["noop"] and "already live" in caplog.text
+    assert "v1: LIVE (feature service, Milvus aliases)" in caplog.text  # the store's state, printed
     assert len(read_state(served.store_dir)["history"]) == history
 
 
