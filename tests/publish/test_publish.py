@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,6 +19,7 @@ from hir.publish import stage as publish
 from hir.publish.live import read_state
 from hir.validate import stage as validate
 from hir.validate.binding import NotValidated
+from tests.conftest import ROOT
 from tests.publish.conftest import assert_serving, export_run
 
 CREATED = datetime(2026, 1, 1, tzinfo=UTC)
@@ -100,38 +102,58 @@ def test_nudged_twins_are_checked_against_the_validated_vectors(make_run) -> Non
     assert sent["twin_group"].n_unique() == 1 and sent["embedding"].n_unique() == 4  # one group, four vectors
 
 
-def test_plain_pymilvus_from_another_process(served: SimpleNamespace, tmp_path: Path) -> None:
-    """The README's serving path without hir: every collection of a Milvus Lite dir opens released
-    in a new process, so a reader loads the alias before searching."""
+def _readme_blocks(section: str) -> list[str]:
+    """The ```python blocks of one README section, in order."""
+    text = (ROOT / "README.md").read_text()
+    body = text[text.index(f"## {section}"):]
+    body = body[:body.index("\n## ", 3)]
+    return re.findall(r"```python\n(.*?)```", body, flags=re.S)
+
+
+def test_readme_serving_snippets_run_as_written(served: SimpleNamespace, tmp_path: Path) -> None:
+    """The README's serving code, in a fresh process as a user runs it, with only the manifest
+    path, the ids and the dates replaced by this store's: Feast online (an unknown id comes back
+    as None and the coverage count says so), point in time, and plain pymilvus."""
     import subprocess
     import sys
 
-    product = served.emb["product"].row(11, named=True)
-    script = tmp_path / "reader.py"
-    script.write_text(f"""
-import json, sys
-from pymilvus import MilvusClient
-manifest = json.load(open({str(served.base / "v1" / "publish" / "manifest.json")!r}))
-client = MilvusClient(manifest["milvus"]["uri"])
-alias = manifest["milvus"]["aliases"]["product"]
-client.load_collection(alias)   # a new process sees every collection released
-hits = client.search(alias, data=[{list(product["embedding"])!r}], limit=3, output_fields=["id", "coarse_token"],
-                     search_params={{"params": manifest["milvus"]["search_params"]}})
-print(json.dumps([h["id"] for h in hits[0]]))
-client.close()
-""")
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    blocks = _readme_blocks("Serving: reading HIR features downstream")
+    assert len(blocks) == 2
+    user, product = served.emb["user"]["entity_id"][5], served.emb["product"]["entity_id"][7]
+    code = "\n".join(blocks)
+    for old, new in (("outputs/completejourney/default/publish/manifest.json",
+                      str(served.base / "v1" / "publish" / "manifest.json")),
+                     ('"1234"', repr(user)), ('"1082185"', repr(product)),
+                     ('"2017-06-01"', repr(str(CREATED.date() - timedelta(days=1)))),
+                     ('"2017-12-01"', repr(str(CREATED.date() + timedelta(days=1))))):
+        assert old in code, old
+        code = code.replace(old, new)
+    code += """
+import json as _json
+print("RESULT", _json.dumps({"covered": covered, "status": manifest["status"], "hits": [h["id"] for h in hits[0]],
+       "pit": training.sort_values("event_timestamp")["product__model_version"].tolist(),
+       "missing": online["product__embedding"][1] is None}))
+"""
+    script = tmp_path / "readme.py"
+    script.write_text(code)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert json.loads(proc.stdout.strip().splitlines()[-1])[0] == product["entity_id"]
+    out = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))[7:])
+    assert out["covered"] == 1 and out["missing"] is True       # the unknown product: None, counted
+    assert out["status"] == "live"
+    assert out["pit"] == [None, "v1"]                           # before / after the export's cutoff
+    u = served.emb["user"].filter(pl.col("entity_id") == user)["embedding"][0].to_numpy()
+    prods = served.emb["product"]
+    best = prods["entity_id"][int(np.argmax(np.stack(prods["embedding"].to_numpy()) @ u))]
+    assert len(out["hits"]) == 10 and out["hits"][0] == best    # plain pymilvus finds the exact top-1
 
 
-def test_readme_snippet_online_and_point_in_time(served: SimpleNamespace) -> None:
-    """The README's snippet, verbatim apart from the manifest path and the ids."""
+def test_online_and_point_in_time_values_are_the_exported_ones(served: SimpleNamespace) -> None:
+    """What the README's calls return, value by value, against the export files."""
     manifest_path = served.base / "v1" / "publish" / "manifest.json"
     user, product = served.emb["user"]["entity_id"][5], served.emb["product"]["entity_id"][7]
     t_known = CREATED + timedelta(days=1)
     t_before = CREATED - timedelta(days=1)
-    # --- README snippet ---
     import json
 
     from feast import FeatureStore
@@ -150,7 +172,6 @@ def test_readme_snippet_online_and_point_in_time(served: SimpleNamespace) -> Non
         "event_timestamp": pd.to_datetime([t_known, t_before], utc=True),  # as of each row's time
     })
     training = store.get_historical_features(entity_df=entity_df, features=service, full_feature_names=True).to_df()
-    # --- end of snippet ---
     u_row = served.emb["user"].filter(pl.col("entity_id") == user).row(0, named=True)
     p_row = served.emb["product"].filter(pl.col("entity_id") == product).row(0, named=True)
     np.testing.assert_allclose(online["user__embedding"][0], u_row["embedding"], rtol=1e-6)
