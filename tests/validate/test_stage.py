@@ -151,3 +151,32 @@ def test_collapsed_cold_start_embeddings_fail_coverage(make_run) -> None:
     assert "embeddings/product.parquet (coverage of the snapshot) | column embedding | at least 90% of the cold-start" in msg
     result = json.loads((_run_dir(cfg) / "validation" / "result.json").read_text())
     assert result["cold_start_coverage"]["product"] < 0.5
+
+
+def test_row_conditions_raise_no_deprecation_warnings(tmp_path: Path) -> None:
+    """Expectations on a subset of rows (split shares, cold-start coverage) used GX's string
+    row_condition + condition_parser, deprecated since GX 1.9: every one warned, 114 lines in one
+    sweep's log. They are Condition objects now, and they still select the right rows."""
+    import warnings
+
+    from hir.validate import suites
+    from hir.validate.checkpoint import run_checkpoint
+
+    shares = pl.DataFrame({"id": ["train", "val", "test"], "events": [8, 1, 1], "share": [0.98, 0.01, 0.01]})
+    cover = pl.DataFrame({"id": [str(i) for i in range(6)], "cold": [True] * 3 + [False] * 3, "has_row": [True] * 6,
+                          "has_embedding": [False] + [True] * 5})
+    tables = [suites.splits_table(shares, {"train": (0.4, 0.9), "val": (0.01, 0.4), "test": (0.01, 0.4)}),
+              suites.coverage_table("product", cover, 0.9)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        outcome = run_checkpoint(tables, tmp_path / "t", tmp_path / "d")
+    deprecations = [str(w.message) for w in caught
+                    if (issubclass(w.category, DeprecationWarning) and "row_condition" in str(w.message))
+                    or "condition_parser" in str(w.message)]
+    assert deprecations == []
+    assert {(f.table, f.check) for f in outcome.failures} == {
+        ("graph/events.parquet (split shares)", "train share of events within [0.4, 0.9]"),
+        ("embeddings/product.parquet (coverage of the snapshot)", "every cold-start entity has a finite embedding"),
+    }
+    (fail,) = [f for f in outcome.failures if "cold-start" in f.check]
+    assert fail.examples == ["0"]  # only the cold rows were checked
