@@ -85,8 +85,17 @@ class Sources:
             raise InputError(f"eval.hir_source=published but {Path(paths.publish_dir) / 'manifest.json'} does not exist; "
                              "run `hir publish` first")
         has_files = (self.emb_dir / f"{entity_type}.parquet").exists() and (self.emb_dir / "user.parquet").exists()
+        if self.manifest is not None and self.manifest.get("status") == "retired":
+            raise InputError(
+                f"{Path(paths.publish_dir) / 'manifest.json'} pins version {self.manifest['version']!r}, which its store "
+                f"retired (live there: {self.manifest.get('live_version')!r}); publish this run again (`hir publish`), "
+                "or evaluate its export files with eval.hir_source=files"
+            )
         if self.manifest is not None:
             self.hir = "published"
+            if self.manifest.get("status") == "kept":
+                self.notes.append(f"version {self.manifest['version']!r} is kept, not live, in {self.manifest['store_dir']} "
+                                  f"(live: {self.manifest.get('live_version')!r}); evaluated through its pinned views")
         elif mode in ("auto", "files") and has_files:
             self.hir = "files"
             if mode == "auto":

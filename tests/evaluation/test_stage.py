@@ -131,3 +131,17 @@ def test_cli_prints_errors_without_traceback(tmp_path: Path) -> None:
     out = res.stdout + res.stderr
     assert res.returncode == 2
     assert "run `hir prepare`" in out and "Traceback" not in out
+
+
+def test_a_retired_version_is_not_evaluated_silently(compose: Callable, tiny_graph: Path, tmp_path: Path) -> None:
+    """The run's manifest pins a version its store has retired since (its Feast views and
+    Milvus collections are gone): say so, and how to go on."""
+    manifest = {"version": "v1", "status": "retired", "live_version": "v3", "store_dir": "/s",
+                "feast": {"repo_path": "/r", "feature_service": "rankers_v1", "feature_views": {}, "entities": {},
+                          "offline_files": {}, "live_feature_service": "rankers"},
+                "milvus": {"uri": "/m", "aliases": {}, "collections": {}}}
+    (tmp_path / "publish").mkdir()
+    (tmp_path / "publish" / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(InputError, match=r"pins version 'v1', which its store retired \(live there: 'v3'\).*"
+                                         r"eval\.hir_source=files"):
+        stage.run(compose("data=rees46", f"paths.graph_dir={tiny_graph}", TINY_TASK, *FAST, stage="evaluate"))
