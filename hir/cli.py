@@ -68,9 +68,13 @@ def serving_dir(shared: str) -> str:
     (`hir promote <cell dir>` publishes one cell into ``shared`` on purpose)."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
+    from omegaconf import OmegaConf
 
     if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
-        return str(Path(HydraConfig.get().runtime.output_dir) / "serving")
+        job_dir = OmegaConf.select(HydraConfig.get(), "runtime.output_dir", default=None, throw_on_missing=False)
+        if job_dir:
+            return str(Path(job_dir) / "serving")
+        # before any job runs (a sweep callback): nothing publishes there
     return shared
 
 
