@@ -99,12 +99,22 @@ def matrix(frame: pl.DataFrame, column: str = "embedding") -> np.ndarray | None:
     return col.list.to_array(int(lens.max())).to_numpy().astype(np.float32)
 
 
+def semantic_part(z: np.ndarray) -> np.ndarray:
+    """(n, dim) embeddings -> (n, dim - 1): every coordinate but the last, which carries a
+    per-entity prior or scale (docs/contracts.md, embeddings). Two entities that differ only there
+    are the same to anything that compares their meaning."""
+    return z[:, :-1] if z.ndim == 2 and z.shape[1] > 1 else z
+
+
 def nearest_cosine(z: np.ndarray, query: np.ndarray, pool: np.ndarray, labels: np.ndarray | None = None,
                    block: int = 8192) -> np.ndarray:
     """Per row index in ``query``, the highest cosine to a row of ``pool`` (row indices of ``z``,
     (n, dim)) other than itself; with ``labels`` (n,), only to rows whose label differs from its
-    own. -2 where there is no such row. Non-finite rows compare as -2."""
-    unit = z / np.linalg.norm(z, axis=1, keepdims=True).clip(1e-12)
+    own. -2 where there is no such row. Non-finite rows compare as -2; all-zero rows are one
+    direction of their own (twins of each other, of nothing else)."""
+    norms = np.linalg.norm(z, axis=1, keepdims=True)
+    zero = (norms < 1e-6) & np.isfinite(norms)
+    unit = np.concatenate([z / norms.clip(1e-12) * ~zero, zero.astype(z.dtype)], axis=1)  # (n, dim + 1)
     unit = np.where(np.isfinite(unit).all(1, keepdims=True), unit, np.nan)
     best = np.full(len(query), -2.0, np.float64)
     q = unit[query]  # (Q, dim)
@@ -141,7 +151,7 @@ def twin_view(frame: pl.DataFrame, tolerance: float, sample: int, seed: int = 0)
         if len(query):
             pool = _sample(np.arange(frame.height), TWIN_POOL, seed + 1)
             pool = np.union1d(pool, query)
-            out[query] = nearest_cosine(z, query, pool) < 1 - tolerance
+            out[query] = nearest_cosine(semantic_part(z), query, pool) < 1 - tolerance
     return pl.Series("emb_no_twin", out.tolist(), dtype=pl.Boolean)
 
 
@@ -151,7 +161,8 @@ def coverage_view(graph_nodes: pl.DataFrame, frame: pl.DataFrame, emb_view: pl.D
     ``has_row`` (the export has a row for it), ``has_embedding`` (that row's embedding is present
     and finite) and ``covered``: for cold-start entities with text (a seeded sample of at most
     ``sample``), True when no cold-start entity with a *different* text has (nearly) the same
-    vector (cosine >= 1 - ``tolerance``), i.e. the model told it apart from its content; null for
+    vector (cosine >= 1 - ``tolerance`` of the :func:`semantic_part`), i.e. the model told it apart
+    from its content; null for
     the others. Cold-start embeddings that all collapsed onto a few vectors are not covered.
 
     Args:
@@ -177,7 +188,7 @@ def coverage_view(graph_nodes: pl.DataFrame, frame: pl.DataFrame, emb_view: pl.D
         position = {k: i for i, k in enumerate(view["id"].to_list())}
         labels = cold["_text"].cast(pl.Categorical).to_physical().to_numpy()
         query = _sample(np.arange(cold.height), sample, seed)
-        best = nearest_cosine(z, query, np.arange(cold.height), labels)
+        best = nearest_cosine(semantic_part(z), query, np.arange(cold.height), labels)
         ids = cold["id"].to_list()
         for q, b in zip(query, best):
             covered[position[ids[q]]] = bool(b < 1 - tolerance)
