@@ -123,6 +123,11 @@ def targets(results: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _curve(points: list[dict[str, Any]]) -> str:
+    """"epoch: val recall@20" per validation point."""
+    return ", ".join(f"{c['epoch']}: {_f(c['val_recall@20'])}" for c in points)
+
+
 def _f(x: Any, nd: int = 4) -> str:
     return "–" if x is None else f"{x:.{nd}f}" if isinstance(x, float) else str(x)
 
@@ -147,7 +152,7 @@ def markdown(doc: dict[str, Any]) -> str:
                   f"{t['epochs']} epochs, stopped by {t['stopped_by']}, plateau at epoch {t['plateau_epoch']}; "
                   f"val recall@20 base {_f(t['base_val_recall@20'])} -> best {_f(t['best_val_recall@20'])}; "
                   f"seconds {t['seconds']}",
-                  f"- val curve: {', '.join(f'{c['epoch']}: {_f(c['val_recall@20'])}' for c in t['val_curve'])}",
+                  f"- val curve: {_curve(t['val_curve'])}",
                   f"- LightGCN: {r['lightgcn_fit']}", f"- stage seconds: {r['stages_s']}, pipeline wall {r.get('wall_s')} s", ""]
     if "gowalla" in doc["results"]:
         lines += ["Published results on the Gowalla split (recall@20): "

@@ -156,13 +156,24 @@ def _print(header: list[str], rows: list[list[str]]) -> None:
         except ValueError:
             return value
 
+    # swept keys by their last part (model.optim.lr -> lr), metrics in full
+    names = [header[i] if i >= metrics_start else header[i].rsplit(".", 1)[-1] for i in keep]
+    cells = [[short(row[i]) if 0 < i < metrics_start else row[i] for i in keep] for row in rows]
+    console = Console()
+    # a table wider than the terminal would fold every cell letter by letter: then one line per job
+    width = sum(max(len(n), *(len(c[j]) for c in cells)) + 3 for j, n in enumerate(names)) + 1
+    if width > console.width:
+        console.print("hir gather (headline metrics; every column is in the .md / .csv)", soft_wrap=True)
+        for c in cells:
+            console.print(f"  job {c[0]}: " + ", ".join(f"{n}={v}" for n, v in zip(names[1:], c[1:]) if v),
+                          soft_wrap=True, highlight=False)
+        return
     t = Table(title="hir gather (headline metrics; every column is in the .md / .csv)")
-    for i in keep:
-        # swept keys by their last part (model.optim.lr -> lr), metrics in full
-        t.add_column(header[i] if i >= metrics_start else header[i].rsplit(".", 1)[-1], overflow="fold")
-    for row in rows:
-        t.add_row(*[short(row[i]) if 0 < i < metrics_start else row[i] for i in keep])
-    Console().print(t)
+    for name in names:
+        t.add_column(name, no_wrap=True)
+    for c in cells:
+        t.add_row(*c)
+    console.print(t)
 
 
 def run(cfg: Any) -> dict[str, Any]:

@@ -49,6 +49,10 @@ def ranking_rows(m: Mapping[str, Any]) -> list[list[str]]:
     rows = []
     for arm in RANKING_ARMS:
         a = r.get(arm) or {}
+        if a.get("skipped"):
+            # the reason's first clause here; the whole of it under the table
+            rows.append([arm, "skipped", "–", "–", "skipped: " + str(a["skipped"]).split(":")[0]])
+            continue
         lift = r.get("ne_lift") if arm == "hir" else r.get("ne_lift_content") if arm == "content" else None
         rows.append([arm, fmt(a.get("auc")), fmt(a.get("ne")), fmt(a.get("calibration"), 3),
                      fmt_ci(lift) if arm != "baseline" else "–"])
@@ -132,6 +136,8 @@ def print_summary(m: Mapping[str, Any], report_dir: Path) -> None:
         for line in (skipped_line(section), ratio_line(section)):
             if line:
                 console.print(f"{title}: {line}")
+    for arm, why in ((m.get("ranking") or {}).get("skipped") or {}).items():
+        console.print(f"[red]ranking arm {arm}: skipped: {why}[/]")
     for note in (m.get("sources") or {}).get("notes", []):
         console.print(f"[yellow]note:[/] {note}")
     console.print(f"report: {report_dir / 'report.html'}")
@@ -238,7 +244,7 @@ def fits_md(m: Mapping[str, Any]) -> str:
                      f"{g.get('selection', 'val recall@20')} {fmt(g['best_val_recall@20'])} "
                      f"({fmt(g['seconds'], 1)}s{stop})")
     for arm, why in ((m.get("ranking") or {}).get("skipped") or {}).items():
-        parts.append(f"ranking arm {arm} skipped: {why}")
+        parts.append(f"ranking arm {arm}: skipped: {why}")
     return "Training: " + "; ".join(parts) + "." if parts else ""
 
 

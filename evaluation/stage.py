@@ -85,8 +85,17 @@ class Sources:
             raise InputError(f"eval.hir_source=published but {Path(paths.publish_dir) / 'manifest.json'} does not exist; "
                              "run `hir publish` first")
         has_files = (self.emb_dir / f"{entity_type}.parquet").exists() and (self.emb_dir / "user.parquet").exists()
+        if self.manifest is not None and self.manifest.get("status") == "retired":
+            raise InputError(
+                f"{Path(paths.publish_dir) / 'manifest.json'} pins version {self.manifest['version']!r}, which its store "
+                f"retired (live there: {self.manifest.get('live_version')!r}); publish this run again (`hir publish`), "
+                "or evaluate its export files with eval.hir_source=files"
+            )
         if self.manifest is not None:
             self.hir = "published"
+            if self.manifest.get("status") == "kept":
+                self.notes.append(f"version {self.manifest['version']!r} is kept, not live, in {self.manifest['store_dir']} "
+                                  f"(live: {self.manifest.get('live_version')!r}); evaluated through its pinned views")
         elif mode in ("auto", "files") and has_files:
             self.hir = "files"
             if mode == "auto":
@@ -252,6 +261,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         log.info("report exists at %s; reusing it (force=true recomputes)", report_dir)
         metrics = json.loads(done.read_text())
         print_summary(metrics, report_dir)
+        require_arms(metrics, cfg.eval, report_dir)
         return metrics
     ev = cfg.eval
     seed = int(ev.seed)
@@ -272,7 +282,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             int(ev.id_buckets), float(ev.min_fit_coverage), bool(ev.ranker_crossfit_fallback), int(ev.crossfit_folds),
         )
         sources.notes += ranking["notes"]
-        sources.notes += [f"ranking arm {arm} skipped: {why}" for arm, why in ranking["skipped"].items()]
+        for arm, why in ranking["skipped"].items():
+            ranking[arm]["skipped"] = why  # metrics.json: ranking.<arm>.skipped = the reason
         timings["ranking"] = time.perf_counter() - t0
         step("retrieval")
         t0 = time.perf_counter()
@@ -309,4 +320,21 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         metrics["timings_s"] = timings | {"figures": time.perf_counter() - t0}
         metrics = write_report(report_dir, metrics, figs)
     print_summary(metrics, report_dir)
+    require_arms(metrics, cfg.eval, report_dir)
     return metrics
+
+
+# ranking arm -> the option that lets it be missing from a report
+ARM_OPTIONS = {"hir": "eval.require_hir", "content": "eval.require_content"}
+
+
+def require_arms(metrics: dict[str, Any], ev: DictConfig, report_dir: Path) -> None:
+    """A ranking arm that was skipped fails the stage (the report is written first, and says
+    why), unless its ``eval.require_<arm>=false`` allows it."""
+    skipped = {arm: why for arm, why in ((metrics.get("ranking") or {}).get("skipped") or {}).items()
+               if bool(ev.get(ARM_OPTIONS.get(arm, "").removeprefix("eval."), True))}
+    if skipped:
+        lines = "; ".join(f"ranking arm {arm} skipped: {why}" for arm, why in skipped.items())
+        options = " ".join(f"{ARM_OPTIONS[a]}=false" for a in skipped if a in ARM_OPTIONS)
+        raise HirError(f"{lines}. The report ({report_dir / 'report.md'}) has the other arms; to accept a report "
+                       f"without {', '.join(skipped)}, run again with {options}")

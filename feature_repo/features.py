@@ -4,7 +4,9 @@ Per entity type (user, product, advertiser, campaign, category; whichever the da
 
 - an ``Entity`` keyed by ``<type>_id`` (the entity's original key, a string);
 - a ``FileSource`` over that type's export parquet (read by the duckdb offline store), wrapped in
-  a ``PushSource`` so `hir refresh` can push new entities straight to the online store;
+  a ``PushSource`` so `hir refresh` can push new entities to the online store and append them to
+  that parquet (offline push: the views have only String, Array(Float32) and Array(Int32)
+  fields, which Feast's offline push handles; Array(String) would not, ../shared/STACK.md §5);
 - a ``FeatureView`` named ``<type>_<version>``: ``embedding`` (Array(Float32), L2-normalised),
   ``tokens_l<k>`` (Array(Int32), the top-k prototypes of level k, 0 = coarsest) and
   ``weights_l<k>`` (Array(Float32), summing to 1) per level, ``model_version``. TTL 0 = rows never

@@ -25,12 +25,13 @@ STAGES: dict[str, tuple[str, str]] = {
     "export": ("hir.export.stage", "universal embeddings + Bag-of-Meaning tokens per entity (embeddings/, hierarchy/)"),
     "validate": ("hir.validate.stage", "Great Expectations suites over graph/ and embeddings/ (validation/)"),
     "publish": ("hir.publish.stage", "validated version -> Feast + Milvus, switched atomically (publish/)"),
-    "refresh": ("hir.publish.refresh", "embed new entities from a delta file and push them to the live version"),
+    "refresh": ("hir.publish.refresh", "embed new entities from a delta file and serve them in the live version"),
     "evaluate": ("hir_evaluation.stage", "ranking + retrieval lift against baselines, report (report/)"),
 }
 PIPELINE_HELP = "run the stages in `pipeline.stages` in order, in one run dir"
 HELPERS: dict[str, tuple[str, str]] = {
     "gather": ("hir_evaluation.gather", "collect a multirun's metrics.json files into one table (md + csv)"),
+    "promote": ("hir.publish.promote", "publish one multirun cell into the dataset's serving store (make it live)"),
 }
 
 log = logging.getLogger("hir")
@@ -61,11 +62,59 @@ def _usage() -> str:
     return "\n".join(lines)
 
 
+def serving_dir(shared: str) -> str:
+    """``publish.store_dir`` by default: ``shared`` (the dataset's store) in a single run, but
+    ``<job dir>/serving`` in a multirun job, so a sweep cell never switches what is served
+    (`hir promote <cell dir>` publishes one cell into ``shared`` on purpose)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+    from omegaconf import OmegaConf
+
+    if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
+        job_dir = OmegaConf.select(HydraConfig.get(), "runtime.output_dir", default=None, throw_on_missing=False)
+        if job_dir:
+            return str(Path(job_dir) / "serving")
+        # before any job runs (a sweep callback): nothing publishes there
+    return shared
+
+
 def _register_resolvers() -> None:
     from omegaconf import OmegaConf
 
     if not OmegaConf.has_resolver("hir_root"):
         OmegaConf.register_new_resolver("hir_root", lambda: str(ROOT))
+    if not OmegaConf.has_resolver("hir_serving_dir"):
+        OmegaConf.register_new_resolver("hir_serving_dir", serving_dir)
+
+
+def hydra_argv(args: list[str]) -> list[str]:
+    """Hydra's own flags first, then the overrides, so ``-m`` (or ``--cfg job``) may stand
+    anywhere, as Hydra's documentation writes them: its argparse parser rejects every
+    override after the first flag ("unrecognized arguments")."""
+    from hydra._internal.utils import get_args_parser
+
+    takes_value: dict[str, str | int | None] = {}
+    for action in get_args_parser()._actions:
+        for opt in action.option_strings:
+            takes_value[opt] = action.nargs
+    flags: list[str] = []
+    overrides: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        i += 1
+        if not arg.startswith("-"):
+            overrides.append(arg)
+            continue
+        flags.append(arg)
+        nargs = takes_value.get(arg.split("=", 1)[0], 0)
+        if "=" in arg or nargs == 0:
+            continue
+        # one value (e.g. `--cfg job`); `--info` takes an optional one, never an override
+        if i < len(args) and not args[i].startswith("-") and (nargs is None or "=" not in args[i]):
+            flags.append(args[i])
+            i += 1
+    return [*flags, *overrides]
 
 
 def git_sha() -> str:
@@ -96,12 +145,37 @@ def run_pipeline(cfg: Any) -> dict[str, Any]:
     return {name: run_stage(name, cfg) for name in cfg.pipeline.stages}
 
 
-def _lookup(metrics: dict[str, Any], dotted: str) -> float:
+def _no_validation_hint(cfg: Any) -> str:
+    """Why train may return no ``val/`` metric: the snapshot's val split lacks deep-funnel events."""
+    import json
+
+    meta_path = Path(str(cfg.paths.graph_dir)) / "meta.json"
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (OSError, ValueError):
+        return ""
+    deep = meta.get("deep_stage")
+    n_val = (meta.get("stages_per_split") or {}).get("val", {}).get(deep, 0)
+    if n_val:
+        return ""
+    return (f": dataset {meta.get('dataset')!r} has no {deep!r} (deep-funnel) events in its val split "
+            f"({meta_path} stages_per_split.val), so training has no validation pairs to rank. Fix: a longer "
+            "val period (data.split.val_fraction), another dataset, or another optimized_metric")
+
+
+def _lookup(metrics: dict[str, Any], dotted: str, cfg: Any = None) -> float:
+    """``metrics[a][b]`` for ``dotted`` = ``a.b``; a HirError that says why when it is missing."""
+    from hir.errors import HirError
+
     node: Any = metrics
     for part in dotted.split("."):
         if not isinstance(node, dict) or part not in node:
-            raise KeyError(f"optimized_metric {dotted!r} not in the stage metrics; have {sorted(metrics)}")
+            hint = _no_validation_hint(cfg) if cfg is not None and "val/" in dotted else ""
+            raise HirError(f"optimized_metric={dotted!r} is not among the metrics the stage returned "
+                           f"({sorted(metrics)}){hint}")
         node = node[part]
+    if not isinstance(node, int | float):
+        raise HirError(f"optimized_metric={dotted!r} is {node!r}, not a number; name a leaf metric")
     return float(node)
 
 
@@ -131,6 +205,8 @@ def _hydra_entry(stage: str) -> Any:
         log.debug("resolved config:\n%s", OmegaConf.to_yaml(cfg, resolve=True))
         try:
             metrics = run_pipeline(cfg) if stage == "pipeline" else run_stage(stage, cfg)
+            if cfg.get("optimized_metric"):
+                return _lookup(metrics, cfg.optimized_metric, cfg)
         except Exception as err:
             user_error = _user_error(err)
             if user_error is None:
@@ -138,8 +214,6 @@ def _hydra_entry(stage: str) -> Any:
             # one readable line, no traceback: the user can fix this
             log.error("hir %s: %s", stage, user_error)
             sys.exit(2)
-        if cfg.get("optimized_metric"):
-            return _lookup(metrics, cfg.optimized_metric)
         return None
 
     return _main
@@ -164,8 +238,10 @@ def main(argv: list[str] | None = None) -> None:
             module.main(rest)
             return
     _register_resolvers()
-    # Hydra parses sys.argv[1:]; argv[0] only names the job
-    sys.argv = [f"hir {stage}", *rest]
+    # Hydra parses sys.argv[1:]; argv[0] only names the job. `stage=<stage>` makes the composed
+    # config (`--help`, `--cfg job`, .hydra/config.yaml) say which stage runs.
+    args = [a for a in hydra_argv(rest) if not a.startswith("stage=")]
+    sys.argv = [f"hir {stage}", *args, f"stage={stage}"]
     _hydra_entry(stage)()
 
 

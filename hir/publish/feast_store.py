@@ -7,7 +7,9 @@ previous version keeps serving while a new one is applied and materialized under
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import logging
 import shutil
 import time
@@ -115,10 +117,14 @@ def materialize(store: Any, views: dict[str, str], windows: dict[str, tuple[date
     for etype, view in views.items():
         lo, hi = windows[etype]
         t0 = time.perf_counter()
-        with warnings.catch_warnings():  # ibis 12 calls duckdb's deprecated fetch_arrow_table per batch
+        # Feast prints a coloured banner and a progress bar per view; our progress steps say what runs
+        out = io.StringIO()
+        with warnings.catch_warnings(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+            # ibis 12 calls duckdb's deprecated fetch_arrow_table per batch
             warnings.filterwarnings("ignore", message=".*fetch_arrow_table", category=DeprecationWarning)
             store.materialize(start_date=lo - timedelta(seconds=1), end_date=hi + timedelta(seconds=1),
                               feature_views=[view])
+        log.debug("feast materialize %s: %s", view, out.getvalue().strip())
         seconds[etype] = time.perf_counter() - t0
     return seconds
 

@@ -9,8 +9,12 @@ Layout::
 
     {"format": 1, "live": <slug> | null,
      "versions": {<slug>: {"version", "slug", "created", "status": staged|live|kept|retired,
-                           "staged_at", "live_at", "hashes", "manifest"}},
+                           "staged_at", "live_at", "hashes", "manifest", "manifest_paths"}},
      "history": [{"at", "event", "version", "previous"}]}
+
+``manifest_paths`` are the run files (``<run>/publish/manifest.json``) that describe a version;
+:func:`sync_manifests` keeps their ``status`` (and the store's ``live_version``) current, so a
+run's manifest says when the version it pins is no longer the live one.
 """
 
 from __future__ import annotations
@@ -106,3 +110,48 @@ def store_lock(store_dir: Path, what: str) -> Iterator[None]:
         fh.truncate(0)
         fcntl.flock(fh, fcntl.LOCK_UN)
         fh.close()
+
+
+def status_fields(state: dict[str, Any], entry: dict[str, Any]) -> dict[str, Any]:
+    """What a run manifest says about its version's standing in the store."""
+    live = state["versions"].get(state["live"]) if state["live"] else None
+    return {"status": entry["status"], "live_version": live["version"] if live else None,
+            "status_updated_at": now_iso()}
+
+
+def sync_manifests(state: dict[str, Any]) -> list[str]:
+    """Rewrite every recorded run manifest with its version's current manifest and status
+    (live, kept, retired); paths that are gone are dropped. Returns the files written."""
+    written = []
+    for entry in state["versions"].values():
+        keep = []
+        for p in entry.get("manifest_paths", []):
+            path = Path(p)
+            if not path.parent.exists():
+                continue
+            old = json.loads(path.read_text()) if path.exists() else {}
+            body = {**entry["manifest"], **status_fields(state, entry)}
+            if old.get("noop"):
+                body["noop"] = True
+            tmp = path.with_suffix(".json.tmp")
+            tmp.write_text(json.dumps(body, indent=2, default=str))
+            os.replace(tmp, path)
+            keep.append(p)
+            written.append(p)
+        if "manifest_paths" in entry:
+            entry["manifest_paths"] = keep
+    return written
+
+
+def describe_store(state: dict[str, Any], store_dir: Path) -> str:
+    """One line per version that is live or kept in the store (what `hir publish` prints)."""
+    lines = [f"serving store {store_dir}:"]
+    for entry in sorted(state["versions"].values(), key=lambda e: e.get("live_at") or "", reverse=True):
+        if entry["status"] in ("live", "kept"):
+            what = "LIVE (feature service, Milvus aliases)" if entry["status"] == "live" else \
+                "kept (rankers_<version>, for rollback)"
+            lines.append(f"  {entry['version']}: {what}")
+    retired = [e["version"] for e in state["versions"].values() if e["status"] == "retired"]
+    if retired:
+        lines.append(f"  retired: {', '.join(retired[-5:])}")
+    return "\n".join(lines)

@@ -136,6 +136,12 @@ def break_ties(data: dict[str, Any], scale: float, seed: int = 0, resolution: fl
         return 0
     out = vecs.copy()
     noise = np.random.default_rng(seed).normal(scale=scale, size=(int(twin.sum()), vecs.shape[1]))
+    if vecs.shape[1] > 1:
+        # the nudge moves the semantic part (every coordinate but the last, a per-entity prior or
+        # scale) by ``scale`` of its own length, so it stays small however much norm the last
+        # coordinate takes; the last coordinate is left as it is
+        noise[:, -1] = 0.0
+        noise *= np.linalg.norm(out[twin, :-1], axis=1, keepdims=True).clip(1e-6)
     nudged = out[twin] + noise.astype(np.float32)
     out[twin] = nudged / np.linalg.norm(nudged, axis=1, keepdims=True)
     data["vectors"] = out
@@ -154,13 +160,60 @@ def create_collection(client: Any, name: str, dim: int, max_id_len: int) -> None
     client.create_collection(name, schema=schema)
 
 
-def insert(client: Any, name: str, data: dict[str, Any], etype: str, version: str, batch: int) -> None:
+def checked_payload(data: dict[str, Any], scale: float, resolution: float, min_cosine: float, path: Path,
+                    source: str) -> dict[str, Any]:
+    """Nudge near-twins apart (:func:`break_ties`, in place) and check that what goes to Milvus is
+    still what was validated: every vector finite, unit norm, at cosine >= ``min_cosine`` to the
+    validated one, and so its semantic part (every coordinate but the last). Writes exactly what is
+    inserted (``id``, ``coarse_token``, ``twin_group``, ``embedding``) to ``path``; returns its
+    ``file``, ``sha256``, ``rows``, ``nudged`` count and ``min_cosine_to_validated``.
+
+    Raises:
+        HirError: naming the ids whose vector the nudge moved too far (the fix: a smaller
+            ``publish.milvus.tie_break``).
+    """
+    from hir.validate.binding import sha256
+
+    validated = data["vectors"].copy()
+    nudged = break_ties(data, scale, resolution=resolution)
+    vecs = data["vectors"]
+    norms = np.linalg.norm(vecs, axis=1) if len(vecs) else np.zeros(0)
+
+    def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return (a * b).sum(1) / np.maximum(np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1), 1e-12)
+
+    cos = cosine(vecs, validated)
+    # and on the semantic part (all but the last coordinate), which a large last one would hide
+    sem = cosine(vecs[:, :-1], validated[:, :-1]) if vecs.ndim == 2 and vecs.shape[1] > 1 else cos
+    moved = np.minimum(cos, np.where(np.linalg.norm(validated[:, :-1], axis=1) > 1e-6, sem, 1.0)) \
+        if vecs.ndim == 2 and vecs.shape[1] > 1 else cos
+    bad = ~np.isfinite(vecs).all(1) | (np.abs(norms - 1) > 1e-3) | (moved < min_cosine)
+    if bad.any():
+        ids = [data["ids"][i] for i in np.flatnonzero(bad)[:5]]
+        raise HirError(f"{source}: {int(bad.sum())} vectors would reach Milvus changed from the validated ones "
+                       f"(min cosine {float(moved.min()):.6f}, whole vector or its semantic part, < "
+                       f"publish.milvus.min_nudged_cosine={min_cosine}, or not unit norm), e.g. ids {ids}; lower "
+                       f"publish.milvus.tie_break ({scale})")
+    table = pa.table({"id": pa.array(data["ids"], pa.string()), "coarse_token": pa.array(data["coarse"], pa.int64()),
+                      "twin_group": pa.array(data["twin_group"], pa.int64()),
+                      "embedding": pa.FixedSizeListArray.from_arrays(pa.array(vecs.reshape(-1), pa.float32()),
+                                                                     vecs.shape[1] if vecs.ndim == 2 else 0)})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, path)
+    return {"file": str(path), "sha256": sha256(path), "rows": len(data["ids"]), "nudged": nudged,
+            "min_cosine_to_validated": round(float(moved.min()), 6) if len(moved) else None}
+
+
+def insert(client: Any, name: str, data: dict[str, Any], etype: str, version: str, batch: int,
+           upsert: bool = False) -> None:
+    """``data`` into collection ``name`` in batches (``upsert``: replace rows with the same id)."""
     ids, vecs, coarse = data["ids"], data["vectors"], data["coarse"]
+    write = client.upsert if upsert else client.insert
     starts = range(0, len(ids), batch)
     for s in track(starts, f"milvus insert {etype}", total=len(starts)):
         e = min(len(ids), s + batch)
         rows = vecs[s:e].tolist()
-        client.insert(name, [
+        write(name, [
             {"id": ids[i], "entity_type": etype, "coarse_token": int(coarse[i]), "version": version,
              "embedding": rows[i - s]} for i in range(s, e)
         ])

@@ -1,20 +1,24 @@
 """`hir refresh`: entities that arrived after the last export, served without retraining.
 
-    hir refresh data=rees46 refresh.delta_path=new_products.csv
+    hir refresh refresh.delta_path=new_products.csv            # any dataset, one delta format
 
-1. the dataset's adapter reads ``refresh.delta_path`` (same format as the dataset, passed as
-   the adapter argument ``refresh.adapter_arg``); entities whose key the live version does not
-   serve yet are new;
+1. the delta file (:mod:`hir.publish.delta`: ``entity_id``, ``text``, ``attr_*``, links to
+   snapshot entities, optionally ``timestamp`` and first events) is checked against the snapshot
+   the live model was trained on; entities the live version serves already are skipped;
 2. their content vectors come from the enrich stage's encoders
-   (:func:`hir.enrich.content.encode_new_entities`) and their embedding + tokens from the trained
-   model's knowledge view (:meth:`hir.export.embed.Embedder.embed_new`, content + metadata
-   links) — no retraining; the checkpoint must be the one the live version was exported from;
+   (:func:`hir.enrich.content.encode_new_entities`) and their embedding + tokens from the live
+   model's knowledge view (:meth:`hir.export.embed.Embedder.embed_new`, content + metadata links),
+   with no retraining. The model, snapshot and content are the live version's own, as recorded in
+   its manifest (``source``), so `hir refresh` runs from any directory;
 3. the same embedding suites as `hir validate` check them (plus "not already served");
-4. they are pushed to the live version's Feast push sources (ONLINE) and inserted into its live
-   Milvus collections; the delta is recorded in the live manifest (``refreshes``).
+4. they are pushed to the live version's Feast push sources, online **and** offline (the offline
+   parquet gains the rows, so point-in-time training data sees them from their
+   ``event_timestamp`` on), and inserted into its live Milvus collections; the refresh is recorded
+   in the live manifest (``refreshes``: files, sha256, counts).
 
-The offline store is not appended to (it stays the validated export); the pushed rows are kept
-as parquet beside the version (``<store>/versions/<v>/refresh/<time>/``).
+``event_timestamp`` of a refreshed row: when the entity appeared (the delta's ``timestamp`` or
+first event), but never before the live export's cutoff (the model had not seen that engagement
+yet); without a timestamp, the refresh time.
 """
 
 from __future__ import annotations
@@ -32,14 +36,17 @@ from omegaconf import DictConfig
 from hir.errors import HirError, InputError
 from hir.progress import progress_steps
 from hir.publish import feast_store, milvus_store
-from hir.publish.live import now_iso, read_state, store_lock, write_state
-from hir.publish.stage import MANIFEST, recover
+from hir.publish.delta import Delta, Snapshot, describe, first_seen, read_delta
+from hir.publish.live import now_iso, read_state, store_lock, sync_manifests, write_state
+from hir.publish.stage import recover
+from hir.validate.binding import sha256
 
 log = logging.getLogger(__name__)
 
 
 def served_keys(manifest: dict[str, Any], store_dir: Path, etype: str) -> set[str]:
-    """Keys of ``etype`` the live version serves: its export plus every earlier refresh."""
+    """Keys of ``etype`` the live version serves: its offline table (the export plus every
+    refresh pushed offline) and the files of earlier refreshes."""
     key = manifest["feast"]["entities"][etype]["join_key"]
     keys = set(pl.read_parquet(manifest["feast"]["offline_files"][etype], columns=[key])[key].to_list())
     for r in manifest.get("refreshes", []):
@@ -52,40 +59,37 @@ def served_keys(manifest: dict[str, Any], store_dir: Path, etype: str) -> set[st
 def delta_path(cfg: DictConfig) -> Path:
     path = cfg.refresh.delta_path
     if not path:
-        raise InputError("hir refresh needs the new entities: refresh.delta_path=<file in the dataset's format>, "
-                         "e.g. refresh.delta_path=new_products.csv")
+        raise InputError("hir refresh needs the new entities: refresh.delta_path=<CSV or Parquet file>, e.g. "
+                         "refresh.delta_path=new_products.csv (columns entity_id, text, attr_*, category, ...; "
+                         "README: Serving new entities between trainings)")
     if not Path(path).exists():
         raise InputError(f"refresh.delta_path={path} does not exist")
     return Path(path)
 
 
-def read_delta(cfg: DictConfig, out_dir: Path) -> Any:
-    """The delta file through the dataset's own adapter (its quarantine under ``out_dir``)."""
-    from hydra.utils import instantiate
-
-    from hir.data.raw import Quarantine
-
-    path = delta_path(cfg)
-    arg = cfg.refresh.adapter_arg
-    if arg not in cfg.data.adapter:
-        raise InputError(f"the {cfg.data.name} adapter has no argument {arg!r} to read a delta file from; set "
-                         f"refresh.adapter_arg to one of {sorted(k for k in cfg.data.adapter if not k.startswith('_'))}")
-    return instantiate(cfg.data.adapter, quarantine=Quarantine(out_dir / "quarantine"), **{arg: str(path)},
-                       _convert_="all")
-
-
-def new_entities(raw: Any, manifest: dict[str, Any], store_dir: Path) -> dict[str, pl.DataFrame]:
-    """Per published entity type, the delta's entities the live version does not serve yet."""
-    out = {}
-    for etype, frame in raw.entities.items():
-        if etype not in manifest["feast"]["feature_views"]:
-            log.warning("delta has %d %s entities but the live version has no %s view; skipped",
-                        frame.height, etype, etype)
-            continue
-        frame = frame.with_columns(pl.col("key").cast(pl.String))
-        new = frame.filter(~pl.col("key").is_in(list(served_keys(manifest, store_dir, etype)))).unique("key")
-        if new.height:
-            out[etype] = new
+def model_source(cfg: DictConfig, manifest: dict[str, Any]) -> dict[str, Path]:
+    """graph/, content/ and the checkpoint the live version was exported from: ``refresh.run_dir``
+    when set, else the ones its manifest recorded (older manifests: the export's run dir)."""
+    src = manifest.get("source", {})
+    emb_dir = Path(src.get("embeddings_dir", ""))
+    run_dir = cfg.refresh.get("run_dir")
+    if run_dir:
+        run = Path(run_dir)
+        meta_path = run / "embeddings" / "meta.json"
+        ckpt = Path(json.loads(meta_path.read_text())["checkpoint"]).name if meta_path.exists() else None
+        out = {"graph_dir": run / "graph", "content_dir": run / "content",
+               "checkpoint": run / "checkpoints" / ckpt if ckpt else Path(src.get("checkpoint", ""))}
+    else:
+        ckpt = src.get("checkpoint")
+        if not ckpt and (emb_dir / "meta.json").exists():
+            ckpt = json.loads((emb_dir / "meta.json").read_text()).get("checkpoint")
+        out = {"graph_dir": Path(src.get("graph_dir") or emb_dir.parent / "graph"),
+               "content_dir": Path(src.get("content_dir") or emb_dir.parent / "content"),
+               "checkpoint": Path(ckpt or "")}
+    gone = [f"{k} {v}" for k, v in out.items() if not str(v) or not v.exists()]
+    if gone:
+        raise HirError(f"the model of the live version {manifest['version']!r} cannot be loaded: {', '.join(gone)} "
+                       "missing. Restore them, or set refresh.run_dir=<the run dir that exported it>")
     return out
 
 
@@ -121,9 +125,18 @@ def validate_rows(frames: dict[str, pl.DataFrame], manifest: dict[str, Any], sto
     return result
 
 
+def _batch_schema(path: Path) -> list[str]:
+    import pyarrow.parquet as pq
+
+    return pq.read_schema(path).names
+
+
 def push(frames: dict[str, pl.DataFrame], manifest: dict[str, Any], out_dir: Path) -> dict[str, str]:
-    """ONLINE push to each type's push source of the live version; returns the parquet per type
-    (the rows as pushed, join key named ``entity_id``)."""
+    """Push to each type's push source of the live version, ONLINE and OFFLINE (the offline
+    table gains the rows); returns the parquet per type (the rows as pushed, join key named
+    ``entity_id``)."""
+    import warnings
+
     from feast.data_source import PushMode
 
     store = feast_store.open_store(Path(manifest["feast"]["repo_path"]))
@@ -133,29 +146,39 @@ def push(frames: dict[str, pl.DataFrame], manifest: dict[str, Any], out_dir: Pat
         frame.write_parquet(path)
         files[etype] = str(path)
         join_key = manifest["feast"]["entities"][etype]["join_key"]
-        # the pushed frame must carry every column of the batch source, named as there
-        columns = [join_key if c == "entity_id" else c for c in frame.columns]
+        # the pushed frame must carry every column of the batch source, named and ordered as there
+        columns = _batch_schema(Path(manifest["feast"]["offline_files"][etype]))
         df = frame.rename({"entity_id": join_key}).select(columns).to_pandas()
-        store.push(manifest["feast"]["push_sources"][etype], df, to=PushMode.ONLINE)
+        with warnings.catch_warnings():  # ibis 12 calls duckdb's deprecated fetch_arrow_table
+            warnings.filterwarnings("ignore", message=".*fetch_arrow_table", category=DeprecationWarning)
+            store.push(manifest["feast"]["push_sources"][etype], df, to=PushMode.ONLINE_AND_OFFLINE)
     return files
 
 
-def insert(frames: dict[str, pl.DataFrame], manifest: dict[str, Any], batch: int, tie_break: float,
-           tie_resolution: float) -> None:
-    """Rows into each type's live collection (not a new version: the alias does not move)."""
+def insert(frames: dict[str, pl.DataFrame], manifest: dict[str, Any], mcfg: DictConfig, out_dir: Path) -> dict[str, Any]:
+    """Rows into each type's live collection (not a new version: the alias does not move), the
+    near-twins nudged as at publish and checked against the validated vectors; returns, per
+    type, the parquet of exactly what went to Milvus, its sha256 and the rows nudged."""
     client = milvus_store.connect(manifest["milvus"]["uri"])
+    out: dict[str, Any] = {}
     try:
         for etype, frame in frames.items():
             coll = manifest["milvus"]["collections"][etype]
             data = milvus_store.table_data(frame.to_arrow(), "entity_id")
-            milvus_store.break_ties(data, tie_break, resolution=tie_resolution)
-            milvus_store.insert(client, coll, data, etype, manifest["version"], batch)
+            payload = milvus_store.checked_payload(data, float(mcfg.tie_break), float(mcfg.tie_resolution),
+                                                   float(mcfg.min_nudged_cosine), out_dir / f"{etype}.milvus.parquet",
+                                                   f"refresh {etype} rows")
+            # upsert: a refresh retried after a failed Feast push must not insert the ids twice
+            milvus_store.insert(client, coll, data, etype, manifest["version"], int(mcfg.insert_batch), upsert=True)
             client.flush(coll)
+            out[etype] = payload
     finally:
         milvus_store.disconnect(client, manifest["milvus"]["uri"])
+    return out
 
 
-def refresh_rows(cfg: DictConfig, frames: dict[str, pl.DataFrame], delta: str, state: dict[str, Any]) -> dict[str, Any]:
+def refresh_rows(cfg: DictConfig, frames: dict[str, pl.DataFrame], delta: str, state: dict[str, Any],
+                 extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """Validate, push, insert and record contract-format rows of new entities (``entity_id``,
     ``embedding`` (dim,), ``tokens_l<k>``/``weights_l<k>``, ...) into the live version."""
     store_dir = Path(cfg.publish.store_dir).resolve()
@@ -169,69 +192,97 @@ def refresh_rows(cfg: DictConfig, frames: dict[str, pl.DataFrame], delta: str, s
         t0 = time.perf_counter()
         validate_rows(frames, manifest, store_dir, cfg.validate, out_dir)
         t["validate"] = time.perf_counter() - t0
-        step("feast push")
+        step("milvus insert")
+        t0 = time.perf_counter()
+        milvus = insert(frames, manifest, cfg.publish.milvus, out_dir)
+        t["milvus_insert"] = time.perf_counter() - t0
+        step("feast push (online + offline)")
         t0 = time.perf_counter()
         files = push(frames, manifest, out_dir)
         t["feast_push"] = time.perf_counter() - t0
-        step("milvus insert")
-        t0 = time.perf_counter()
-        insert(frames, manifest, int(cfg.publish.milvus.insert_batch), float(cfg.publish.milvus.tie_break),
-               float(cfg.publish.milvus.tie_resolution))
-        t["milvus_insert"] = time.perf_counter() - t0
+    offline = manifest["feast"].setdefault("offline_sha256", {})
+    for etype in frames:
+        offline[etype] = sha256(Path(manifest["feast"]["offline_files"][etype]))
     record = {"at": now_iso(), "delta_path": delta, "rows": {e: f.height for e, f in frames.items()},
-              "files": files, "validation": str(out_dir / "validation" / "result.json"),
-              "timings_s": {k: round(v, 3) for k, v in t.items()}}
+              "files": files, "sha256": {e: sha256(Path(p)) for e, p in files.items()},
+              "milvus": milvus, "offline_sha256": {e: offline[e] for e in frames},
+              "valid_from": {e: f["event_timestamp"].min().isoformat() for e, f in frames.items() if f.height},
+              "validation": str(out_dir / "validation" / "result.json"),
+              "timings_s": {k: round(v, 3) for k, v in t.items()}, **(extra or {})}
     manifest.setdefault("refreshes", []).append(record)
     state["history"].append({"at": record["at"], "event": "refresh", "version": entry["version"],
                              "previous": None, "rows": record["rows"]})
     write_state(store_dir, state)
+    sync_manifests(state)
     return record
+
+
+def new_entities(delta: Delta, manifest: dict[str, Any], store_dir: Path) -> tuple[dict[str, pl.DataFrame], dict[str, int]]:
+    """(the delta's entities the live version does not serve yet, per type; the count of those it
+    serves already, which are skipped)."""
+    new, known = {}, {}
+    for etype, frame in delta.entities.items():
+        served = served_keys(manifest, store_dir, etype)
+        fresh = frame.filter(~pl.col("key").is_in(list(served)))
+        if frame.height - fresh.height:
+            known[etype] = frame.height - fresh.height
+        if fresh.height:
+            new[etype] = fresh
+    return new, known
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
     """Hydra entry: embed the new entities of ``refresh.delta_path`` and serve them in the live version."""
     store_dir = Path(cfg.publish.store_dir).resolve()
-    delta_path(cfg)  # fail before touching the store
+    path = delta_path(cfg)  # fail before touching the store
     with store_lock(store_dir, "refresh"):
         state = read_state(store_dir)
         if not state["live"]:
             raise HirError(f"nothing is published in {store_dir}; run `hir publish` before `hir refresh`")
         recover(cfg, state)
         manifest = state["versions"][state["live"]]["manifest"]
-        work = Path(cfg.paths.publish_dir) / "refresh"
-        raw = read_delta(cfg, work)
-        new = new_entities(raw, manifest, store_dir)
+        source = model_source(cfg, manifest)
+        delta = read_delta(path, str(cfg.refresh.entity_type), list(manifest["feast"]["feature_views"]),
+                           Snapshot.load(source["graph_dir"]))
+        new, known = new_entities(delta, manifest, store_dir)
+        if known:
+            log.info("%s: %s already served by %r; skipped", path, known, manifest["version"])
         if not new:
-            msg = f"{cfg.refresh.delta_path}: no entity that the live version {manifest['version']!r} does not serve"
+            msg = f"{path}: no entity that the live version {manifest['version']!r} does not serve ({known} known)"
             log.info("%s", msg)
-            print(msg)
-            return {"version": manifest["version"], "rows": {}}
-        frames = embed(cfg, raw, new, manifest)
-        record = refresh_rows(cfg, frames, str(cfg.refresh.delta_path), state)
-    Path(cfg.paths.publish_dir).mkdir(parents=True, exist_ok=True)
-    (Path(cfg.paths.publish_dir) / MANIFEST).write_text(json.dumps(manifest, indent=2, default=str))
-    print(f"refreshed live version {manifest['version']!r} with {record['rows']} new entities "
-          "(Feast online + Milvus)")
-    return {"version": manifest["version"], "rows": record["rows"], "timings_s": record["timings_s"]}
+            return {"version": manifest["version"], "rows": {}, "skipped": known}
+        frames = embed(cfg, source, delta, new, manifest)
+        events = _write_events(delta, store_dir, state)
+        record = refresh_rows(cfg, frames, str(path), state,
+                              {"delta": describe(delta), "skipped_known": known, "events_file": events})
+    log.info("refreshed live version %r with %s new entities (Feast online + offline, Milvus); skipped %s "
+             "already served", manifest["version"], record["rows"], known or "none")
+    return {"version": manifest["version"], "rows": record["rows"], "skipped": known,
+            "timings_s": record["timings_s"]}
 
 
-def links(raw: Any, etype: str, keys: list[str]) -> list[list[tuple[str, str]]]:
-    """Per new entity, the entities its metadata relations point to, as (type, key): a product's
-    category and advertiser, a campaign's advertiser and products (the knowledge view's context)."""
-    from hir.data.schema import relation_types
-
-    out: dict[str, list[tuple[str, str]]] = {k: [] for k in keys}
-    for rel, frame in raw.relations.items():
-        src, dst = relation_types(rel)
-        if src != etype:
-            continue
-        for s_key, d_key in frame.select(pl.col("src_key").cast(pl.String), pl.col("dst_key").cast(pl.String)).iter_rows():
-            if s_key in out:
-                out[s_key].append((dst, d_key))
-    return [out[k] for k in keys]
+def _write_events(delta: Delta, store_dir: Path, state: dict[str, Any]) -> str | None:
+    """The delta's first events, kept beside the live version (input for the next training)."""
+    if not delta.events.height:
+        return None
+    out = store_dir / "versions" / state["live"] / "refresh" / "events"
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{datetime.now(UTC).strftime('%Y%m%dT%H%M%S%f')}.parquet"
+    delta.events.write_parquet(path)
+    return str(path)
 
 
-def embed(cfg: DictConfig, raw: Any, new: dict[str, pl.DataFrame], manifest: dict[str, Any]) -> dict[str, pl.DataFrame]:
+def _cutoff(manifest: dict[str, Any], etype: str) -> datetime | None:
+    """The live export's ``event_timestamp`` for ``etype`` (the cutoff of the engagement it saw)."""
+    recorded = (manifest.get("valid_from") or {}).get(etype)
+    if recorded:
+        return datetime.fromisoformat(recorded)
+    path = manifest["feast"]["offline_files"][etype]
+    return pl.read_parquet(path, columns=["event_timestamp"])["event_timestamp"].min()
+
+
+def embed(cfg: DictConfig, source: dict[str, Path], delta: Delta, new: dict[str, pl.DataFrame],
+          manifest: dict[str, Any]) -> dict[str, pl.DataFrame]:
     """Contract-format rows (docs/contracts.md, embeddings/<type>.parquet) for the new entities:
     content vectors with the enrich stage's fitted encoders, then the live version's model through
     its knowledge view (content + metadata neighbours; no engagement, no retraining)."""
@@ -239,27 +290,33 @@ def embed(cfg: DictConfig, raw: Any, new: dict[str, pl.DataFrame], manifest: dic
 
     from hir.enrich.content import encode_new_entities
     from hir.export.embed import Embedder
-    from hir.export.stage import resolve_checkpoint
 
-    ckpt = resolve_checkpoint(cfg)
-    embedder = Embedder(ckpt, cfg.paths.graph_dir, cfg.paths.content_dir, tuple(cfg.model.export.visible_splits))
+    emb_meta_path = Path(manifest.get("source", {}).get("embeddings_dir", "")) / "meta.json"
+    visible = tuple(json.loads(emb_meta_path.read_text()).get("visible_splits") or cfg.model.export.visible_splits) \
+        if emb_meta_path.exists() else tuple(cfg.model.export.visible_splits)
+    embedder = Embedder(source["checkpoint"], source["graph_dir"], source["content_dir"], visible)
     if embedder.version != manifest["version"]:
         raise HirError(
-            f"checkpoint {ckpt} is model {embedder.version!r} but the live version is {manifest['version']!r}: new "
-            "entities must be embedded by the model that is served. Point paths.checkpoint_dir (and graph_dir, "
-            "content_dir) at the run that exported the live version"
+            f"checkpoint {source['checkpoint']} is model {embedder.version!r} but the live version is "
+            f"{manifest['version']!r}: new entities must be embedded by the model that is served. Set "
+            "refresh.run_dir to the run that exported the live version"
         )
-    now = datetime.now(UTC)
+    now = datetime.now(UTC).replace(microsecond=0)
     frames = {}
+    store_dir = Path(cfg.publish.store_dir).resolve()
     for etype, frame in new.items():
         keys = frame["key"].to_list()
-        content = encode_new_entities(frame, etype, cfg.paths.content_dir)
+        content = encode_new_entities(frame.drop("first_seen", "_row"), etype, source["content_dir"])
         mat = {c: np.stack(content[c].to_numpy()) if content.height else None
                for c in ("text_vec", "attr_vec", "image_vec") if c in content.columns}
+        links = [delta.links.get(etype, {}).get(k, []) for k in keys]
         z = embedder.embed_new(etype, mat["text_vec"], mat.get("attr_vec"), content["has_text"].to_numpy(),
-                               links(raw, etype, keys), mat.get("image_vec"), seed=int(cfg.seed))
+                               links, mat.get("image_vec"), seed=int(cfg.seed))
         codes, weights = embedder.tokens(z)
-        n_served = len(served_keys(manifest, Path(cfg.publish.store_dir).resolve(), etype))
+        n_served = len(served_keys(manifest, store_dir, etype))
+        cutoff = _cutoff(manifest, etype)
+        seen = first_seen(delta, etype)
+        valid = [max(s, cutoff) if s is not None and cutoff is not None else (s or now) for s in (seen[k] for k in keys)]
         cols = {
             "entity_id": pl.Series(keys, dtype=pl.String),
             # the ids these entities would get appended to the snapshot's dense range
@@ -273,8 +330,9 @@ def embed(cfg: DictConfig, raw: Any, new: dict[str, pl.DataFrame], manifest: dic
             cols[f"weights_l{lvl}"] = pl.Series(weights[lvl]).cast(pl.List(pl.Float32))
         frames[etype] = pl.DataFrame(cols).with_columns(
             pl.lit(manifest["version"]).alias("model_version"),
-            pl.lit(now).cast(pl.Datetime("us", "UTC")).alias("event_timestamp"),
+            pl.Series("event_timestamp", valid).cast(pl.Datetime("us", "UTC")),
             pl.lit(now).cast(pl.Datetime("us", "UTC")).alias("created"),
         )
-        log.info("embedded %d new %s entities through the knowledge view", len(keys), etype)
+        log.info("embedded %d new %s entities through the knowledge view (%d with links)", len(keys), etype,
+                 sum(1 for x in links if x))
     return frames

@@ -27,8 +27,16 @@ from omegaconf import DictConfig, OmegaConf
 from hir.errors import HirError
 from hir.progress import progress_steps
 from hir.publish import faults, feast_store, milvus_store, switch
-from hir.publish.live import now_iso, read_state, slug, store_lock, write_state
-from hir.validate.binding import require_validated
+from hir.publish.live import (
+    describe_store,
+    now_iso,
+    read_state,
+    slug,
+    store_lock,
+    sync_manifests,
+    write_state,
+)
+from hir.validate.binding import require_validated, sha256
 
 log = logging.getLogger(__name__)
 
@@ -40,23 +48,65 @@ def safe_name(name: str) -> str:
     return re.sub(r"[^0-9A-Za-z_]", "_", name)
 
 
+def milvus_settings(pcfg: DictConfig) -> dict[str, Any]:
+    """``publish.milvus`` with ``index_params`` / ``search_params`` of the chosen ``index_type`` only."""
+    m = OmegaConf.to_container(pcfg.milvus, resolve=True)
+    kind = str(m["index_type"])
+    for key in ("index_params", "search_params"):
+        per_type = m[key] or {}
+        if kind not in per_type:
+            raise HirError(f"publish.milvus.index_type={kind} has no publish.milvus.{key}.{kind} (have {sorted(per_type)}); "
+                           f"add it, e.g. '+publish.milvus.{key}.{kind}={{}}' for Milvus' defaults")
+        m[key] = dict(per_type[kind] or {})
+    return m
+
+
+def online_settings(pcfg: DictConfig) -> dict[str, Any]:
+    """The Feast ``online_store`` block: ``type`` plus that type's options (null ones dropped),
+    checked against Feast's config class so a wrong key fails here, before anything is staged."""
+    from feast.repo_config import get_online_config_from_type
+
+    cfg = OmegaConf.to_container(pcfg.feast.online_store, resolve=True)
+    kind = str(cfg.get("type"))
+    options = cfg.get(kind)
+    if not isinstance(options, dict):
+        have = sorted(k for k, v in cfg.items() if isinstance(v, dict))
+        raise HirError(f"publish.feast.online_store.type={kind} has no options block publish.feast.online_store.{kind} "
+                       f"(have {have}); add '+publish.feast.online_store.{kind}={{...}}'")
+    options = {k: v for k, v in options.items() if v is not None}
+    try:
+        fields = set(get_online_config_from_type(kind).model_fields)
+    except Exception:  # a custom store class: Feast itself checks its keys at apply
+        fields = None
+    unknown = sorted(set(options) - fields) if fields is not None else []
+    if unknown:
+        raise HirError(f"publish.feast.online_store.{kind} has {unknown}, which Feast's {kind} online store does not "
+                       f"take (it takes {sorted(fields - {'type'})}); remove them")
+    return {"type": kind, **options}
+
+
 def _older(created: str | None, than: str | None) -> bool:
     if not created or not than:
         return False
     return datetime.fromisoformat(created) < datetime.fromisoformat(than)
 
 
-def _write_manifest(publish_dir: Path, manifest: dict[str, Any]) -> Path:
-    publish_dir.mkdir(parents=True, exist_ok=True)
-    path = publish_dir / MANIFEST
-    path.write_text(json.dumps(manifest, indent=2, default=str))
-    return path
+def _register_manifest(state: dict[str, Any], sl: str, path: Path, noop: bool = False) -> None:
+    """Record ``path`` as a run manifest of version ``sl`` and (re)write every recorded manifest
+    with its current status (:func:`hir.publish.live.sync_manifests`)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if noop:
+        path.write_text(json.dumps({"noop": True}))
+    paths = state["versions"][sl].setdefault("manifest_paths", [])
+    if str(path) not in paths:
+        paths.append(str(path))
+    sync_manifests(state)
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
     """Hydra entry: publish ``paths.embeddings_dir`` into ``publish.store_dir``."""
     emb_dir, val_dir = Path(cfg.paths.embeddings_dir), Path(cfg.paths.validation_dir)
-    publish_dir = Path(cfg.paths.publish_dir)
+    manifest_path = (Path(cfg.paths.publish_dir) / MANIFEST).resolve()
     pcfg = cfg.publish
     store_dir = Path(pcfg.store_dir).resolve()
     result = require_validated(emb_dir, val_dir)  # refuses failed, unvalidated or edited files
@@ -71,24 +121,25 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                     f"model_version {version!r} is live in {store_dir} with different content (the export files' "
                     "sha256 differ); a version is immutable once published: export under a new model_version"
                 )
-            msg = f"version {version!r} is already live in {store_dir}; nothing to publish"
-            log.info("%s", msg)
-            print(msg)
-            _write_manifest(publish_dir, {**live["manifest"], "noop": True})
-            return {"version": version, "noop": True, "store_dir": str(store_dir)}
+            _register_manifest(state, live["slug"], manifest_path, noop=True)
+            write_state(store_dir, state)
+            log.info("version %r is already live in %s; nothing to publish (manifest %s)\n%s", version, store_dir,
+                     manifest_path, describe_store(state, store_dir))
+            return {"version": version, "noop": True, "store_dir": str(store_dir), "status": "live"}
         if live and _older(created, live.get("created")) and not pcfg.allow_rollback:
             raise HirError(
                 f"model_version {version!r} (created {created}) is older than the live {live['version']!r} "
                 f"(created {live['created']}); publishing it is a rollback: add publish.allow_rollback=true"
             )
         manifest = publish_version(cfg, state, store_dir, emb_dir, result)
-    path = _write_manifest(publish_dir, manifest)
-    print(f"published {version!r}: feast service {manifest['feast']['feature_service']} "
-          f"(live: {manifest['feast']['live_feature_service']}), milvus aliases {manifest['milvus']['aliases']}; "
-          f"manifest {path}")
+        _register_manifest(state, slug(version), manifest_path)
+        write_state(store_dir, state)
+    log.info("published %r: feast service %s (and %s, the live one), milvus aliases %s; manifest %s\n%s", version,
+             manifest["feast"]["feature_service"], manifest["feast"]["live_feature_service"],
+             manifest["milvus"]["aliases"], manifest_path, describe_store(state, store_dir))
     return {"version": version, "noop": False, "rows": manifest["rows"], "timings_s": manifest["timings_s"],
             "materialize_rows_per_s": manifest["feast"]["materialize_rows_per_s"],
-            "sanity": manifest["milvus"]["sanity"], "store_dir": str(store_dir)}
+            "sanity": manifest["milvus"]["sanity"], "store_dir": str(store_dir), "status": "live"}
 
 
 def recover(cfg: DictConfig, state: dict[str, Any]) -> list[str]:
@@ -163,7 +214,7 @@ def _prepare(cfg: DictConfig, state: dict[str, Any], store_dir: Path, emb_dir: P
     vdir = store_dir / "versions" / sl
     emb_meta = json.loads((emb_dir / "meta.json").read_text())
     levels = len(emb_meta.get("levels", []))
-    tables, windows, rows = {}, {}, {}
+    tables, windows, rows, offline_sha = {}, {}, {}, {}
     for path in sorted(emb_dir.glob("*.parquet")):
         etype = path.stem
         n = feast_store.names(etype, sl, service)
@@ -173,20 +224,25 @@ def _prepare(cfg: DictConfig, state: dict[str, Any], store_dir: Path, emb_dir: P
                          "levels": levels}
         windows[etype] = (stats["ts_min"], stats["ts_max"])
         rows[etype] = stats["rows"]
+        offline_sha[etype] = sha256(dst)
     served = [t for t in pcfg.feast.service_types if t in tables]
     if not served:
         raise HirError(f"publish.feast.service_types={list(pcfg.feast.service_types)} names no entity type of "
                        f"this export ({sorted(tables)}); list the types a ranker reads together")
     spec = {"version": version, "slug": sl, "feature_service": f"{service}_{sl}", "service_types": served,
             "tables": tables}
-    # null keys are dropped, so a config overriding the store type can unset the other type's keys
-    online = {k: v for k, v in OmegaConf.to_container(pcfg.feast.online_store, resolve=True).items() if v is not None}
+    online = online_settings(pcfg)
     (store_dir / "feast").mkdir(parents=True, exist_ok=True)
     repo = feast_store.write_working_copy(Path(pcfg.feast.repo_template), vdir / "feature_repo",
                                           safe_name(pcfg.feast.project), store_dir / "feast" / "registry.db", online, spec)
-    milvus_cfg = OmegaConf.to_container(pcfg.milvus, resolve=True)
+    milvus_cfg = milvus_settings(pcfg)
     manifest = _manifest(cfg, store_dir, repo, spec, rows, result, prefix, milvus_cfg, online)
-    manifest |= {"levels": emb_meta.get("levels", []), "top_k": emb_meta.get("top_k")}
+    manifest |= {"levels": emb_meta.get("levels", []), "top_k": emb_meta.get("top_k"),
+                 # the export's cutoff per type: its rows join point-in-time rows from then on
+                 "valid_from": {e: w[0].isoformat() for e, w in windows.items() if w[0] is not None}}
+    manifest["feast"]["offline_sha256"] = offline_sha
+    manifest["source"] |= {"graph_dir": result.get("graph_dir"), "content_dir": str(Path(cfg.paths.content_dir).resolve()),
+                           "checkpoint": emb_meta.get("checkpoint"), "visible_splits": emb_meta.get("visible_splits")}
     entry = {"version": version, "slug": sl, "created": result.get("created"), "status": "staged",
              "staged_at": now_iso(), "hashes": result["files"], "manifest": manifest}
     if prior and prior["status"] == "kept":  # a rollback target stays kept until this succeeds
@@ -199,7 +255,7 @@ def _prepare(cfg: DictConfig, state: dict[str, Any], store_dir: Path, emb_dir: P
 def _phases(job: _Job, store: Any, client: Any, step: Any) -> None:
     """feast apply -> materialize -> milvus (insert, index, load, sanity) -> switch -> retire."""
     pcfg, t, manifest = job.cfg.publish, job.timings, job.manifest
-    milvus_cfg = OmegaConf.to_container(pcfg.milvus, resolve=True)
+    milvus_cfg = milvus_settings(pcfg)
     faults.point("feast_apply")
     t0 = time.perf_counter()
     feast_store.apply(store, feast_store.load_definitions(job.repo))
@@ -216,11 +272,15 @@ def _phases(job: _Job, store: Any, client: Any, step: Any) -> None:
 
     faults.point("milvus_insert")
     t0 = time.perf_counter()
-    sanity, stage_s, ties = {}, {}, {}
+    sanity, stage_s, ties, payload = {}, {}, {}, {}
     for etype, tab in job.tables.items():
         data = milvus_store.read_table(Path(tab["path"]), tab["join_key"])
-        ties[etype] = milvus_store.break_ties(data, float(milvus_cfg["tie_break"]),
-                                                 resolution=float(milvus_cfg["tie_resolution"]))
+        # the vectors Milvus gets: near-twins nudged apart, checked against the validated ones
+        payload[etype] = milvus_store.checked_payload(
+            data, float(milvus_cfg["tie_break"]), float(milvus_cfg["tie_resolution"]),
+            float(milvus_cfg["min_nudged_cosine"]), Path(tab["path"]).with_suffix(".milvus.parquet"),
+            f"{etype} vectors for Milvus")
+        ties[etype] = payload[etype]["nudged"]
         coll = manifest["milvus"]["collections"][etype]
         stage_s[etype] = milvus_store.stage(client, coll, data, etype, job.version, milvus_cfg)
         faults.point("milvus_sanity")
@@ -229,6 +289,7 @@ def _phases(job: _Job, store: Any, client: Any, step: Any) -> None:
     t["milvus"] = time.perf_counter() - t0
     manifest["milvus"]["sanity"] = sanity
     manifest["milvus"]["tie_broken_rows"] = ties
+    manifest["milvus"]["payload"] = payload
     manifest["milvus"]["stage_s"] = {e: {k: round(v, 3) for k, v in d.items()} for e, d in stage_s.items()}
     step("switch")
 

@@ -86,6 +86,8 @@ def run_checkpoint(tables: list[Table], work_dir: Path, docs_dir: Path, n_exampl
     import great_expectations as gx
     from great_expectations.data_context.types.base import ProgressBarsConfig
 
+    # that module sets its own logger to INFO on import and logs every ephemeral docs temp dir
+    logging.getLogger("great_expectations.data_context.types.base").setLevel(logging.WARNING)
     work_dir.mkdir(parents=True, exist_ok=True)
     ctx = gx.get_context(mode="ephemeral")
     ctx.variables.progress_bars = ProgressBarsConfig(globally=False)  # our own log lines instead

@@ -90,7 +90,9 @@ def embedding_tables(
     vcfg: DictConfig, previous: dict[str, Any] | None,
 ) -> tuple[list, dict[str, Any]]:
     """Suites for every ``embeddings/<type>.parquet`` and ``meta.json``; returns (tables, report):
-    the report holds ``drift`` per type and ``duplicate_share`` (rows with an exact twin) per type."""
+    the report holds per type ``drift``, ``duplicate_share`` (rows with an exact twin),
+    ``twin_share`` (sampled rows with engagement that have a near twin) and
+    ``cold_start_coverage`` (cold-start entities with text told apart from other texts)."""
     from hir.validate import suites
 
     levels: list[int] = [int(v) for v in emb_meta.get("levels", [])]
@@ -101,7 +103,7 @@ def embedding_tables(
         expected |= {f"tokens_l{k}": "list<int>", f"weights_l{k}": "list<float>"}
     files = {p.stem: p for p in sorted(emb_dir.glob("*.parquet"))}
     counts: dict[str, int] = {t: int(n) for t, n in (emb_meta.get("counts") or {}).items()}
-    tables, drift, meta_rows, duplicates = [], {}, [], {}
+    tables, drift, meta_rows, duplicates, twins, coverage = [], {}, [], {}, {}, {}
     for etype in sorted(set(files) | set(counts)):
         n_rows = None
         if etype in files:
@@ -112,15 +114,21 @@ def embedding_tables(
                           "file_ok": etype in files and etype in counts, "type_ok": etype in graph_meta["nodes"]})
         if etype not in files or "entity_id" not in frame.columns or etype not in graph_meta["nodes"]:
             continue
-        graph_nodes = pl.read_parquet(graph_dir / "nodes" / f"{etype}.parquet", columns=["node_id", "key", "first_seen"])
-        view = views.embedding_view(frame, graph_nodes, len(levels))
+        graph_nodes = pl.read_parquet(graph_dir / "nodes" / f"{etype}.parquet",
+                                      columns=["node_id", "key", "first_seen", "text"])
+        e = vcfg.embeddings
+        view = views.embedding_view(frame, graph_nodes, len(levels), float(e.twin_tolerance), int(e.twin_sample))
         tables.append(suites.embedding_table(
             etype, view, int(graph_meta["nodes"][etype]), expected_dim, levels, top_k,
             str(emb_meta.get("model_version")), vcfg.embeddings.norm_tolerance, vcfg.embeddings.weight_sum_tolerance,
             vcfg.embeddings.max_duplicate_share,
         ))
         duplicates[etype] = round(1 - float(view["emb_distinct"].mean()), 6) if "emb_distinct" in view.columns else None
-        cover = views.coverage_view(graph_nodes, view, test_start)
+        if "emb_no_twin" in view.columns and view["emb_no_twin"].drop_nulls().len():
+            twins[etype] = round(1 - float(view["emb_no_twin"].drop_nulls().mean()), 6)
+        cover = views.coverage_view(graph_nodes, frame, view, test_start, float(e.twin_tolerance), int(e.twin_sample))
+        if cover["covered"].drop_nulls().len():
+            coverage[etype] = round(float(cover["covered"].drop_nulls().mean()), 6)
         tables.append(suites.coverage_table(etype, cover, vcfg.embeddings.min_cold_start_coverage))
         prev_file = ((previous or {}).get("feast", {}).get("offline_files") or {}).get(etype)
         if prev_file and Path(prev_file).exists():
@@ -134,7 +142,7 @@ def embedding_tables(
                 tables.append(gate)
     tables.append(suites.meta_table(pl.DataFrame(meta_rows, schema={"id": pl.String, "dim": pl.Int64,
                   "count_ok": pl.Boolean, "file_ok": pl.Boolean, "type_ok": pl.Boolean}), expected_dim))
-    return tables, {"drift": drift, "duplicate_share": duplicates}
+    return tables, {"drift": drift, "duplicate_share": duplicates, "twin_share": twins, "cold_start_coverage": coverage}
 
 
 def _summary(result: dict[str, Any]) -> str:
@@ -148,6 +156,14 @@ def _summary(result: dict[str, Any]) -> str:
     if dup:
         lines.append("  rows sharing their exact vector with another row: " +
                      ", ".join(f"{t} {v:.1%}" for t, v in sorted(dup.items())))
+    twins = result.get("twin_share") or {}
+    if twins:
+        lines.append("  entities with engagement that have a near-identical twin: " +
+                     ", ".join(f"{t} {v:.1%}" for t, v in sorted(twins.items())))
+    cover = result.get("cold_start_coverage") or {}
+    if cover:
+        lines.append("  cold-start entities told apart by their text: " +
+                     ", ".join(f"{t} {v:.1%}" for t, v in sorted(cover.items())))
     for etype, d in (result.get("drift") or {}).items():
         lines.append(f"  drift {etype} vs live {result['previous_version']!r}: " +
                      ", ".join(f"{k}={v}" for k, v in d.items()))
@@ -184,9 +200,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     summary = _summary(result)
     if not result["success"]:
         raise ValidationFailed(summary)  # the hir command logs and prints it
-    log.info("%s", summary)
-    print(summary)
-    keys = ("success", "evaluated", "model_version", "previous_version", "drift", "duplicate_share", "timings_s")
+    log.info("%s", summary)  # the hir command's console handler shows it; no second print
+    keys = ("success", "evaluated", "model_version", "previous_version", "drift", "duplicate_share", "twin_share",
+            "cold_start_coverage", "timings_s")
     return {k: result.get(k) for k in keys}
 
 
@@ -229,6 +245,8 @@ def _validate(cfg: DictConfig, graph_dir: Path, emb_dir: Path, val_dir: Path, gr
         "counts": emb_meta.get("counts"),
         "drift": report["drift"],
         "duplicate_share": report["duplicate_share"],
+        "twin_share": report["twin_share"],
+        "cold_start_coverage": report["cold_start_coverage"],
         "timings_s": {k: round(v, 3) for k, v in timings.items()},
         **binding,
     }

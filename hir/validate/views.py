@@ -9,9 +9,13 @@ can name example rows. Pure functions of frames; no GE import.
 
 from __future__ import annotations
 
+import numpy as np
 import polars as pl
 
 from hir.data.schema import SPLITS, TS
+
+# a sampled row is compared with at most this many rows of its table (all of them below it)
+TWIN_POOL = 200_000
 
 
 def as_lists(frame: pl.DataFrame) -> pl.DataFrame:
@@ -26,7 +30,8 @@ def _finite(col: str) -> pl.Expr:
     return pl.col(col).list.eval(pl.element().is_finite().fill_null(False)).list.all().fill_null(False)
 
 
-def embedding_view(frame: pl.DataFrame, graph_nodes: pl.DataFrame, n_levels: int) -> pl.DataFrame:
+def embedding_view(frame: pl.DataFrame, graph_nodes: pl.DataFrame, n_levels: int,
+                   twin_tolerance: float | None = None, twin_sample: int = 4000) -> pl.DataFrame:
     """One row per embedding row with scalar checks.
 
     Args:
@@ -34,11 +39,13 @@ def embedding_view(frame: pl.DataFrame, graph_nodes: pl.DataFrame, n_levels: int
             ``tokens_l<k>`` list<i32> (top_k,), ``weights_l<k>`` list<f32> (top_k,)).
         graph_nodes: the snapshot's ``nodes/<type>.parquet`` (``node_id``, ``key``).
         n_levels: hierarchy levels to derive (only those whose columns exist are derived).
+        twin_tolerance: with a value, add ``emb_no_twin`` (:func:`twin_view`).
+        twin_sample: rows checked for near twins.
 
     Returns:
         ``id`` (entity_id), the scalar source columns, ``in_graph`` (the key exists in the
         snapshot with the same node_id), ``emb_len``/``emb_finite``/``emb_norm``/``emb_distinct``
-        (no other row has the same vector) and per level
+        (no other row has exactly the same vector), ``emb_no_twin`` (see above) and per level
         ``tok_len/tok_min/tok_max/tok_distinct/w_len_ok/w_sum/w_min/w_finite``.
     """
     frame = as_lists(frame)
@@ -72,25 +79,120 @@ def embedding_view(frame: pl.DataFrame, graph_nodes: pl.DataFrame, n_levels: int
         if tok in cols and w in cols:
             exprs.append((pl.col(w).list.len() == pl.col(tok).list.len()).fill_null(False).alias(f"w_len_ok_l{k}"))
     view = frame.select(exprs)
+    if twin_tolerance is not None:
+        view = view.with_columns(twin_view(frame, twin_tolerance, twin_sample))
     if "node_id" in cols:
         keys = graph_nodes.select(pl.col("key").cast(pl.String).alias("id"), pl.col("node_id").alias("_graph_node"))
-        view = view.join(keys, on="id", how="left", coalesce=True).with_columns(
+        view = view.join(keys, on="id", how="left", coalesce=True, maintain_order="left").with_columns(
             (pl.col("_graph_node") == pl.col("node_id")).fill_null(False).alias("in_graph")
         ).drop("_graph_node")
     return view
 
 
-def coverage_view(graph_nodes: pl.DataFrame, emb_view: pl.DataFrame, test_start: object) -> pl.DataFrame:
+def matrix(frame: pl.DataFrame, column: str = "embedding") -> np.ndarray | None:
+    """A list<float> column as an (n, dim) float32 matrix, or None when the rows are not all
+    present with one length (the schema and length checks report that)."""
+    col = as_lists(frame.select(column))[column]
+    lens = col.list.len()
+    if frame.height == 0 or col.null_count() or lens.min() != lens.max() or not lens.max():
+        return None
+    return col.list.to_array(int(lens.max())).to_numpy().astype(np.float32)
+
+
+def semantic_part(z: np.ndarray) -> np.ndarray:
+    """(n, dim) embeddings -> (n, dim - 1): every coordinate but the last, which carries a
+    per-entity prior or scale (docs/contracts.md, embeddings). Two entities that differ only there
+    are the same to anything that compares their meaning."""
+    return z[:, :-1] if z.ndim == 2 and z.shape[1] > 1 else z
+
+
+def nearest_cosine(z: np.ndarray, query: np.ndarray, pool: np.ndarray, labels: np.ndarray | None = None,
+                   block: int = 8192) -> np.ndarray:
+    """Per row index in ``query``, the highest cosine to a row of ``pool`` (row indices of ``z``,
+    (n, dim)) other than itself; with ``labels`` (n,), only to rows whose label differs from its
+    own. -2 where there is no such row. Non-finite rows compare as -2; all-zero rows are one
+    direction of their own (twins of each other, of nothing else)."""
+    norms = np.linalg.norm(z, axis=1, keepdims=True)
+    zero = (norms < 1e-6) & np.isfinite(norms)
+    unit = np.concatenate([z / norms.clip(1e-12) * ~zero, zero.astype(z.dtype)], axis=1)  # (n, dim + 1)
+    unit = np.where(np.isfinite(unit).all(1, keepdims=True), unit, np.nan)
+    best = np.full(len(query), -2.0, np.float64)
+    q = unit[query]  # (Q, dim)
+    for start in range(0, len(pool), block):
+        cols = pool[start:start + block]
+        sims = np.nan_to_num(q @ unit[cols].T, nan=-2.0).astype(np.float64)  # (Q, B)
+        sims[query[:, None] == cols[None, :]] = -2.0
+        if labels is not None:
+            sims[labels[query][:, None] == labels[cols][None, :]] = -2.0
+        best = np.maximum(best, sims.max(1, initial=-2.0))
+    return best
+
+
+def _sample(idx: np.ndarray, n: int, seed: int) -> np.ndarray:
+    """A seeded, sorted subset of at most ``n`` of ``idx`` (all of them when fewer)."""
+    if len(idx) <= n:
+        return idx
+    return np.sort(np.random.default_rng(seed).choice(idx, n, replace=False))
+
+
+def twin_view(frame: pl.DataFrame, tolerance: float, sample: int, seed: int = 0) -> pl.Series:
+    """``emb_no_twin`` per row: for a seeded sample of at most ``sample`` rows *with engagement*
+    (``cold_start`` false), True when no other row of the table has (nearly) the same vector
+    (cosine >= 1 - ``tolerance``); null for the other rows. A model that collapsed gives every
+    entity about one vector; entities it learned from engagement are told apart otherwise (cold
+    ones without distinguishing content may legitimately share one, so they are left to
+    :func:`coverage_view`)."""
+    out = np.full(frame.height, None, dtype=object)
+    z = matrix(frame) if "embedding" in frame.columns else None
+    if z is not None:
+        warm = ~frame["cold_start"].fill_null(False).to_numpy() if "cold_start" in frame.columns \
+            else np.ones(frame.height, bool)
+        query = _sample(np.flatnonzero(warm), sample, seed)
+        if len(query):
+            pool = _sample(np.arange(frame.height), TWIN_POOL, seed + 1)
+            pool = np.union1d(pool, query)
+            out[query] = nearest_cosine(semantic_part(z), query, pool) < 1 - tolerance
+    return pl.Series("emb_no_twin", out.tolist(), dtype=pl.Boolean)
+
+
+def coverage_view(graph_nodes: pl.DataFrame, frame: pl.DataFrame, emb_view: pl.DataFrame, test_start: object,
+                  tolerance: float = 1e-4, sample: int = 4000, seed: int = 0) -> pl.DataFrame:
     """One row per snapshot entity: ``id`` (key), ``cold`` (first event in the test period),
-    ``has_row`` (the export has a row for it) and ``has_embedding`` (that row's embedding is
-    present and finite)."""
+    ``has_row`` (the export has a row for it), ``has_embedding`` (that row's embedding is present
+    and finite) and ``covered``: for cold-start entities with text (a seeded sample of at most
+    ``sample``), True when no cold-start entity with a *different* text has (nearly) the same
+    vector (cosine >= 1 - ``tolerance`` of the :func:`semantic_part`), i.e. the model told it apart
+    from its content; null for
+    the others. Cold-start embeddings that all collapsed onto a few vectors are not covered.
+
+    Args:
+        graph_nodes: the snapshot's ``nodes/<type>.parquet`` (``key``, ``first_seen``, ``text``).
+        frame: the export table (``entity_id``, ``embedding``).
+        emb_view: :func:`embedding_view` of ``frame`` (``id``, ``emb_finite``).
+    """
     nodes = graph_nodes.select(
         pl.col("key").cast(pl.String).alias("id"),
         (pl.col("first_seen") >= pl.lit(test_start, TS)).fill_null(False).alias("cold"),
+        (pl.col("text") if "text" in graph_nodes.columns else pl.lit(None, pl.String)).alias("_text"),
     )
     usable = emb_view.select("id", pl.col("emb_finite") if "emb_finite" in emb_view.columns else pl.lit(False))
     usable = usable.rename({usable.columns[1]: "has_embedding"}).unique("id").with_columns(pl.lit(True).alias("has_row"))
-    return nodes.join(usable, on="id", how="left").with_columns(pl.col("has_row", "has_embedding").fill_null(False))
+    view = nodes.join(usable, on="id", how="left", maintain_order="left").with_columns(
+        pl.col("has_row", "has_embedding").fill_null(False))
+    covered = np.full(view.height, None, dtype=object)
+    cold = view.filter(pl.col("cold") & pl.col("_text").is_not_null() & pl.col("has_embedding")).with_row_index("_i")
+    rows = frame.select(pl.col("entity_id").cast(pl.String).alias("id"), "embedding").unique("id")
+    cold = cold.join(rows, on="id", how="inner", maintain_order="left")
+    z = matrix(cold) if cold.height else None
+    if z is not None:
+        position = {k: i for i, k in enumerate(view["id"].to_list())}
+        labels = cold["_text"].cast(pl.Categorical).to_physical().to_numpy()
+        query = _sample(np.arange(cold.height), sample, seed)
+        best = nearest_cosine(semantic_part(z), query, np.arange(cold.height), labels)
+        ids = cold["id"].to_list()
+        for q, b in zip(query, best):
+            covered[position[ids[q]]] = bool(b < 1 - tolerance)
+    return view.drop("_text").with_columns(pl.Series("covered", covered.tolist(), dtype=pl.Boolean))
 
 
 def schema_view(frame_schema: dict[str, pl.DataType], expected: dict[str, str]) -> pl.DataFrame:

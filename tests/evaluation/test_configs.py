@@ -34,7 +34,14 @@ def test_task_files_instantiate(path: Path) -> None:
 def test_ablation_experiment(compose: Callable) -> None:
     cfg = compose("experiment=ablation_bias", stage="pipeline")
     assert cfg.pipeline.stages[-1] == "evaluate"
-    assert cfg.publish.store_dir.startswith(str(cfg.paths.output_dir))  # one store per cell
+    # one store per cell: conf/publish/default.yaml's multirun default, not overridden by the
+    # experiment (tests/publish/test_sweeps.py runs a sweep)
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[2] / "conf"), version_base="1.3"):
+        plain = hydra_compose("config", overrides=["experiment=ablation_bias"])
+    assert OmegaConf.to_container(plain.publish, resolve=False)["store_dir"].startswith("${hir_serving_dir:")
     # the swept keys exist in the model config (a renamed key would make every cell identical)
     for key in ("model.bias.table", "model.bias.exposure", "model.objective.weights.distill"):
         assert OmegaConf.select(cfg, key) is not None, key

@@ -62,3 +62,19 @@ def test_gather_main_accepts_both_spellings(tmp_path: Path) -> None:
     assert (root / "comparison.md").exists()
     main([f"eval.gather.dir={root}", f"eval.gather.out={tmp_path / 'table'}"])
     assert "eval.seed" in (tmp_path / "table.csv").read_text().splitlines()[0]
+
+
+def test_gather_never_folds_cells_letter_by_letter(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """At 80 columns (a log file, a narrow terminal) a wide table becomes one line per job whose
+    values are intact, instead of a table whose cells fold one letter per line."""
+    monkeypatch.setenv("COLUMNS", "80")
+    root = tmp_path / "wide"
+    for i in range(3):
+        _job(root, i, [f"model.optim.lr={0.001 * (i + 1)}", f"model.objective.weights.distill={i}.5",
+                       f"model.bias.table={'true' if i % 2 else 'false'}"], 0.3 + i / 100, 0.4)
+    gather(root)
+    out = capsys.readouterr().out
+    assert "job 1: table=true, distill=1.5, lr=0.002" in out
+    assert "retrieval.hir.recall@20=0.3100" in out
+    assert not any(len(line.strip("│ ┃")) == 1 for line in out.splitlines())  # no letter-per-line cells

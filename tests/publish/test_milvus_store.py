@@ -42,3 +42,39 @@ def test_near_twins_within_the_resolution_are_one_group() -> None:
     assert group[3] == group[0] and len(set(group)) == 4
     exact = {"vectors": v.copy()}
     assert break_ties(exact, 1e-3, resolution=0.0) == 0 and len(set(exact["twin_group"])) == 5
+
+
+def test_the_nudge_is_relative_to_the_semantic_part() -> None:
+    """With most of the norm in the last (prior/scale) coordinate, a fixed-size nudge would move
+    an entity's meaning a lot while the whole-vector cosine still reads ~1: the nudge is scaled to
+    the semantic part, the last coordinate kept, and checked_payload looks at both."""
+    rng = np.random.default_rng(2)
+    sem = rng.normal(size=(4, 16))
+    sem *= 0.13 / np.linalg.norm(sem, axis=1, keepdims=True)       # a semantic part of norm 0.13
+    v = np.concatenate([sem, np.full((4, 1), np.sqrt(1 - 0.13**2))], axis=1).astype(np.float32)
+    v[1] = v[2] = v[3] = v[0]
+    data = {"vectors": v.copy()}
+    assert break_ties(data, 1e-3) == 3
+    out = data["vectors"]
+    s0, s1 = v[1:, :-1], out[1:, :-1]
+    semantic_cos = (s0 * s1).sum(1) / (np.linalg.norm(s0, axis=1) * np.linalg.norm(s1, axis=1))
+    assert semantic_cos.min() > 0.999 and len(np.unique(out, axis=0)) == 4
+
+
+def test_checked_payload_refuses_a_nudge_that_moves_the_meaning(tmp_path) -> None:
+    import pytest
+
+    from hir.errors import HirError
+    from hir.publish.milvus_store import checked_payload
+
+    rng = np.random.default_rng(3)
+    sem = rng.normal(size=(3, 16))
+    sem *= 0.13 / np.linalg.norm(sem, axis=1, keepdims=True)
+    v = np.concatenate([sem, np.full((3, 1), np.sqrt(1 - 0.13**2))], axis=1).astype(np.float32)
+    v[2] = v[1]
+    ok = checked_payload({"ids": ["a", "b", "c"], "vectors": v.copy(), "coarse": np.zeros(3, np.int64)}, 1e-3, 1e-4,
+                         0.999, tmp_path / "ok.parquet", "t")
+    assert ok["nudged"] == 1 and ok["min_cosine_to_validated"] > 0.999
+    with pytest.raises(HirError, match=r"t: 1 vectors would reach Milvus changed .*semantic part"):
+        checked_payload({"ids": ["a", "b", "c"], "vectors": v.copy(), "coarse": np.zeros(3, np.int64)}, 0.5, 1e-4,
+                        0.999, tmp_path / "bad.parquet", "t")

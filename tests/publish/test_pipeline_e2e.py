@@ -32,11 +32,16 @@ def test_pipeline_publishes_and_refresh_serves_new_products(tmp_path: Path) -> N
 
     with gzip.open(REES46, "rt") as fh:
         rows = [r for _, r in zip(range(100), csv.DictReader(fh)) if r["brand"] and r["category_code"]][: len(NEW)]
+    # the documented delta (README "Serving new entities"): content columns, links, a first view
     delta = tmp_path / "new_products.csv"
     with delta.open("w", newline="") as fh:
-        out = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        out = csv.DictWriter(fh, fieldnames=["entity_id", "text", "attr_price", "attr_brand", "category", "advertiser",
+                                             "user_id", "stage", "timestamp"])
         out.writeheader()
-        out.writerows({**r, "product_id": pid} for r, pid in zip(rows, NEW))
+        out.writerows({"entity_id": pid, "text": f"{r['brand']} {r['category_code'].replace('.', ' > ')}",
+                       "attr_price": r["price"], "attr_brand": r["brand"], "category": r["category_code"],
+                       "advertiser": r["brand"], "user_id": r["user_id"], "stage": "view", "timestamp": r["event_time"]}
+                      for r, pid in zip(rows, NEW))
     proc = run_hir("refresh", f"refresh.delta_path={delta}", *common, cwd=tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "with {'product': 4} new entities" in proc.stdout + proc.stderr

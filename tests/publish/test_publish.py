@@ -4,6 +4,8 @@ Feast calls and the retrieval helper. One published store is shared by the modul
 from __future__ import annotations
 
 import json
+import logging
+import re
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
@@ -17,6 +19,7 @@ from hir.publish import stage as publish
 from hir.publish.live import read_state
 from hir.validate import stage as validate
 from hir.validate.binding import NotValidated
+from tests.conftest import ROOT
 from tests.publish.conftest import assert_serving, export_run
 
 CREATED = datetime(2026, 1, 1, tzinfo=UTC)
@@ -44,16 +47,113 @@ def test_manifest_says_what_was_published_where(served: SimpleNamespace) -> None
     assert m["rows"]["product"] == served.emb["product"].height
     assert all(s["self_hit"] >= 0.9 for s in m["milvus"]["sanity"].values())
     assert read_state(served.store_dir)["live"] == "v1"
+    assert m["status"] == "live" and m["live_version"] == "v1"
     assert_serving(served.store_dir, "v1")
 
 
-def test_readme_snippet_online_and_point_in_time(served: SimpleNamespace) -> None:
-    """The README's snippet, verbatim apart from the manifest path and the ids."""
+def test_manifest_records_the_checksum_of_what_feast_and_milvus_got(served: SimpleNamespace) -> None:
+    from hir.publish import milvus_store
+    from hir.validate.binding import sha256
+
+    m = served.manifest
+    for etype, path in m["feast"]["offline_files"].items():
+        assert m["feast"]["offline_sha256"][etype] == sha256(Path(path))
+        payload = m["milvus"]["payload"][etype]
+        assert payload["sha256"] == sha256(Path(payload["file"])) and payload["rows"] == m["rows"][etype]
+    # the payload file holds exactly the vectors Milvus serves
+    sent = pl.read_parquet(m["milvus"]["payload"]["product"]["file"]).head(5)
+    client = milvus_store.connect(m["milvus"]["uri"])
+    try:
+        milvus_store.ensure_loaded(client, m["milvus"]["aliases"]["product"])
+        got = client.get(m["milvus"]["aliases"]["product"], ids=sent["id"].to_list(), output_fields=["embedding"])
+    finally:
+        milvus_store.disconnect(client, m["milvus"]["uri"])
+    by_id = {g["id"]: np.asarray(g["embedding"], np.float32) for g in got}
+    for pid, vec in zip(sent["id"], sent["embedding"].to_list()):
+        np.testing.assert_array_equal(by_id[pid], np.asarray(vec, np.float32))
+
+
+def test_nudged_twins_are_checked_against_the_validated_vectors(make_run) -> None:
+    """Exact twins are nudged apart for HNSW; the nudge is recorded and bounded, and one too large
+    to still be the validated vector stops the publish before anything is switched."""
+    from hir.errors import HirError
+
+    cfg = make_run("twins", created=CREATED)
+    path = Path(cfg.paths.embeddings_dir) / "product.parquet"
+    frame = pl.read_parquet(path)
+    emb = frame["embedding"].to_list()
+    for i in (1, 2, 3):
+        emb[i] = emb[0]
+    frame.with_columns(pl.Series("embedding", emb, dtype=pl.List(pl.Float32))).write_parquet(path)
+    validate.run(cfg)
+    too_far = export_run(Path(cfg.paths.graph_dir), Path(cfg.paths.output_dir), "twins", "publish.milvus.tie_break=1.0",
+                         created=CREATED)
+    frame.with_columns(pl.Series("embedding", emb, dtype=pl.List(pl.Float32))).write_parquet(path)  # same files again
+    with pytest.raises(HirError, match=r"product vectors for Milvus: 3 vectors would reach Milvus changed from the "
+                                       r"validated ones .*lower publish\.milvus\.tie_break"):
+        publish.run(too_far)
+    assert read_state(Path(cfg.publish.store_dir))["live"] is None
+    publish.run(cfg)
+    manifest = json.loads((Path(cfg.paths.publish_dir) / "manifest.json").read_text())
+    payload = manifest["milvus"]["payload"]["product"]
+    assert payload["nudged"] == manifest["milvus"]["tie_broken_rows"]["product"] == 3
+    assert 0.999 <= payload["min_cosine_to_validated"] < 1.0
+    sent = pl.read_parquet(payload["file"]).filter(pl.col("id").is_in(frame["entity_id"].head(4).to_list()))
+    assert sent["twin_group"].n_unique() == 1 and sent["embedding"].n_unique() == 4  # one group, four vectors
+
+
+def _readme_blocks(section: str) -> list[str]:
+    """The ```python blocks of one README section, in order."""
+    text = (ROOT / "README.md").read_text()
+    body = text[text.index(f"## {section}"):]
+    body = body[:body.index("\n## ", 3)]
+    return re.findall(r"```python\n(.*?)```", body, flags=re.S)
+
+
+def test_readme_serving_snippets_run_as_written(served: SimpleNamespace, tmp_path: Path) -> None:
+    """The README's serving code, in a fresh process as a user runs it, with only the manifest
+    path, the ids and the dates replaced by this store's: Feast online (an unknown id comes back
+    as None and the coverage count says so), point in time, and plain pymilvus."""
+    import subprocess
+    import sys
+
+    blocks = _readme_blocks("Serving: reading HIR features downstream")
+    assert len(blocks) == 2
+    user, product = served.emb["user"]["entity_id"][5], served.emb["product"]["entity_id"][7]
+    code = "\n".join(blocks)
+    for old, new in (("outputs/completejourney/default/publish/manifest.json",
+                      str(served.base / "v1" / "publish" / "manifest.json")),
+                     ('"1234"', repr(user)), ('"1082185"', repr(product)),
+                     ('"2017-06-01"', repr(str(CREATED.date() - timedelta(days=1)))),
+                     ('"2017-12-01"', repr(str(CREATED.date() + timedelta(days=1))))):
+        assert old in code, old
+        code = code.replace(old, new)
+    code += """
+import json as _json
+print("RESULT", _json.dumps({"covered": covered, "status": manifest["status"], "hits": [h["id"] for h in hits[0]],
+       "pit": training.sort_values("event_timestamp")["product__model_version"].tolist(),
+       "missing": online["product__embedding"][1] is None}))
+"""
+    script = tmp_path / "readme.py"
+    script.write_text(code)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))[7:])
+    assert out["covered"] == 1 and out["missing"] is True       # the unknown product: None, counted
+    assert out["status"] == "live"
+    assert out["pit"] == [None, "v1"]                           # before / after the export's cutoff
+    u = served.emb["user"].filter(pl.col("entity_id") == user)["embedding"][0].to_numpy()
+    prods = served.emb["product"]
+    best = prods["entity_id"][int(np.argmax(np.stack(prods["embedding"].to_numpy()) @ u))]
+    assert len(out["hits"]) == 10 and out["hits"][0] == best    # plain pymilvus finds the exact top-1
+
+
+def test_online_and_point_in_time_values_are_the_exported_ones(served: SimpleNamespace) -> None:
+    """What the README's calls return, value by value, against the export files."""
     manifest_path = served.base / "v1" / "publish" / "manifest.json"
     user, product = served.emb["user"]["entity_id"][5], served.emb["product"]["entity_id"][7]
     t_known = CREATED + timedelta(days=1)
     t_before = CREATED - timedelta(days=1)
-    # --- README snippet ---
     import json
 
     from feast import FeatureStore
@@ -72,7 +172,6 @@ def test_readme_snippet_online_and_point_in_time(served: SimpleNamespace) -> Non
         "event_timestamp": pd.to_datetime([t_known, t_before], utc=True),  # as of each row's time
     })
     training = store.get_historical_features(entity_df=entity_df, features=service, full_feature_names=True).to_df()
-    # --- end of snippet ---
     u_row = served.emb["user"].filter(pl.col("entity_id") == user).row(0, named=True)
     p_row = served.emb["product"].filter(pl.col("entity_id") == product).row(0, named=True)
     np.testing.assert_allclose(online["user__embedding"][0], u_row["embedding"], rtol=1e-6)
@@ -93,10 +192,12 @@ def test_readme_snippet_online_and_point_in_time(served: SimpleNamespace) -> Non
     assert unknown["user__embedding"] == [None]
 
 
-def test_same_version_again_is_a_noop(served: SimpleNamespace, capsys: pytest.CaptureFixture) -> None:
+def test_same_version_again_is_a_noop(served: SimpleNamespace, caplog: pytest.LogCaptureFixture) -> None:
     history = len(read_state(served.store_dir)["history"])
-    metrics = publish.run(served.cfg)
-    assert metrics["noop"] and "already live" in capsys.readouterr().out
+    with caplog.at_level(logging.INFO, logger="hir.publish.stage"):
+        metrics = publish.run(served.cfg)
+    assert metrics["noop"] and "already live" in caplog.text
+    assert "v1: LIVE (feature service, Milvus aliases)" in caplog.text  # the store's state, printed
     assert len(read_state(served.store_dir)["history"]) == history
 
 

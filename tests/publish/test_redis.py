@@ -61,7 +61,7 @@ def test_publish_and_read_back_through_redis(make_run, redis_url: str) -> None:
     import redis
     from feast import FeatureStore
 
-    cfg = make_run("v1", "publish=feast_redis", f"publish.feast.online_store.connection_string={redis_url}",
+    cfg = make_run("v1", "publish=feast_redis", f"publish.feast.online_store.redis.connection_string={redis_url}",
                    created=datetime(2026, 1, 1, tzinfo=UTC))
     validate.run(cfg)
     publish.run(cfg)

@@ -45,6 +45,10 @@ def runs(tiny_graph: Path, tmp_path_factory: pytest.TempPathFactory) -> SimpleNa
     return SimpleNamespace(cfg=cfgs, store_dir=base / "store", base=base)
 
 
+def _run_manifest(runs: SimpleNamespace, version: str) -> dict:
+    return json.loads((Path(runs.cfg[version].paths.publish_dir) / "manifest.json").read_text())
+
+
 def _attempt(cfg, monkeypatch: pytest.MonkeyPatch, point: str) -> None:
     monkeypatch.setenv(faults.FAIL_ENV, point)
     with pytest.raises(faults.InjectedFailure):
@@ -73,6 +77,9 @@ def test_rerun_after_failures_completes(runs) -> None:
     state = read_state(runs.store_dir)
     assert state["versions"]["v1"]["status"] == "kept"       # keep_versions=2: v1 stays for a rollback
     assert [h["version"] for h in state["history"]] == ["v1", "v2"]
+    # each run's own manifest says whether the version it pins is still the live one
+    assert _run_manifest(runs, "v1")["status"] == "kept" and _run_manifest(runs, "v1")["live_version"] == "v2"
+    assert _run_manifest(runs, "v2")["status"] == "live"
 
 
 def test_switch_interrupted_by_a_kill_is_repaired_then_completed(runs, monkeypatch) -> None:
@@ -98,6 +105,8 @@ def test_switch_interrupted_by_a_kill_is_repaired_then_completed(runs, monkeypat
     assert_serving(runs.store_dir, "v3")
     state = read_state(runs.store_dir)
     assert state["versions"]["v1"]["status"] == "retired" and state["versions"]["v2"]["status"] == "kept"
+    assert [_run_manifest(runs, v)["status"] for v in ("v1", "v2", "v3")] == ["retired", "kept", "live"]
+    assert {_run_manifest(runs, v)["live_version"] for v in ("v1", "v2", "v3")} == {"v3"}
     v1 = state["versions"]["v1"]["manifest"]
     client = milvus_store.connect(v3["milvus"]["uri"])
     assert not any(client.has_collection(c) for c in v1["milvus"]["collections"].values())

@@ -58,10 +58,57 @@ def test_coverage_view_marks_cold_entities_without_rows() -> None:
         {"entity_id": "c", "node_id": 2, "embedding": [float("inf"), 0.0], "tokens_l0": [1], "weights_l0": [1.0]},
     ])
     emb = views.embedding_view(frame, GRAPH, 1)
-    cov = views.coverage_view(GRAPH, emb, datetime(2024, 1, 9, tzinfo=UTC)).sort("id")
+    cov = views.coverage_view(GRAPH, frame, emb, datetime(2024, 1, 9, tzinfo=UTC)).sort("id")
     assert cov["cold"].to_list() == [False, False, True, True]        # c, d first seen in test
     assert cov["has_row"].to_list() == [True, False, True, False]
     assert cov["has_embedding"].to_list() == [True, False, False, False]
+
+
+def _unit(*v: float) -> list[float]:
+    x = [float(a) for a in v]
+    n = math.sqrt(sum(a * a for a in x))
+    return [a / n for a in x]
+
+
+def test_near_twins_are_flagged_among_entities_with_engagement_only() -> None:
+    """a and b are 0.004 rad apart (no exact duplicate, still one vector to an index); d is their
+    cold-start twin (not checked: cold entities may share a vector); c stands apart."""
+    frame = _emb([
+        {"entity_id": "a", "node_id": 0, "embedding": _unit(1, 0.5, 0), "tokens_l0": [1], "weights_l0": [1.0]},
+        {"entity_id": "b", "node_id": 1, "embedding": _unit(1, 0.505, 0), "tokens_l0": [1], "weights_l0": [1.0]},
+        {"entity_id": "c", "node_id": 2, "embedding": _unit(0, 1, 1), "tokens_l0": [1], "weights_l0": [1.0]},
+        {"entity_id": "d", "node_id": 3, "embedding": _unit(1, 0.5, 0), "tokens_l0": [1], "weights_l0": [1.0]},
+    ]).with_columns(pl.Series("cold_start", [False, False, False, True]))
+    v = views.embedding_view(frame, GRAPH, 1, twin_tolerance=1e-4).sort("id")
+    assert v["emb_distinct"].to_list() == [False, True, True, False]   # only a and d are exact twins
+    assert v["emb_no_twin"].to_list() == [False, False, True, None]
+    # a tolerance below their distance tells a and b apart; d is a's exact twin either way
+    assert views.embedding_view(frame, GRAPH, 1, twin_tolerance=1e-6).sort("id")["emb_no_twin"].to_list() == \
+        [False, True, True, None]
+
+
+def test_cold_start_coverage_needs_distinct_vectors_for_distinct_texts() -> None:
+    """Cold-start c and d have different texts but one vector: neither is covered. e has d's
+    text and vector (same content, same vector: fine). a is not cold, f has no text."""
+    graph = pl.DataFrame({"node_id": [0, 2, 3, 4, 5], "key": ["a", "c", "d", "e", "f"],
+                          "first_seen": [datetime(2024, 1, d, tzinfo=UTC) for d in (1, 9, 9, 9, 9)],
+                          "text": ["x", "red shoe", "blue hat", "blue hat", None]})
+    same = _unit(1, 1, 0)
+    frame = _emb([
+        {"entity_id": k, "node_id": i, "embedding": e, "tokens_l0": [1], "weights_l0": [1.0]}
+        for k, i, e in (("a", 0, same), ("c", 2, same), ("d", 3, _unit(1, 1, 1e-7)), ("e", 4, _unit(1, 1, 1e-7)),
+                        ("f", 5, same))
+    ])
+    emb = views.embedding_view(frame, graph, 1)
+    cov = views.coverage_view(graph, frame, emb, datetime(2024, 1, 9, tzinfo=UTC), tolerance=1e-4).sort("id")
+    assert cov["id"].to_list() == ["a", "c", "d", "e", "f"]
+    assert cov["covered"].to_list() == [None, False, False, False, None]
+    # c given its own direction: it is told apart, and so are d and e (same text as each other)
+    frame = frame.with_columns(pl.when(pl.col("entity_id") == "c").then(pl.lit(_unit(0, 0, 1), pl.List(pl.Float32)))
+                               .otherwise(pl.col("embedding")).alias("embedding"))
+    cov = views.coverage_view(graph, frame, views.embedding_view(frame, graph, 1),
+                              datetime(2024, 1, 9, tzinfo=UTC)).sort("id")
+    assert cov["covered"].to_list() == [None, True, True, True, None]
 
 
 def test_events_view_checks_ranges_and_split_bounds() -> None:
