@@ -46,7 +46,8 @@ def run_pipeline(dataset: str, run_name: str) -> dict[str, Any]:
                          cwd=ROOT, capture_output=True, text=True)
     wall = time.perf_counter() - t0
     if res.returncode != 0:
-        raise SystemExit(f"hir pipeline data={dataset} failed (rc {res.returncode}):\n{res.stderr[-4000:]}")
+        return {"wall_s": round(wall, 1), "error": f"hir pipeline data={dataset} failed (rc {res.returncode}): "
+                                                   f"{res.stderr[-2000:]}"}
     return {"wall_s": round(wall, 1)}
 
 
@@ -138,6 +139,9 @@ def markdown(doc: dict[str, Any]) -> str:
              "masked = each user's history removed from the ranking, relevance = entities new to the user "
              "(the LightGCN-paper protocol).", ""]
     for ds, r in doc["results"].items():
+        if "error" in r:
+            lines += [f"## {ds}", "", f"failed: {r['error'][-500:]}", ""]
+            continue
         t = r["training"]
         lines += [f"## {ds}", "",
                   "| arm | recall@20 | ndcg@20 | masked new-to-user recall@20 | masked ndcg@20 | masked item-cold recall@20 |",
@@ -174,20 +178,35 @@ def main() -> None:
     out_path = ROOT / args.out
     doc: dict[str, Any] = json.loads(out_path.read_text()) if out_path.exists() else {}
     results = doc.get("results", {})
+    failed = []
     for ds in [d for d in args.datasets.split(",") if d]:
         run_dir = ROOT / "outputs" / ds / args.run_name
-        wall = None if args.reuse else run_pipeline(ds, args.run_name)["wall_s"]
-        results[ds] = collect(ds, run_dir) | {"wall_s": wall if wall is not None else results.get(ds, {}).get("wall_s"),
-                                              "run_dir": str(run_dir.relative_to(ROOT))}
-        print(f"{ds}: hir/best masked {results[ds]['hir_over_best_masked_new_to_user']}", flush=True)
+        ran = {} if args.reuse else run_pipeline(ds, args.run_name)
+        if "error" in ran:
+            # recorded, and the other datasets still run; the script exits non-zero at the end
+            failed.append(ds)
+            results[ds] = ran | {"run_dir": str(run_dir.relative_to(ROOT))}
+            print(ran["error"], file=sys.stderr, flush=True)
+        else:
+            wall = ran.get("wall_s", results.get(ds, {}).get("wall_s"))
+            results[ds] = collect(ds, run_dir) | {"wall_s": wall, "run_dir": str(run_dir.relative_to(ROOT))}
+            print(f"{ds}: hir/best masked {results[ds]['hir_over_best_masked_new_to_user']}", flush=True)
+        doc = write(results, out_path)
+    print(markdown(doc))
+    if failed:
+        raise SystemExit(f"failed: {', '.join(failed)} (see {out_path})")
+
+
+def write(results: dict[str, Any], out_path: Path) -> dict[str, Any]:
+    """quality.json and quality.md from the results so far (written after every dataset)."""
     doc = {"created": datetime.now(UTC).isoformat(timespec="seconds"),
            "machine": f"{platform.machine()}, {subprocess.getoutput('nproc')} cores",
            "results": results}
-    doc["targets"] = targets(results)
+    doc["targets"] = targets({k: v for k, v in results.items() if "error" not in v})
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(doc, indent=2))
     out_path.with_suffix(".md").write_text(markdown(doc))
-    print(markdown(doc))
+    return doc
 
 
 if __name__ == "__main__":
