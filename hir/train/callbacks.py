@@ -11,7 +11,7 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import Callback, TQDMProgressBar
 
 log = logging.getLogger(__name__)
 
@@ -67,3 +67,13 @@ class InitialValidation(Callback):
             # the keys export reads (hir.export.embed.load_checkpoint), nothing of the loops
             torch.save({"state_dict": pl_module.state_dict(), "hyper_parameters": dict(pl_module.hparams),
                         "hir_history": list(pl_module.history)}, self.dirpath / INIT_CHECKPOINT)
+
+
+class ProgressBar(TQDMProgressBar):
+    """Lightning's bar without ``v_num``: the logger's version is a fixed name (``train``), whose
+    last four letters the stock bar prints as ``v_num: rain``, a figure no one can act on."""
+
+    def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
+        metrics = super().get_metrics(trainer, pl_module)
+        metrics.pop("v_num", None)
+        return metrics

@@ -136,7 +136,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     from lightning.pytorch.loggers import CSVLogger
 
     from hir.nn import HirNet
-    from hir.train.callbacks import InitialValidation
+    from hir.train.callbacks import InitialValidation, ProgressBar
     from hir.train.datamodule import HirDataModule
     from hir.train.graph import load_graph
     from hir.train.module import HirModule
@@ -183,6 +183,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                               save_on_train_epoch_end=True, auto_insert_metric_name=False, enable_version_counter=False)
     init_cb = InitialValidation(ckpt_dir, monitor)
     callbacks = [init_cb, best_cb, last_cb]
+    if cfg.trainer.get("enable_progress_bar", True):
+        callbacks.append(ProgressBar())
     callbacks += [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
     logger = instantiate(cfg.logger) if cfg.get("logger") else CSVLogger(save_dir=cfg.paths.output_dir, name="logs", version="train")
     # seeds are sharded by the datamodule itself (deterministic per rank); Lightning must not

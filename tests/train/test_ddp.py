@@ -7,6 +7,7 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
 import torch
 
 from tests.conftest import run_hir
@@ -21,11 +22,23 @@ def test_ddp_two_cpu_processes(tiny_run: Path, tmp_path: Path):
                   "trainer=ddp", "trainer.devices=2", cwd=tmp_path, timeout=240)
     log = res.stdout + res.stderr
     assert res.returncode == 0, log[-4000:]
-    assert "GLOBAL_RANK: 1, MEMBER: 2/2" in log + (run / "train_ddp_process_1.log").read_text()
+    rank1 = (run / "train_ddp_process_1.log").read_text()
+    assert "GLOBAL_RANK: 1, MEMBER: 2/2" in log + rank1
+    # each rank draws its own shard of the seeds: both say so, with the same batch count
+    assert "batches per epoch per rank (rank 0 of 2)" in log
+    assert "batches per epoch per rank (rank 1 of 2)" in log + rank1
     report = json.loads((run / "checkpoints" / "train_metrics.json").read_text())
     assert report["world_size"] == 2
     # seeds are sharded: 192 seeds / 48 per batch = 4 global batches -> 2 steps per rank and epoch
     assert report["global_step"] == 4
-    assert 0 <= report["metrics"]["val/recall@20"] <= 1
     ckpt = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
     assert ckpt["global_step"] == 4
+    # the synchronised steps moved the weights away from the step-0 model, and kept them finite
+    init = torch.load(run / "checkpoints" / "init.ckpt", weights_only=True)["state_dict"]
+    trained = ckpt["state_dict"]
+    assert set(init) == set(trained)
+    assert all(torch.isfinite(v).all() for v in trained.values() if v.is_floating_point())
+    moved = [k for k in init if init[k].is_floating_point() and not torch.equal(init[k], trained[k])]
+    assert len(moved) >= len(init) // 4, moved
+    # the validation figure is the last history point's, recomputed on rank 0's full val set
+    assert report["metrics"]["val/recall@20"] == pytest.approx(report["history"][-1]["val/recall@20"], abs=1e-6)
