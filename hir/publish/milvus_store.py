@@ -260,6 +260,39 @@ def sanity_search(client: Any, name: str, data: dict[str, Any], n: int, search_p
     return {"rows": rows, "self_hit": round(rate, 4)}
 
 
+def user_recall(client: Any, name: str, users: np.ndarray, data: dict[str, Any], n: int, k: int,
+                search_params: dict[str, Any], min_recall: float, cfg: dict[str, Any]) -> dict[str, Any]:
+    """Recall@k of the index against exact search for ``n`` users' vectors (evenly picked rows of
+    ``users`` (U, d)) over the collection's payload ``data["vectors"]`` (I, d); raises below
+    ``min_recall``, so the alias never moves to an index that cannot serve retrieval.
+
+    Why not self-queries alone: HIR entities are ``[a s, sqrt(1 - a^2)]`` with a small scale
+    ``a`` for most of them, so entities sit close together along the last coordinate and a graph
+    index finds each entity itself yet misses users' nearest ones. Measured on online_retail
+    (3,677 products, median a 0.08): HNSW M 16 agreed with exact top-20 on 0.50 of a user's
+    hits at ef 128, 0.64 at 256, 0.80 at 512, 0.91 at 1024, while 96% of self-queries hit.
+    """
+    vecs = np.asarray(data["vectors"], np.float32)
+    if len(users) == 0 or len(vecs) == 0:
+        return {"user_recall@k": None}
+    k = min(k, len(vecs))
+    pick = np.unique(np.linspace(0, len(users) - 1, min(n, len(users))).astype(int))
+    q = np.asarray(users[pick], np.float32)
+    exact = np.argpartition(-(q @ vecs.T), k - 1, axis=1)[:, :k]
+    ids = np.asarray(data["ids"], dtype=object)
+    res = client.search(name, data=q.tolist(), limit=k, search_params={"params": dict(search_params)},
+                        output_fields=["id"])
+    got = [len({h["id"] for h in hits} & set(ids[row].tolist())) / k for hits, row in zip(res, exact)]
+    recall = float(np.mean(got))
+    if recall < min_recall:
+        raise HirError(
+            f"sanity search on {name}: the {cfg['index_type']} index returns only {recall:.0%} of the exact top-{k} "
+            f"for {len(pick)} users' vectors (need {min_recall:.0%}, publish.sanity.min_user_recall); the alias was "
+            f"not moved. Use publish.milvus.index_type=FLAT (exact; fine up to a few million rows) or raise the "
+            f"search effort (publish.milvus.search_params.{cfg['index_type']}.*)")
+    return {"user_recall@k": round(recall, 4), "recall_k": k, "user_queries": len(pick)}
+
+
 def stage(client: Any, name: str, data: dict[str, Any], etype: str, version: str, cfg: dict[str, Any]) -> dict[str, float]:
     """Create (replacing a leftover of a crashed attempt), insert, flush, index, load; seconds per step."""
     from hir.publish import faults

@@ -48,10 +48,18 @@ def safe_name(name: str) -> str:
     return re.sub(r"[^0-9A-Za-z_]", "_", name)
 
 
-def milvus_settings(pcfg: DictConfig) -> dict[str, Any]:
-    """``publish.milvus`` with ``index_params`` / ``search_params`` of the chosen ``index_type`` only."""
+def milvus_settings(pcfg: DictConfig, rows: int = 0) -> dict[str, Any]:
+    """``publish.milvus`` with ``index_params`` / ``search_params`` of the chosen ``index_type`` only.
+
+    ``index_type: auto`` resolves by the largest collection's ``rows``: exact FLAT search up to
+    ``flat_max_rows``, HNSW beyond (``index_requested`` keeps what was asked for).
+    """
     m = OmegaConf.to_container(pcfg.milvus, resolve=True)
     kind = str(m["index_type"])
+    m["index_requested"] = kind
+    if kind == "auto":
+        kind = "FLAT" if rows <= int(m.get("flat_max_rows") or 0) else "HNSW"
+        m["index_type"] = kind
     for key in ("index_params", "search_params"):
         per_type = m[key] or {}
         if kind not in per_type:
@@ -235,7 +243,7 @@ def _prepare(cfg: DictConfig, state: dict[str, Any], store_dir: Path, emb_dir: P
     (store_dir / "feast").mkdir(parents=True, exist_ok=True)
     repo = feast_store.write_working_copy(Path(pcfg.feast.repo_template), vdir / "feature_repo",
                                           safe_name(pcfg.feast.project), store_dir / "feast" / "registry.db", online, spec)
-    milvus_cfg = milvus_settings(pcfg)
+    milvus_cfg = milvus_settings(pcfg, max(rows.values(), default=0))
     manifest = _manifest(cfg, store_dir, repo, spec, rows, result, prefix, milvus_cfg, online)
     manifest |= {"levels": emb_meta.get("levels", []), "top_k": emb_meta.get("top_k"),
                  # the export's cutoff per type: its rows join point-in-time rows from then on
@@ -255,7 +263,7 @@ def _prepare(cfg: DictConfig, state: dict[str, Any], store_dir: Path, emb_dir: P
 def _phases(job: _Job, store: Any, client: Any, step: Any) -> None:
     """feast apply -> materialize -> milvus (insert, index, load, sanity) -> switch -> retire."""
     pcfg, t, manifest = job.cfg.publish, job.timings, job.manifest
-    milvus_cfg = milvus_settings(pcfg)
+    milvus_cfg = milvus_settings(pcfg, max(job.rows.values(), default=0))
     faults.point("feast_apply")
     t0 = time.perf_counter()
     feast_store.apply(store, feast_store.load_definitions(job.repo))
@@ -272,7 +280,7 @@ def _phases(job: _Job, store: Any, client: Any, step: Any) -> None:
 
     faults.point("milvus_insert")
     t0 = time.perf_counter()
-    sanity, stage_s, ties, payload = {}, {}, {}, {}
+    sanity, stage_s, ties, payload, datas = {}, {}, {}, {}, {}
     for etype, tab in job.tables.items():
         data = milvus_store.read_table(Path(tab["path"]), tab["join_key"])
         # the vectors Milvus gets: near-twins nudged apart, checked against the validated ones
@@ -286,6 +294,17 @@ def _phases(job: _Job, store: Any, client: Any, step: Any) -> None:
         faults.point("milvus_sanity")
         sanity[etype] = milvus_store.sanity_search(client, coll, data, int(pcfg.sanity.queries),
                                                    dict(milvus_cfg["search_params"]), float(pcfg.sanity.min_self_hit))
+        datas[etype] = data
+    if "user" in datas:
+        # what a consumer does: users' vectors searched among each other type's entities; the
+        # index must return what exact search returns (self-queries alone miss a graph index
+        # that cannot rank users' neighbours, see milvus_store.user_recall)
+        for etype, data in datas.items():
+            if etype != "user":
+                sanity[etype] |= milvus_store.user_recall(
+                    client, manifest["milvus"]["collections"][etype], datas["user"]["vectors"], data,
+                    int(pcfg.sanity.queries), int(pcfg.sanity.recall_k), dict(milvus_cfg["search_params"]),
+                    float(pcfg.sanity.min_user_recall), milvus_cfg)
     t["milvus"] = time.perf_counter() - t0
     manifest["milvus"]["sanity"] = sanity
     manifest["milvus"]["tie_broken_rows"] = ties
@@ -348,7 +367,7 @@ def _manifest(cfg: DictConfig, store_dir: Path, repo: Path, spec: dict[str, Any]
             "aliases": {e: milvus_store.alias_name(prefix, e) for e in tables},
             "collections": {e: milvus_store.collection_name(prefix, e, sl) for e in tables},
             "index": {"index_type": milvus_cfg["index_type"], "metric_type": milvus_cfg["metric_type"],
-                      "params": milvus_cfg["index_params"]},
+                      "params": milvus_cfg["index_params"], "requested": milvus_cfg["index_requested"]},
             "search_params": milvus_cfg["search_params"],
         },
         "refreshes": [],

@@ -104,6 +104,8 @@ def embedding_tables(
     files = {p.stem: p for p in sorted(emb_dir.glob("*.parquet"))}
     counts: dict[str, int] = {t: int(n) for t, n in (emb_meta.get("counts") or {}).items()}
     tables, drift, meta_rows, duplicates, twins, coverage = [], {}, [], {}, {}, {}
+    # engagement contexts as the export saw them: twins with one context are not a collapse
+    contexts = views.context_labels(graph_dir, emb_meta.get("visible_splits"))
     for etype in sorted(set(files) | set(counts)):
         n_rows = None
         if etype in files:
@@ -117,7 +119,8 @@ def embedding_tables(
         graph_nodes = pl.read_parquet(graph_dir / "nodes" / f"{etype}.parquet",
                                       columns=["node_id", "key", "first_seen", "text"])
         e = vcfg.embeddings
-        view = views.embedding_view(frame, graph_nodes, len(levels), float(e.twin_tolerance), int(e.twin_sample))
+        view = views.embedding_view(frame, graph_nodes, len(levels), float(e.twin_tolerance), int(e.twin_sample),
+                                    contexts)
         tables.append(suites.embedding_table(
             etype, view, int(graph_meta["nodes"][etype]), expected_dim, levels, top_k,
             str(emb_meta.get("model_version")), vcfg.embeddings.norm_tolerance, vcfg.embeddings.weight_sum_tolerance,

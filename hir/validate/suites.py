@@ -161,7 +161,8 @@ def embedding_table(
         # a collapsed model gives many entities about one vector; entities it learned from
         # engagement never share one otherwise (cold ones are checked by coverage_table)
         exps.append(flag("emb_no_twin", "embedding", f"at most {max_dup:.0%} of the entities with engagement "
-                         "(cold_start false) have a near-identical vector (a collapsed model)", mostly=1 - max_dup))
+                         "(cold_start false) have a near-identical vector with a different engagement context "
+                         "(a collapsed model)", mostly=1 - max_dup))
     for k, vocab in enumerate(levels):
         tok, w = f"tokens_l{k}", f"weights_l{k}"
         if f"tok_len_l{k}" in cols:

@@ -9,6 +9,8 @@ can name example rows. Pure functions of frames; no GE import.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import polars as pl
 
@@ -31,7 +33,8 @@ def _finite(col: str) -> pl.Expr:
 
 
 def embedding_view(frame: pl.DataFrame, graph_nodes: pl.DataFrame, n_levels: int,
-                   twin_tolerance: float | None = None, twin_sample: int = 4000) -> pl.DataFrame:
+                   twin_tolerance: float | None = None, twin_sample: int = 4000,
+                   contexts: pl.DataFrame | None = None) -> pl.DataFrame:
     """One row per embedding row with scalar checks.
 
     Args:
@@ -41,6 +44,8 @@ def embedding_view(frame: pl.DataFrame, graph_nodes: pl.DataFrame, n_levels: int
         n_levels: hierarchy levels to derive (only those whose columns exist are derived).
         twin_tolerance: with a value, add ``emb_no_twin`` (:func:`twin_view`).
         twin_sample: rows checked for near twins.
+        contexts: :func:`context_labels` (``node_id``, ``context``): twins with one context are
+            not counted (:func:`twin_view`).
 
     Returns:
         ``id`` (entity_id), the scalar source columns, ``in_graph`` (the key exists in the
@@ -80,7 +85,13 @@ def embedding_view(frame: pl.DataFrame, graph_nodes: pl.DataFrame, n_levels: int
             exprs.append((pl.col(w).list.len() == pl.col(tok).list.len()).fill_null(False).alias(f"w_len_ok_l{k}"))
     view = frame.select(exprs)
     if twin_tolerance is not None:
-        view = view.with_columns(twin_view(frame, twin_tolerance, twin_sample))
+        labels = None
+        if contexts is not None and "node_id" in cols:
+            ctx = frame.select("node_id").join(contexts, on="node_id", how="left", maintain_order="left")["context"]
+            # a node without edges is a context of its own
+            labels = np.where(ctx.is_null().to_numpy(), -1 - frame["node_id"].to_numpy().astype(np.int64),
+                              ctx.fill_null(0).to_numpy().astype(np.int64))
+        view = view.with_columns(twin_view(frame, twin_tolerance, twin_sample, labels=labels))
     if "node_id" in cols:
         keys = graph_nodes.select(pl.col("key").cast(pl.String).alias("id"), pl.col("node_id").alias("_graph_node"))
         view = view.join(keys, on="id", how="left", coalesce=True, maintain_order="left").with_columns(
@@ -135,13 +146,20 @@ def _sample(idx: np.ndarray, n: int, seed: int) -> np.ndarray:
     return np.sort(np.random.default_rng(seed).choice(idx, n, replace=False))
 
 
-def twin_view(frame: pl.DataFrame, tolerance: float, sample: int, seed: int = 0) -> pl.Series:
+def twin_view(frame: pl.DataFrame, tolerance: float, sample: int, seed: int = 0,
+              labels: np.ndarray | None = None) -> pl.Series:
     """``emb_no_twin`` per row: for a seeded sample of at most ``sample`` rows *with engagement*
     (``cold_start`` false), True when no other row of the table has (nearly) the same vector
     (cosine >= 1 - ``tolerance``); null for the other rows. A model that collapsed gives every
     entity about one vector; entities it learned from engagement are told apart otherwise (cold
     ones without distinguishing content may legitimately share one, so they are left to
-    :func:`coverage_view`)."""
+    :func:`coverage_view`).
+
+    ``labels`` (n,): the rows' engagement contexts (:func:`context_labels`). A twin with the
+    same context does not count: two products viewed by the same one user, or two users who
+    bought the same one product, have identical collaborative evidence and a model that embeds
+    them alike is right, not collapsed (measured on rees46: 59% of the engaged products and 27%
+    of the users have such a twin under the spectral base)."""
     out = np.full(frame.height, None, dtype=object)
     z = matrix(frame) if "embedding" in frame.columns else None
     if z is not None:
@@ -151,7 +169,7 @@ def twin_view(frame: pl.DataFrame, tolerance: float, sample: int, seed: int = 0)
         if len(query):
             pool = _sample(np.arange(frame.height), TWIN_POOL, seed + 1)
             pool = np.union1d(pool, query)
-            out[query] = nearest_cosine(semantic_part(z), query, pool) < 1 - tolerance
+            out[query] = nearest_cosine(semantic_part(z), query, pool, labels) < 1 - tolerance
     return pl.Series("emb_no_twin", out.tolist(), dtype=pl.Boolean)
 
 
@@ -291,3 +309,24 @@ def edges_view(edges: pl.LazyFrame, n_src: int, n_dst: int) -> pl.DataFrame:
         pl.col("src_id").is_between(0, n_src - 1).fill_null(False).alias("src_ok"),
         pl.col("dst_id").is_between(0, n_dst - 1).fill_null(False).alias("dst_ok"),
     ).collect()
+
+
+def context_labels(graph_dir: Path, visible_splits: list[str] | None = None) -> pl.DataFrame:
+    """``node_id``, ``context``: one int64 label per node with edges, equal for nodes whose sets
+    of (relation, neighbour) over every edge file of the snapshot are equal; engagement edges
+    count in ``visible_splits`` only (default every split), the engagement the export saw."""
+    parts = []
+    for path in sorted((Path(graph_dir) / "edges").glob("*.parquet")):
+        rel = path.stem
+        lf = pl.scan_parquet(path)
+        if visible_splits is not None and "split" in lf.collect_schema().names():
+            lf = lf.filter(pl.col("split").is_in(list(visible_splits)))
+        lf = lf.select(pl.col("src_id").cast(pl.Int64), pl.col("dst_id").cast(pl.Int64)).unique()
+        code = pl.lit(rel).hash(7)
+        parts.append(lf.select(pl.col("src_id").alias("node_id"), (pl.col("dst_id").hash(1) ^ code).alias("t")))
+        parts.append(lf.select(pl.col("dst_id").alias("node_id"), (pl.col("src_id").hash(2) ^ code).alias("t")))
+    if not parts:
+        return pl.DataFrame(schema={"node_id": pl.Int64, "context": pl.Int64})
+    # equal sets <=> equal sorted lists of per-neighbour hashes (up to hash collisions)
+    sets = pl.concat(parts).group_by("node_id").agg(pl.col("t").unique().sort()).collect()
+    return sets.select("node_id", (pl.col("t").hash(3) & ((1 << 62) - 1)).cast(pl.Int64).alias("context"))

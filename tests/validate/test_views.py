@@ -176,3 +176,32 @@ def test_exact_twins_are_flagged() -> None:
         {"entity_id": "c", "node_id": 2, "embedding": [S, -S], "tokens_l0": [1], "weights_l0": [1.0]},
     ])
     assert views.embedding_view(frame, GRAPH, 1).sort("id")["emb_distinct"].to_list() == [False, False, True]
+
+
+def test_twins_with_one_engagement_context_are_not_a_collapse(tmp_path) -> None:
+    """a and b are near twins. With different contexts (a linked to u1, b to u2) that is a
+    collapse; with the same one (both linked to u1 only) their identical vectors are right."""
+    frame = _emb([
+        {"entity_id": "a", "node_id": 0, "embedding": _unit(1, 0.5, 0), "tokens_l0": [1], "weights_l0": [1.0]},
+        {"entity_id": "b", "node_id": 1, "embedding": _unit(1, 0.5005, 0), "tokens_l0": [1], "weights_l0": [1.0]},
+        {"entity_id": "c", "node_id": 2, "embedding": _unit(0, 1, 1), "tokens_l0": [1], "weights_l0": [1.0]},
+    ]).with_columns(pl.Series("cold_start", [False, False, False]))
+
+    def contexts(users_of_b: list[int], split_of_c: str = "train") -> pl.DataFrame:
+        edges = tmp_path / "graph" / "edges"
+        edges.mkdir(parents=True, exist_ok=True)
+        pl.DataFrame({"src_id": [10, *users_of_b, 11], "dst_id": [0, *[1] * len(users_of_b), 2],
+                      "split": ["train", *["train"] * len(users_of_b), split_of_c]}).write_parquet(
+            edges / "user__engages__product.parquet")
+        return views.context_labels(tmp_path / "graph", ["train"])
+
+    flags = views.embedding_view(frame, GRAPH, 1, 1e-4, contexts=contexts([11])).sort("id")["emb_no_twin"]
+    assert flags.to_list() == [False, False, True]  # a (u10) and b (u11): two contexts, one vector
+    same = contexts([10])  # b is linked to u10 only, like a
+    assert same.filter(pl.col("node_id") == 0)["context"].item() == same.filter(pl.col("node_id") == 1)["context"].item()
+    assert views.embedding_view(frame, GRAPH, 1, 1e-4, contexts=same).sort("id")["emb_no_twin"].to_list() == \
+        [True, True, True]
+    # a link in a split the export did not see is no part of the context: c has none left, b is
+    # linked to u10 and u11 (a superset of a's context, so a different one)
+    labels = contexts([10, 11], split_of_c="test").filter(pl.col("node_id") < 10)
+    assert sorted(labels["node_id"].to_list()) == [0, 1] and labels["context"].n_unique() == 2
