@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -50,6 +50,7 @@ def evaluate_retrieval(
     seed: int,
     neighbours: int = 20,
     history_splits: list[str] | None = None,
+    arms: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """The ``retrieval`` section of metrics.json: both protocols for every arm.
 
@@ -59,6 +60,8 @@ def evaluate_retrieval(
         neighbours: item-kNN neighbourhood size (0 = every co-occurring item).
         history_splits: the periods every arm learns from (default train + val); set to the
             periods the HIR export saw, so every arm gets the same information.
+        arms: the arms to run (default all); an arm left out reports null metrics. Sweeps whose
+            cells differ only in the model skip the baselines they share (LightGCN's fit).
     """
     ks = tuple(sorted(task.ks))
     kmax = ks[-1]
@@ -87,6 +90,11 @@ def evaluate_retrieval(
         runs["content"] = lambda: profile_topk(data, content[0], content[1], kmax)
     if hir is not None:
         runs["hir"] = lambda: hir(data, kmax)
+    if arms is not None:
+        unknown = sorted(set(arms) - set(ARMS))
+        if unknown:
+            raise ValueError(f"eval.retrieval_arms: unknown arms {unknown}; expected some of {list(ARMS)}")
+        runs = {a: fn for a, fn in runs.items() if a in arms}
     scores: dict[str, dict[str, dict[str, float]]] = {}
     seconds: dict[str, float] = {}
     for arm, fn in runs.items():

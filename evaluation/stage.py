@@ -290,6 +290,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         retrieval = evaluate_retrieval(
             snap, ret_task, instantiate(ev.lightgcn), sources.hir_retrieval(), sources.content_vectors(), seed,
             int(ev.itemknn_neighbours), sources.history_splits(ev.get("retrieval_history_splits")),
+            list(ev.retrieval_arms) if ev.get("retrieval_arms") else None,
         )
         timings["retrieval"] = time.perf_counter() - t0
         step("diagnostics")

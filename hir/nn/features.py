@@ -29,12 +29,14 @@ class TokenEncoder(nn.Module):
         content_dim: width of a node's content row (text vector, attribute blocks, has-text flag).
         base_dim: width K of the spectral base rows.
         base_dropout: per-token base dropout while training (default 0.3).
+        use_content: add the content projection (default True; False = the ids-only ablation).
     """
 
     def __init__(self, dim: int, n_types: int, n_stages: int, content_dim: int, base_dim: int,
-                 base_dropout: float = 0.3) -> None:
+                 base_dropout: float = 0.3, use_content: bool = True) -> None:
         super().__init__()
         self.dim, self.base_dim, self.base_dropout = dim, base_dim, base_dropout
+        self.use_content = bool(use_content)
         self.base = nn.Linear(base_dim, dim, bias=False)
         self.types = nn.Embedding(n_types + 1, dim)
         self.roles = nn.Embedding(len(RELATIONS) * 3, dim)
@@ -70,8 +72,9 @@ class TokenEncoder(nn.Module):
         h = self.types(view["type"]) + self.roles(view["relation"] * 3 + view["hop"]) + self.stages(view["stage"])
         row = view["row"]
         real = (row >= 0)[..., None]
-        content = self.content(view["content"].float())  # (U, C): each distinct node projected once
-        h = h + content[row.clamp_min(0)] * real  # (B, N, C)
+        if self.use_content:
+            content = self.content(view["content"].float())  # (U, C): each distinct node projected once
+            h = h + content[row.clamp_min(0)] * real  # (B, N, C)
         numeric = torch.stack([view["count"], view["age"], torch.log1p(view["exposure"])], dim=-1)  # (B, N, 3)
         h = h + self.numeric(numeric.float())
         if use_ids and "base" in view:

@@ -74,6 +74,9 @@ class HirNet(nn.Module):
         primitive_tokens: append the level-0 prototypes as context tokens (default True).
         transformer: use the transformer's correction (default True). False = the engagement
             view is the spectral base alone (the ablation "no transformer").
+        content: feed the content rows (text, attributes) to the tokens (default True). False =
+            ids only (the ablation "no content"): the knowledge view sees types, roles and
+            counts alone.
     """
 
     def __init__(
@@ -94,6 +97,7 @@ class HirNet(nn.Module):
         hierarchy: dict[str, Any] | None = None,
         primitive_tokens: bool = True,
         transformer: bool = True,
+        content: bool = True,
     ) -> None:
         super().__init__()
         bias = DEFAULT_BIAS | dict(bias or {})
@@ -104,7 +108,7 @@ class HirNet(nn.Module):
         self.dim = self.base_dim + 1  # the universal embedding's width
         self.use_transformer = bool(transformer)
         self.buckets = BucketVocab(n_types, n_stages, n_recency, bias["buckets"])
-        self.encoder = TokenEncoder(width, n_types, n_stages, content_dim, self.base_dim, base_dropout)
+        self.encoder = TokenEncoder(width, n_types, n_stages, content_dim, self.base_dim, base_dropout, content)
         self.transformer = GraphTransformer(
             width, depth, heads, mlp_ratio, dropout,
             n_query_buckets=self.buckets.n_query, n_key_buckets=self.buckets.n_key,

@@ -48,7 +48,7 @@ def best_checkpoint(history: list[dict[str, float]], monitor: str, ckpt_dir: Pat
 
 
 NET_KEYS = ("width", "depth", "heads", "mlp_ratio", "dropout", "base_dropout", "attention_backend",
-            "bias", "hierarchy", "primitive_tokens", "transformer")
+            "bias", "hierarchy", "primitive_tokens", "transformer", "content")
 
 
 def net_config(cfg_model: DictConfig | dict, spec: dict[str, Any], base_dim: int) -> dict[str, Any]:
