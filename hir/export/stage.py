@@ -46,10 +46,13 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     """Export embeddings + tokens for every snapshot entity; returns counts, version, stats."""
     import numpy as np
     import polars as pl
+    from omegaconf import OmegaConf
 
+    from hir.export.cold import place_cold
     from hir.export.embed import Embedder, checkpoint_version
     from hir.export.labels import label_prototypes, top_members
     from hir.export.supergraph import engagement_pairs, planted_recovery, supergraph_stats
+    from hir.train.valset import validation_set
 
     emb_dir, hier_dir = Path(cfg.paths.embeddings_dir), Path(cfg.paths.hierarchy_dir)
     graph_dir = Path(cfg.paths.graph_dir)
@@ -65,9 +68,12 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     embedder = Embedder(ckpt, graph_dir, cfg.paths.content_dir, tuple(ex.visible_splits))
     st = embedder.store
     z = embedder.embed_snapshot(int(ex.batch_size), int(cfg.seed))
-    t_embed = time.perf_counter() - t0
     if not np.isfinite(z).all():
         raise RuntimeError(f"non-finite embeddings from {ckpt}: the checkpoint is corrupt or training diverged")
+    # cold entities with text: placed by their content neighbours (hir.export.cold)
+    valset = validation_set(st, None, int(cfg.seed), "masked_new") if len(st.val_pairs) else None
+    z, cold_report = place_cold(z, st, cfg.paths.content_dir, valset, OmegaConf.to_container(ex.cold, resolve=True))
+    t_embed = time.perf_counter() - t0
     codes, weights = embedder.tokens(z)
     levels = embedder.levels
     created = datetime.now(UTC)
@@ -144,6 +150,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         "visible_splits": list(ex.visible_splits),
         "norm_min": float(norms.min()), "norm_max": float(norms.max()),
         "supergraph_gain": {f"l{s['level']}": s["gain"] for s in sg["levels"]},
+        "cold_placement": cold_report,
         "seconds": {"embed": round(t_embed, 2), "total": round(time.perf_counter() - t0, 2)},
     }
     if planted:

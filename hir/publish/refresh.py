@@ -285,10 +285,12 @@ def embed(cfg: DictConfig, source: dict[str, Path], delta: Delta, new: dict[str,
           manifest: dict[str, Any]) -> dict[str, pl.DataFrame]:
     """Contract-format rows (docs/contracts.md, embeddings/<type>.parquet) for the new entities:
     content vectors with the enrich stage's fitted encoders, then the live version's model through
-    its knowledge view (content + metadata neighbours; no engagement, no retraining)."""
+    its knowledge view (content + metadata neighbours; no engagement, no retraining), placed by
+    their content neighbours as the export placed its cold entities."""
     import numpy as np
 
     from hir.enrich.content import encode_new_entities
+    from hir.export.cold import place_like_export
     from hir.export.embed import Embedder
 
     emb_meta_path = Path(manifest.get("source", {}).get("embeddings_dir", "")) / "meta.json"
@@ -312,6 +314,10 @@ def embed(cfg: DictConfig, source: dict[str, Path], delta: Delta, new: dict[str,
         links = [delta.links.get(etype, {}).get(k, []) for k in keys]
         z = embedder.embed_new(etype, mat["text_vec"], mat.get("attr_vec"), content["has_text"].to_numpy(),
                                links, mat.get("image_vec"), seed=int(cfg.seed))
+        if emb_meta_path.exists():
+            # as the export placed its own cold entities: by their content neighbours (hir.export.cold)
+            z = place_like_export(emb_meta_path.parent, source["content_dir"], etype, z, mat["text_vec"],
+                                  content["has_text"].to_numpy())
         codes, weights = embedder.tokens(z)
         n_served = len(served_keys(manifest, store_dir, etype))
         cutoff = _cutoff(manifest, etype)

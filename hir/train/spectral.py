@@ -99,7 +99,9 @@ class SpectralBasis:
     def load(cls, path: str | Path) -> SpectralBasis:
         with np.load(path) as f:
             return cls(f["cols"], f["v"], f["u"], f["sigma"], f["col_degree"], f["scale_ref"],
-                       float(f["sigma_weight"]), float(f["stage_base"]), f["heldout"])
+                       float(f["sigma_weight"]), float(f["stage_base"]),
+                       # bases written before the holdout option have none
+                       f["heldout"] if "heldout" in f.files else np.zeros((0, 2), np.int64))
 
 
 def fit_spectral(store: GraphStore, rank: int, stage_base: float = 4.0, sigma_weight: float = 1.0,

@@ -9,6 +9,7 @@ import numpy as np
 import polars as pl
 import pytest
 
+from hir.export.cold import place_like_export
 from hir.export.embed import Embedder
 from hir.export.stage import run
 from tests.train.fixtures import TINY_DATA, TINY_MODEL, compose
@@ -114,8 +115,9 @@ def test_export_is_reused_for_the_same_checkpoint(exported):
     assert (out / "embeddings" / "product.parquet").stat().st_mtime == mtime
 
 
-def test_embed_new_matches_the_knowledge_view_export(exported):
-    """A cold product re-embedded from its content vectors and links lands where export put it."""
+def test_embed_new_matches_the_cold_export(exported):
+    """A cold product re-embedded from its content vectors and links (the knowledge view, then
+    the content-neighbour placement) lands where export put it."""
     out, _ = exported
     emb = Embedder(out / "checkpoints" / "last.ckpt", out / "graph", out / "content")
     products = pl.read_parquet(out / "embeddings" / "product.parquet")
@@ -134,6 +136,11 @@ def test_embed_new_matches_the_knowledge_view_export(exported):
         links.append([("category", k) for k in c] + [("advertiser", k) for k in a])
     z = emb.embed_new("product", np.stack(content["text_vec"].to_numpy()), np.stack(content["attr_vec"].to_numpy()),
                       content["has_text"].to_numpy(), links)
+    # the export placed its cold products by their content neighbours; a new one goes the same way
+    plan = json.loads((out / "embeddings" / "meta.json").read_text())["cold_placement"]
+    assert plan["method"] == "content_knn" and plan["placed"]["product"] > 0 and plan["boost"] is not None
+    z = place_like_export(out / "embeddings", out / "content", "product", z, np.stack(content["text_vec"].to_numpy()),
+                          content["has_text"].to_numpy())
     exported_z = np.stack(cold.sort("node_id")["embedding"].to_numpy())
     assert z.shape == exported_z.shape
     np.testing.assert_allclose(np.linalg.norm(z, axis=1), 1.0, atol=1e-5)

@@ -1,0 +1,181 @@
+"""Cold-start entities placed by their content neighbours in the collaborative space.
+
+An entity without visible engagement has no spectral base; the network's knowledge view embeds it
+from content and metadata alone. That view is trained (cross-view distillation, alignment) to
+land where engagement would have put the entity, but a content model can only predict a blurred
+version of a sharp collaborative direction, and a blurred direction scores low against every
+user: measured on online_retail (3,677 products, 79 cold), no cold product reached any user's
+masked top-20 (item-cold recall@20 0.0, the content-only arm 0.028).
+
+Here a cold entity with text takes the similarity-weighted mean of its ``k`` nearest warm
+entities of the same type (cosine of the text vectors) in the exported space (their ``a s``
+part, so popular neighbours weigh more), plus ``beta`` of its own knowledge-view direction
+(which also keeps two cold entities with different texts apart), and the neighbours' mean scale
+times ``boost``. ``boost`` is chosen among ``boosts`` on the validation split (masked new-to-user
+recall@20, the headline protocol): the one with the best recall of the cold positives among those
+within ``tolerance`` of the best overall recall; without validation users whose positives
+include cold entities, the first value is kept. Entities without text keep the
+knowledge view.
+
+Measured on online_retail (k 20, beta 0.1, boost 2; test, history masked): recall@20 new to the
+user 0.0707 -> 0.0885, item-cold 0.0 -> 0.086, full ranking 0.1533 -> 0.1509.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+log = logging.getLogger(__name__)
+
+
+def text_vectors(content_dir: str | Path, etype: str, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(n, d) unit text vectors of one type's nodes (local ids; zero rows without text) and has (n,)."""
+    path = Path(content_dir) / f"{etype}.parquet"
+    if not path.exists():
+        return np.zeros((n, 0), np.float32), np.zeros(n, bool)
+    frame = pl.read_parquet(path, columns=["node_id", "has_text", "text_vec"]).filter(pl.col("has_text"))
+    dim = int(frame["text_vec"].list.len().max() or 0) if frame.height else 0
+    vecs, has = np.zeros((n, dim), np.float32), np.zeros(n, bool)
+    if frame.height and dim:
+        v = frame["text_vec"].cast(pl.List(pl.Float32)).list.to_array(dim).to_numpy()
+        norms = np.linalg.norm(v, axis=1, keepdims=True)
+        ids = frame["node_id"].to_numpy()
+        ok = (ids < n) & (norms[:, 0] > 0)
+        vecs[ids[ok]] = v[ok] / norms[ok]
+        has[ids[ok]] = True
+    return vecs, has
+
+
+def neighbour_placement(own: np.ndarray, text_q: np.ndarray, ref_z: np.ndarray, ref_text: np.ndarray, k: int,
+                        beta: float, chunk: int = 2048) -> tuple[np.ndarray, np.ndarray]:
+    """Directions (C, K) and mean neighbour scales (C,) of C cold entities.
+
+    Args:
+        own: (C, K + 1) their knowledge-view embeddings ``[a s, slack]``.
+        text_q: (C, d) their unit text vectors.
+        ref_z, ref_text: (W, K + 1) embeddings and (W, d) unit text vectors of the warm entities.
+        k: neighbours per cold entity.
+        beta: weight of the entity's own (knowledge-view) direction.
+    """
+    k = min(k, len(ref_z))
+    part = ref_z[:, :-1]
+    scale = np.linalg.norm(part, axis=1)
+    own_dir = own[:, :-1] / np.maximum(np.linalg.norm(own[:, :-1], axis=1, keepdims=True), 1e-12)
+    dirs = np.zeros((len(own), part.shape[1]), np.float32)
+    mean_a = np.zeros(len(own), np.float32)
+    for lo in range(0, len(own), chunk):
+        sims = text_q[lo:lo + chunk] @ ref_text.T  # (c, W)
+        top = np.argpartition(-sims, k - 1, axis=1)[:, :k]
+        w = np.take_along_axis(sims, top, 1).clip(min=0) + 1e-6  # (c, k)
+        v = (w[..., None] * part[top]).sum(1) / w.sum(1, keepdims=True)
+        dirs[lo:lo + chunk] = v / np.maximum(np.linalg.norm(v, axis=1, keepdims=True), 1e-12)
+        mean_a[lo:lo + chunk] = (w * scale[top]).sum(1) / w.sum(1)
+    dirs = dirs + beta * own_dir
+    dirs /= np.maximum(np.linalg.norm(dirs, axis=1, keepdims=True), 1e-12)
+    return dirs, mean_a
+
+
+def placed(z: np.ndarray, rows: np.ndarray, dirs: np.ndarray, mean_a: np.ndarray, boost: float) -> np.ndarray:
+    """A copy of ``z`` (n, K + 1) whose ``rows`` are ``[a s, sqrt(1 - a^2)]`` with s = ``dirs``
+    and a = min(1, ``boost`` x ``mean_a``)."""
+    out = z.copy()
+    a = np.minimum(mean_a * boost, 1.0)
+    out[rows, :-1] = dirs * a[:, None]
+    out[rows, -1] = np.sqrt(np.clip(1 - a * a, 0, 1))
+    return out
+
+
+def place_cold(z: np.ndarray, store: Any, content_dir: str | Path, valset: Any, cfg: dict[str, Any]) -> tuple[np.ndarray, dict[str, Any]]:
+    """Every non-user type's cold entities with text placed by their neighbours (module doc).
+
+    Args:
+        z: (n_nodes, K + 1) exported embeddings (global ids).
+        store: the export's :class:`hir.train.graph.GraphStore` (``warm``, ``type_range``).
+        valset: :func:`hir.train.valset.validation_set` of the store (masked new-to-user), or None.
+        cfg: ``method`` (content_knn | knowledge), ``k``, ``beta``, ``boosts``, ``tolerance``.
+
+    Returns:
+        the new embeddings and a report (rows placed per type, the chosen boost, the val table).
+    """
+    from hir.train.spectral import masked_recall
+
+    report: dict[str, Any] = {"method": cfg["method"], "k": int(cfg["k"]), "beta": float(cfg["beta"])}
+    if cfg["method"] == "knowledge":
+        return z, report
+    if cfg["method"] != "content_knn":
+        raise ValueError(f"model.export.cold.method={cfg['method']!r}; expected content_knn or knowledge")
+    plans = []
+    for t in store.types:
+        lo, hi = store.type_range(t)
+        if t == "user" or hi == lo:
+            continue
+        text, has = text_vectors(content_dir, t, hi - lo)
+        is_cold = ~store.warm[lo:hi]
+        cold = np.flatnonzero(is_cold & has)
+        warm = np.flatnonzero(~is_cold & has)
+        if len(cold) == 0 or len(warm) == 0:
+            continue
+        zt = z[lo:hi]
+        dirs, mean_a = neighbour_placement(zt[cold], text[cold], zt[warm], text[warm], int(cfg["k"]), float(cfg["beta"]))
+        plans.append((lo + cold, dirs, mean_a))
+        report.setdefault("placed", {})[t] = len(cold)
+    boosts = [float(b) for b in cfg["boosts"]]
+    if not plans:
+        return z, report | {"boost": None}
+    rows = np.concatenate([p[0] for p in plans])
+    dirs = np.concatenate([p[1] for p in plans])
+    mean_a = np.concatenate([p[2] for p in plans])
+    boost, table = boosts[0], {}
+    cold_cands = np.isin(valset.cands, rows) if valset is not None and len(valset) else None
+    if cold_cands is not None and any(cold_cands[p].any() for p in valset.positives):
+        cold_pos = [p[cold_cands[p]] for p in valset.positives]
+        for b in boosts:
+            zb = placed(z, rows, dirs, mean_a, b)
+            u, c = zb[valset.users], zb[valset.cands]
+            table[b] = {"all": round(float(masked_recall(u, c, valset.positives, valset.masked, 20)), 5),
+                        "cold": round(float(masked_recall(u, c, cold_pos, valset.masked, 20)), 5)}
+        # the boost that retrieves cold entities best among those within `tolerance` of the best
+        # overall recall (a dataset whose new entities are rarely engaged keeps a low boost)
+        top = max(v["all"] for v in table.values())
+        ok = [b for b in boosts if table[b]["all"] >= (1 - float(cfg["tolerance"])) * top]
+        boost = max(ok, key=lambda b: (table[b]["cold"], table[b]["all"], -b))
+        report["val_recall@20_by_boost"] = {str(b): v for b, v in table.items()}
+    else:
+        report["note"] = "no validation positive is a cold entity: the first boost is kept"
+    report["boost"] = boost
+    log.info("cold start: %s entities placed by their %d content neighbours (boost %.2g; val recall@20 by boost %s)",
+             report["placed"], int(cfg["k"]), boost, table or "not measured")
+    return placed(z, rows, dirs, mean_a, boost), report
+
+
+def place_like_export(emb_dir: str | Path, content_dir: str | Path, etype: str, z_new: np.ndarray,
+                      text_new: np.ndarray, has_text: np.ndarray) -> np.ndarray:
+    """New entities (not in the snapshot; ``z_new`` (n, K + 1) from the knowledge view) placed as
+    the export placed its cold ones (its ``cold_placement`` in meta.json: method, k, beta, boost),
+    against that export's warm entities of ``etype``. Rows without text, or an export that kept
+    the knowledge view, come back unchanged."""
+    import json
+
+    meta = json.loads((Path(emb_dir) / "meta.json").read_text())
+    plan = meta.get("cold_placement") or {}
+    if plan.get("method") != "content_knn" or plan.get("boost") is None or not len(z_new):
+        return z_new
+    frame = pl.read_parquet(Path(emb_dir) / f"{etype}.parquet", columns=["node_id", "embedding", "cold_start"])
+    n = int(frame["node_id"].max()) + 1 if frame.height else 0
+    text, has = text_vectors(content_dir, etype, n)
+    warm = frame.filter(~pl.col("cold_start"))
+    ids = warm["node_id"].to_numpy()
+    keep = has[ids]
+    rows = np.flatnonzero(np.asarray(has_text, bool) & (np.linalg.norm(text_new, axis=1) > 0))
+    if not keep.any() or not len(rows) or text.shape[1] != text_new.shape[1]:
+        return z_new
+    ref_z = np.stack(warm["embedding"].to_numpy())[keep].astype(np.float32)
+    q = np.asarray(text_new, np.float32)[rows]
+    q = q / np.maximum(np.linalg.norm(q, axis=1, keepdims=True), 1e-12)
+    dirs, mean_a = neighbour_placement(z_new[rows], q, ref_z, text[ids[keep]], int(plan["k"]), float(plan["beta"]))
+    return placed(z_new, rows, dirs, mean_a, float(plan["boost"]))
