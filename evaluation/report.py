@@ -189,9 +189,13 @@ def diagnostics_md(d: Mapping[str, Any]) -> str:
                 ["tokens", *labels], [[lvl, *[fmt(row.get(lab), 3) for lab in labels]] for lvl, row in table.items()]))
     sg = d.get("supergraph") or {}
     if sg.get("levels"):
-        parts.append(f"Super-graph density (raw user->entity graph: {fmt(sg.get('raw_density'), 6)}):\n\n" + _md_table(
-            ["level", "prototypes", "density", "gain over raw"],
-            [[str(e.get("level")), str(e.get("prototypes", "")), fmt(e.get("density"), 6), fmt(e.get("gain"), 1)]
+        parts.append(f"Super-graph density (raw user->entity graph: {fmt(sg.get('raw_density'), 6)}). The gain "
+                     "over raw is above 1 for any assignment; beside it, a random assignment of the same token "
+                     "sizes, and the concentration (user-token edges / the random assignment's: below 1 when "
+                     "users' entities share tokens more than chance):\n\n" + _md_table(
+            ["level", "prototypes", "density", "gain over raw", "random gain", "concentration"],
+            [[str(e.get("level")), str(e.get("prototypes", "")), fmt(e.get("density"), 6), fmt(e.get("gain"), 1),
+              fmt(e.get("random_gain"), 1), fmt(e.get("concentration"), 3)]
              for e in sg["levels"]]))
     if d.get("stability"):
         parts.append("Token stability vs the comparison export:\n\n" + _md_table(

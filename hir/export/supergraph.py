@@ -31,9 +31,14 @@ def engagement_pairs(graph_dir: Path, offsets: np.ndarray) -> tuple[np.ndarray, 
 
 
 def supergraph_stats(users: np.ndarray, entities: np.ndarray, n_users: int, n_entities: int,
-                     top1: list[np.ndarray], levels: tuple[int, ...]) -> dict[str, Any]:
+                     top1: list[np.ndarray], levels: tuple[int, ...], seed: int = 0) -> dict[str, Any]:
     """Density (edges / (rows x cols)) of the raw user->entity graph and of its projection onto
     each level's prototypes (entity -> its top-1 token), and the gain projected / raw.
+
+    The gain is (E'/E)(N/K), far above 1 for any assignment, so beside it stands the projection of
+    a random assignment with the same token sizes (``random_edges``, ``random_gain``) and their
+    ratio ``concentration`` = E' / E'_random: below 1 when users' entities share tokens more than
+    chance would have them.
 
     Args:
         users, entities: (E,) distinct raw edges (user id, global entity id).
@@ -45,13 +50,22 @@ def supergraph_stats(users: np.ndarray, entities: np.ndarray, n_users: int, n_en
                 "mean_degree": len(users) / max(len(np.unique(users)), 1)},
         "levels": [],
     }
+    # the same token sizes dealt at random: the entities' tokens permuted among the entities
+    distinct, inverse = np.unique(entities, return_inverse=True)
+    shuffled = np.random.default_rng(seed).permutation(distinct)[inverse]
     for lvl, k in enumerate(levels):
         proto = top1[lvl][entities]
         pairs = np.unique(users * k + proto)
+        rand = np.unique(users * k + top1[lvl][shuffled])
         density = len(pairs) / max(n_users * k, 1)
         out["levels"].append({
             "level": lvl, "prototypes": int(k), "edges": len(pairs), "density": density,
             "gain": density / raw_density if raw_density else None,
+            "random_edges": len(rand),
+            "random_gain": len(rand) / max(n_users * k, 1) / raw_density if raw_density else None,
+            # < 1: a user's entities share fewer tokens than chance (the hierarchy groups what
+            # users engage with together); the gain alone is > 1 for any assignment
+            "concentration": len(pairs) / max(len(rand), 1),
             "mean_degree": len(pairs) / max(len(np.unique(users)), 1),
         })
     return out

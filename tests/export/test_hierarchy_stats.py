@@ -40,3 +40,19 @@ def test_supergraph_density_and_gain():
     assert lvl["edges"] == 3  # (0, p0), (1, p0), (1, p1)
     assert lvl["density"] == pytest.approx(3 / 4)
     assert lvl["gain"] == pytest.approx(1.5)
+
+
+def test_supergraph_random_assignment_baseline():
+    """Users who engage within one block: a block-wise assignment concentrates each user on one
+    token, a random one of the same sizes does not; the gain is above 1 either way."""
+    rng = np.random.default_rng(0)
+    n_users, n_ent, k = 200, 400, 8
+    block = np.arange(n_ent) % k  # entity -> its block
+    users = np.repeat(np.arange(n_users), 10)
+    ents = np.array([rng.choice(np.flatnonzero(block == u % k), 10, replace=False) for u in range(n_users)]).ravel()
+    top1 = [np.asarray(block)]
+    lvl = supergraph_stats(users, ents, n_users, n_ent, top1, (k,))["levels"][0]
+    assert lvl["edges"] == n_users  # one token per user
+    assert lvl["random_edges"] > 4 * n_users  # chance spreads each user over most of the 8 tokens
+    assert lvl["concentration"] == pytest.approx(lvl["edges"] / lvl["random_edges"]) and lvl["concentration"] < 0.25
+    assert lvl["gain"] > 1 and lvl["random_gain"] > lvl["gain"]  # the gain rewards chance more
