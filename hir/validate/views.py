@@ -44,8 +44,8 @@ def embedding_view(frame: pl.DataFrame, graph_nodes: pl.DataFrame, n_levels: int
         n_levels: hierarchy levels to derive (only those whose columns exist are derived).
         twin_tolerance: with a value, add ``emb_no_twin`` (:func:`twin_view`).
         twin_sample: rows checked for near twins.
-        contexts: :func:`context_labels` (``node_id``, ``context``): twins with one context are
-            not counted (:func:`twin_view`).
+        contexts: :func:`context_labels` (``entity_type``, ``node_id``, ``context``): twins with
+            one context are not counted (:func:`twin_view`).
 
     Returns:
         ``id`` (entity_id), the scalar source columns, ``in_graph`` (the key exists in the
@@ -86,8 +86,9 @@ def embedding_view(frame: pl.DataFrame, graph_nodes: pl.DataFrame, n_levels: int
     view = frame.select(exprs)
     if twin_tolerance is not None:
         labels = None
-        if contexts is not None and "node_id" in cols:
-            ctx = frame.select("node_id").join(contexts, on="node_id", how="left", maintain_order="left")["context"]
+        if contexts is not None and "node_id" in cols and "entity_type" in cols:
+            ctx = frame.select("entity_type", "node_id").join(contexts, on=["entity_type", "node_id"], how="left",
+                                                               maintain_order="left")["context"]
             # a node without edges is a context of its own
             labels = np.where(ctx.is_null().to_numpy(), -1 - frame["node_id"].to_numpy().astype(np.int64),
                               ctx.fill_null(0).to_numpy().astype(np.int64))
@@ -311,22 +312,55 @@ def edges_view(edges: pl.LazyFrame, n_src: int, n_dst: int) -> pl.DataFrame:
     ).collect()
 
 
-def context_labels(graph_dir: Path, visible_splits: list[str] | None = None) -> pl.DataFrame:
-    """``node_id``, ``context``: one int64 label per node with edges, equal for nodes whose sets
-    of (relation, neighbour) over every edge file of the snapshot are equal; engagement edges
-    count in ``visible_splits`` only (default every split), the engagement the export saw."""
-    parts = []
-    for path in sorted((Path(graph_dir) / "edges").glob("*.parquet")):
-        rel = path.stem
+def context_labels(graph_dir: Path, visible_splits: list[str] | None = None, depth: int = 3) -> pl.DataFrame:
+    """``entity_type``, ``node_id`` (the type's local id), ``context``: an int64 label equal for
+    two nodes of a type with the same engagement evidence, the input of their spectral base.
+
+    A node with engagement edges (in ``visible_splits``; default every split): the set of nodes at
+    the other end (an entity's users, a user's entities). A node without: the set of its members'
+    labels through the metadata edges (an advertiser's or a category's products, a parent
+    category's children), ``depth`` levels up, as the base of such a node is its members' mean.
+    Nodes with neither have no row.
+    """
+    edges = sorted((Path(graph_dir) / "edges").glob("*.parquet"))
+    own: list[pl.DataFrame] = []
+    meta: list[pl.DataFrame] = []
+    for path in edges:
+        parts = path.stem.split("__")
+        if len(parts) != 3:
+            continue
+        s_t, _, d_t = parts
         lf = pl.scan_parquet(path)
-        if visible_splits is not None and "split" in lf.collect_schema().names():
-            lf = lf.filter(pl.col("split").is_in(list(visible_splits)))
-        lf = lf.select(pl.col("src_id").cast(pl.Int64), pl.col("dst_id").cast(pl.Int64)).unique()
-        code = pl.lit(rel).hash(7)
-        parts.append(lf.select(pl.col("src_id").alias("node_id"), (pl.col("dst_id").hash(1) ^ code).alias("t")))
-        parts.append(lf.select(pl.col("dst_id").alias("node_id"), (pl.col("src_id").hash(2) ^ code).alias("t")))
-    if not parts:
-        return pl.DataFrame(schema={"node_id": pl.Int64, "context": pl.Int64})
-    # equal sets <=> equal sorted lists of per-neighbour hashes (up to hash collisions)
-    sets = pl.concat(parts).group_by("node_id").agg(pl.col("t").unique().sort()).collect()
-    return sets.select("node_id", (pl.col("t").hash(3) & ((1 << 62) - 1)).cast(pl.Int64).alias("context"))
+        cols = lf.collect_schema().names()
+        if "split" in cols:
+            if visible_splits is not None:
+                lf = lf.filter(pl.col("split").is_in(list(visible_splits)))
+            e = lf.select(pl.col("src_id").cast(pl.Int64), pl.col("dst_id").cast(pl.Int64)).unique().collect()
+            own.append(e.select(pl.lit(d_t).alias("entity_type"), pl.col("dst_id").alias("node_id"),
+                                (pl.col("src_id").hash(1) ^ pl.lit(s_t).hash(2)).alias("t")))
+            own.append(e.select(pl.lit(s_t).alias("entity_type"), pl.col("src_id").alias("node_id"),
+                                (pl.col("dst_id").hash(1) ^ pl.lit(d_t).hash(2)).alias("t")))
+        else:
+            meta.append(lf.select(pl.lit(s_t).alias("m_type"), pl.col("src_id").cast(pl.Int64).alias("m_id"),
+                                  pl.lit(d_t).alias("entity_type"), pl.col("dst_id").cast(pl.Int64).alias("node_id"))
+                        .unique().collect())
+    schema = {"entity_type": pl.String, "node_id": pl.Int64, "context": pl.Int64}
+    if not own:
+        return pl.DataFrame(schema=schema)
+
+    def digest(frame: pl.DataFrame) -> pl.DataFrame:
+        # equal sets <=> equal sorted lists of per-element hashes (up to hash collisions)
+        sets = frame.group_by("entity_type", "node_id").agg(pl.col("t").unique().sort())
+        return sets.select("entity_type", "node_id", (pl.col("t").hash(3) & ((1 << 62) - 1)).cast(pl.Int64).alias("context"))
+
+    labels = digest(pl.concat(own))
+    links = pl.concat(meta) if meta else None
+    for _ in range(depth if links is not None else 0):
+        members = links.join(labels.rename({"entity_type": "m_type", "node_id": "m_id", "context": "t"}),
+                             on=["m_type", "m_id"], how="inner")
+        fresh = digest(members.select("entity_type", "node_id", pl.col("t").cast(pl.UInt64)))
+        fresh = fresh.join(labels, on=["entity_type", "node_id"], how="anti")  # own engagement wins
+        if fresh.height == 0:
+            break
+        labels = pl.concat([labels, fresh])
+    return labels.select(pl.col("entity_type").cast(pl.String), "node_id", "context")

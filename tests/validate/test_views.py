@@ -185,7 +185,7 @@ def test_twins_with_one_engagement_context_are_not_a_collapse(tmp_path) -> None:
         {"entity_id": "a", "node_id": 0, "embedding": _unit(1, 0.5, 0), "tokens_l0": [1], "weights_l0": [1.0]},
         {"entity_id": "b", "node_id": 1, "embedding": _unit(1, 0.5005, 0), "tokens_l0": [1], "weights_l0": [1.0]},
         {"entity_id": "c", "node_id": 2, "embedding": _unit(0, 1, 1), "tokens_l0": [1], "weights_l0": [1.0]},
-    ]).with_columns(pl.Series("cold_start", [False, False, False]))
+    ]).with_columns(pl.Series("cold_start", [False, False, False]), pl.lit("product").alias("entity_type"))
 
     def contexts(users_of_b: list[int], split_of_c: str = "train") -> pl.DataFrame:
         edges = tmp_path / "graph" / "edges"
@@ -198,10 +198,27 @@ def test_twins_with_one_engagement_context_are_not_a_collapse(tmp_path) -> None:
     flags = views.embedding_view(frame, GRAPH, 1, 1e-4, contexts=contexts([11])).sort("id")["emb_no_twin"]
     assert flags.to_list() == [False, False, True]  # a (u10) and b (u11): two contexts, one vector
     same = contexts([10])  # b is linked to u10 only, like a
-    assert same.filter(pl.col("node_id") == 0)["context"].item() == same.filter(pl.col("node_id") == 1)["context"].item()
+    same_p = same.filter(pl.col("entity_type") == "product")
+    assert same_p.filter(pl.col("node_id") == 0)["context"].item() == same_p.filter(pl.col("node_id") == 1)["context"].item()
     assert views.embedding_view(frame, GRAPH, 1, 1e-4, contexts=same).sort("id")["emb_no_twin"].to_list() == \
         [True, True, True]
     # a link in a split the export did not see is no part of the context: c has none left, b is
     # linked to u10 and u11 (a superset of a's context, so a different one)
-    labels = contexts([10, 11], split_of_c="test").filter(pl.col("node_id") < 10)
+    labels = contexts([10, 11], split_of_c="test").filter(pl.col("entity_type") == "product")
     assert sorted(labels["node_id"].to_list()) == [0, 1] and labels["context"].n_unique() == 2
+
+
+def test_a_group_without_engagement_takes_its_members_evidence(tmp_path) -> None:
+    """Advertisers x and y have no engagement: their context is their products'. x's product and
+    y's product were both bought by user 0 alone, so x and y share a context; z's was not."""
+    edges = tmp_path / "graph" / "edges"
+    edges.mkdir(parents=True)
+    pl.DataFrame({"src_id": [0, 0, 1], "dst_id": [0, 1, 2], "split": ["train"] * 3}).write_parquet(
+        edges / "user__engages__product.parquet")
+    pl.DataFrame({"src_id": [0, 1, 2], "dst_id": [0, 1, 2]}).write_parquet(edges / "product__by_advertiser__advertiser.parquet")
+    labels = views.context_labels(tmp_path / "graph", ["train"])
+    adv = dict(labels.filter(pl.col("entity_type") == "advertiser").select("node_id", "context").iter_rows())
+    prod = dict(labels.filter(pl.col("entity_type") == "product").select("node_id", "context").iter_rows())
+    assert prod[0] == prod[1] != prod[2]
+    assert adv[0] == adv[1] != adv[2]
+    assert len(labels.filter(pl.col("entity_type") == "user")) == 2
