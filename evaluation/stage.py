@@ -113,8 +113,14 @@ class Sources:
                 )
             self.notes.append("no HIR embeddings: the hir arms are empty (eval.require_hir=false)")
         self.content_dir = Path(paths.content_dir)
-        self.content = (self.content_dir / f"{entity_type}.parquet").exists()
-        if not self.content:
+        path = self.content_dir / f"{entity_type}.parquet"
+        self.content = path.exists()
+        if self.content and not pl.read_parquet(path, columns=["has_text"])["has_text"].any():
+            # a dataset without any text (gowalla's check-ins): nothing a content arm could use,
+            # and nothing to fix, so the arms are not run rather than failed
+            self.content = False
+            self.notes.append(f"no {entity_type} of this dataset has text ({path}): the content arms are not run")
+        elif not self.content:
             if bool(ev.get("require_content", True)):
                 raise InputError(
                     f"{self.content_dir / f'{entity_type}.parquet'} is missing: no content vectors; run `hir enrich` "
