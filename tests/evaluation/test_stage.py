@@ -8,6 +8,8 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
+import polars as pl
 import pytest
 
 from hir.errors import HirError, InputError
@@ -145,3 +147,21 @@ def test_a_retired_version_is_not_evaluated_silently(compose: Callable, tiny_gra
     with pytest.raises(InputError, match=r"pins version 'v1', which its store retired \(live there: 'v3'\).*"
                                          r"eval\.hir_source=files"):
         stage.run(compose("data=rees46", f"paths.graph_dir={tiny_graph}", TINY_TASK, *FAST, stage="evaluate"))
+
+
+def test_a_dataset_without_text_runs_no_content_arms(compose: Callable, tiny_graph: Path, tmp_path: Path) -> None:
+    """Content vectors exist but no entity has text (gowalla's check-ins): the content arms are
+    not run, the stage succeeds with require_content on, and a note says why."""
+    content = tmp_path / "content"
+    nodes = pl.read_parquet(tiny_graph / "nodes" / "product.parquet")
+    content.mkdir(parents=True)
+    pl.DataFrame({"node_id": nodes["node_id"], "has_text": [False] * nodes.height,
+                  "text_vec": pl.Series(np.zeros((nodes.height, 4), np.float32)).cast(pl.List(pl.Float32)),
+                  "attr_vec": pl.Series(np.zeros((nodes.height, 2), np.float32)).cast(pl.List(pl.Float32)),
+                  "content_hash": ["0"] * nodes.height}).write_parquet(content / "product.parquet")
+    write_export(tiny_graph, tmp_path / "embeddings", dim=4, levels=(2,), top_k=1)
+    metrics = stage.run(compose("data=rees46", f"paths.graph_dir={tiny_graph}", f"paths.content_dir={content}",
+                                TINY_TASK, *FAST, stage="evaluate"))
+    assert metrics["ranking"]["content"]["auc"] is None and not metrics["ranking"]["skipped"]
+    assert metrics["retrieval"]["content"]["recall@20"] is None and metrics["retrieval"]["hir"]["recall@20"] is not None
+    assert any("has text" in n and "content arms are not run" in n for n in metrics["sources"]["notes"])
