@@ -38,7 +38,7 @@ WHAT = {
     "no_exposure": "no exposure/popularity term in attention",
     "no_distill": "no cross-view distillation and no align loss",
     "no_primitives": "no interest-primitive tokens in the contexts",
-    "no_content": "ids only: no content features",
+    "no_content": "ids only: no content in the network's tokens (export's cold placement still reads text)",
     "no_transformer": "the spectral base alone (no transformer)",
 }
 # (column, dotted path into the cell's figures); higher is better for every one
@@ -194,13 +194,15 @@ def plot(summary: dict[str, dict[str, Any]], path: Path) -> None:
 def markdown(doc: dict[str, Any], plot_name: str) -> str:
     cmd = doc["command"]
     lines = ["# Results: ablations of the seed's ideas", "",
-             f"Regenerate: `{cmd}` (about {doc.get('minutes_hint', '?')} minutes per dataset and seed on 2 cores).",
+             f"Regenerate: `{cmd}` (about {doc.get('minutes_hint', '?')} minutes per cell, i.e. per arm, seed and dataset, on 2 cores).",
              "", f"Measured {doc['created']} on {doc['machine']}, git {doc['git']}. Each cell: `hir pipeline "
              "experiment=ablation` (conf/experiment/ablation.yaml: train, export, evaluate on one shared snapshot, "
              "defaults otherwise). Retrieval: the LightGCN-paper protocol (each user's train items masked, relevance "
              "= test entities new to the user). Values are mean ± sample sd over the training seeds; a part "
              "'helps' when removing it lowers the mean by more than the larger of the two arms' sds.", "",
              f"![ablations]({plot_name})", ""]
+    if doc.get("partial"):
+        lines[3:3] = ["", f"**Partial run:** {doc['partial']}"]
     for ds, s in doc["summary"].items():
         lines += [f"## {ds}", "", "| arm | what is removed | " + " | ".join(c for c, _ in METRICS)
                   + " | val recall@20 base → exported | best trained epoch's val | train s |",
@@ -220,7 +222,8 @@ def markdown(doc: dict[str, Any], plot_name: str) -> str:
         b, c = s["baselines_masked_recall@20"], s["baselines_item_cold_recall@20"]
         lines += ["", "Baselines in the same cells (masked new-to-user recall@20 / item-cold): "
                   + ", ".join(f"{k} {_fmt(b[k])} / {_fmt(c[k])}" for k in BASELINES) + ".", "",
-                  "What each part does (full minus arm on masked recall@20, item-cold recall@20, NE lift):", ""]
+                  "Each arm against the full model (arm minus full, on masked recall@20, item-cold recall@20 and "
+                  "NE lift in %; positive = the arm without the part did better):", ""]
         for arm, a in s["arms"].items():
             if arm == "full":
                 continue
@@ -260,6 +263,11 @@ def main() -> None:
            "git": subprocess.getoutput(f"git -C {ROOT} rev-parse --short HEAD"), "command": cmd,
            "minutes_hint": math.ceil(statistics.fmean(train_s) / 60) + 2 if train_s else None,
            "summary": summary, "cells": rows_by_ds}
+    n_seeds = max((len(a["seeds"]) for s in summary.values() for a in s["arms"].values()), default=0)
+    if n_seeds < 3 or len(summary) < 2:
+        doc["partial"] = (f"{n_seeds} seed(s) on {', '.join(summary)}. The full evidence is `python benchmarks/ablation.py` "
+                          "(completejourney and online_retail, seeds 0, 1, 2: 42 cells, hours on 2 cores); with "
+                          "one seed there is no spread, so no part can be judged to help or hurt.")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     png = args.out.with_name(args.out.stem + "_ablation.png")
     plot(summary, png)
