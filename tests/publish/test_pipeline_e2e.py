@@ -52,7 +52,11 @@ def test_pipeline_publishes_and_refresh_serves_new_products(tmp_path: Path) -> N
     try:
         z = r.embeddings("product", NEW)  # from the Feast online store
         assert z.shape == (len(NEW), manifest["dim"]) and np.allclose(np.linalg.norm(z, axis=1), 1, atol=1e-3)
-        assert [hits[0][0] for hits in r.search(z, "product", k=1)] == NEW  # Milvus, through the alias
+        # Milvus, through the alias: each new product is its own nearest hit, or ties with a
+        # product of the same text that export placed at the same point (a content twin)
+        for key, hits in zip(NEW, r.search(z, "product", k=5)):
+            keys, scores = [h[0] for h in hits], [h[1] for h in hits]
+            assert key in keys and scores[keys.index(key)] >= scores[0] - 1e-5, (key, hits)
         assert r.manifest["refreshes"][-1]["rows"] == {"product": len(NEW)}
     finally:
         r.close()
