@@ -28,7 +28,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import yaml
+from hir_evaluation.gather import dotted_get, job_dirs, read_job
 
 ROOT = Path(__file__).resolve().parents[1]
 ARMS = ("full", "no_bias_table", "no_exposure", "no_distill", "no_primitives", "no_content", "no_transformer")
@@ -53,14 +53,6 @@ METRICS = (
 BASELINES = ("popularity", "itemknn", "content")
 
 
-def _get(tree: Any, dotted: str) -> Any:
-    for part in dotted.split("."):
-        if not isinstance(tree, dict) or part not in tree:
-            return None
-        tree = tree[part]
-    return tree
-
-
 def run_sweep(dataset: str, seeds: str, sweep_dir: Path, extra: list[str]) -> None:
     """``hir pipeline experiment=ablation data=<dataset> -m`` into ``sweep_dir``."""
     exe = Path(sys.executable).with_name("hir")
@@ -74,8 +66,7 @@ def run_sweep(dataset: str, seeds: str, sweep_dir: Path, extra: list[str]) -> No
 
 def read_cell(job: Path) -> dict[str, Any] | None:
     """The arm, seed and figures of one job dir (None when it has no report yet)."""
-    overrides = yaml.safe_load((job / ".hydra" / "overrides.yaml").read_text()) or []
-    kv = dict(o.lstrip("+").split("=", 1) for o in overrides if "=" in o)
+    kv = read_job(job)["overrides"]
     report = job / "report" / "metrics.json"
     if "ablation" not in kv or not report.exists():
         return None
@@ -89,9 +80,9 @@ def read_cell(job: Path) -> dict[str, Any] | None:
     tree = {**metrics, "slice_lift": slices}
     cell: dict[str, Any] = {"arm": kv["ablation"], "seed": int(kv.get("seed", 0)), "dir": str(job)}
     for col, path in METRICS:
-        v = _get(tree, path)
+        v = dotted_get(tree, path)
         cell[col] = None if not isinstance(v, int | float) else float(v) * (100 if col.endswith("%") else 1)
-    ci = _get(metrics, "ranking.ne_lift.ci")
+    ci = dotted_get(metrics, "ranking.ne_lift.ci")
     cell["ne_lift_ci_%"] = [100 * float(c) for c in ci] if isinstance(ci, list) else None
     best = train.get("best") or {}
     trained = [h.get("val/recall@20") for h in train.get("history") or [] if h.get("epoch", -1) >= 0]
@@ -100,18 +91,14 @@ def read_cell(job: Path) -> dict[str, Any] | None:
              "plateau_epoch": best.get("epoch"), "epochs": train.get("epochs"),
              "train_s": sum((train.get("seconds") or {}).values()) or None,
              "stopped_by": train.get("stopped_by")}
-    cell["baselines"] = {a: _get(metrics, f"retrieval.masked_new_to_user.{a}.recall@20") for a in BASELINES}
-    cell["baselines_item_cold"] = {a: _get(metrics, f"retrieval.masked_new_to_user.slices.item_cold.{a}.recall@20")
+    cell["baselines"] = {a: dotted_get(metrics, f"retrieval.masked_new_to_user.{a}.recall@20") for a in BASELINES}
+    cell["baselines_item_cold"] = {a: dotted_get(metrics, f"retrieval.masked_new_to_user.slices.item_cold.{a}.recall@20")
                                    for a in BASELINES}
     return cell
 
 
 def cells(sweep_dir: Path) -> list[dict[str, Any]]:
-    out = []
-    for ov in sorted(sweep_dir.rglob(".hydra/overrides.yaml")):
-        cell = read_cell(ov.parent.parent)
-        if cell is not None:
-            out.append(cell)
+    out = [cell for cell in map(read_cell, job_dirs(sweep_dir)) if cell is not None]
     if not out:
         raise SystemExit(f"{sweep_dir}: no finished ablation cell (a job dir with report/metrics.json and an "
                          "ablation=<arm> override); run the sweep first")

@@ -36,7 +36,7 @@ REPORT_COLUMNS = (
 IGNORED_OVERRIDES = ("stage",)
 
 
-def _get(tree: Mapping[str, Any], dotted: str) -> Any:
+def dotted_get(tree: Mapping[str, Any], dotted: str) -> Any:
     node: Any = tree
     for part in dotted.split("."):
         if not isinstance(node, Mapping) or part not in node:
@@ -69,7 +69,7 @@ def read_job(job: Path) -> dict[str, Any]:
     if report is not None:
         data = json.loads(report.read_text())
         for col in REPORT_COLUMNS:
-            metrics[col] = _get(data, col)
+            metrics[col] = dotted_get(data, col)
     train = next(iter(sorted(job.rglob("train_metrics.json"))), None)
     if train is not None:
         data = json.loads(train.read_text())

@@ -33,22 +33,13 @@ import polars as pl
 log = logging.getLogger(__name__)
 
 
-def text_vectors(content_dir: str | Path, etype: str, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """(n, d) unit text vectors of one type's nodes (local ids; zero rows without text) and has (n,)."""
-    path = Path(content_dir) / f"{etype}.parquet"
-    if not path.exists():
-        return np.zeros((n, 0), np.float32), np.zeros(n, bool)
-    frame = pl.read_parquet(path, columns=["node_id", "has_text", "text_vec"]).filter(pl.col("has_text"))
-    dim = int(frame["text_vec"].list.len().max() or 0) if frame.height else 0
-    vecs, has = np.zeros((n, dim), np.float32), np.zeros(n, bool)
-    if frame.height and dim:
-        v = frame["text_vec"].cast(pl.List(pl.Float32)).list.to_array(dim).to_numpy()
-        norms = np.linalg.norm(v, axis=1, keepdims=True)
-        ids = frame["node_id"].to_numpy()
-        ok = (ids < n) & (norms[:, 0] > 0)
-        vecs[ids[ok]] = v[ok] / norms[ok]
-        has[ids[ok]] = True
-    return vecs, has
+def text_vectors(store: Any, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+    """(hi - lo, d) unit text vectors of the nodes ``lo:hi`` from the store's content rows (text
+    block first, has-text flag last; see :func:`hir.train.graph.load_content`) and has (hi - lo,)."""
+    text = store.content[lo:hi, :store.layout["text_dim"]].astype(np.float32)
+    norms = np.linalg.norm(text, axis=1, keepdims=True)
+    has = (store.content[lo:hi, -1] > 0) & (norms[:, 0] > 0)
+    return np.where(has[:, None], text / np.maximum(norms, 1e-12), 0.0).astype(np.float32), has
 
 
 def neighbour_placement(own: np.ndarray, text_q: np.ndarray, ref_z: np.ndarray, ref_text: np.ndarray, k: int,
@@ -90,7 +81,7 @@ def placed(z: np.ndarray, rows: np.ndarray, dirs: np.ndarray, mean_a: np.ndarray
     return out
 
 
-def place_cold(z: np.ndarray, store: Any, content_dir: str | Path, valset: Any, cfg: dict[str, Any]) -> tuple[np.ndarray, dict[str, Any]]:
+def place_cold(z: np.ndarray, store: Any, valset: Any, cfg: dict[str, Any]) -> tuple[np.ndarray, dict[str, Any]]:
     """Every non-user type's cold entities with text placed by their neighbours (module doc).
 
     Args:
@@ -114,7 +105,7 @@ def place_cold(z: np.ndarray, store: Any, content_dir: str | Path, valset: Any, 
         lo, hi = store.type_range(t)
         if t == "user" or hi == lo:
             continue
-        text, has = text_vectors(content_dir, t, hi - lo)
+        text, has = text_vectors(store, lo, hi)
         is_cold = ~store.warm[lo:hi]
         cold = np.flatnonzero(is_cold & has)
         warm = np.flatnonzero(~is_cold & has)
@@ -153,22 +144,23 @@ def place_cold(z: np.ndarray, store: Any, content_dir: str | Path, valset: Any, 
     return placed(z, rows, dirs, mean_a, boost), report
 
 
-def place_like_export(emb_dir: str | Path, content_dir: str | Path, etype: str, z_new: np.ndarray,
-                      text_new: np.ndarray, has_text: np.ndarray) -> np.ndarray:
+def place_like_export(emb_dir: str | Path, store: Any, etype: str, z_new: np.ndarray, text_new: np.ndarray,
+                      has_text: np.ndarray) -> np.ndarray:
     """New entities (not in the snapshot; ``z_new`` (n, K + 1) from the knowledge view) placed as
     the export placed its cold ones (its ``cold_placement`` in meta.json: method, k, beta, boost),
-    against that export's warm entities of ``etype``. Rows without text, or an export that kept
-    the knowledge view, come back unchanged."""
+    against that export's warm entities of ``etype`` (text from ``store``, the snapshot the
+    export embedded). Rows without text, or an export that kept the knowledge view, come back
+    unchanged."""
     import json
 
     meta = json.loads((Path(emb_dir) / "meta.json").read_text())
     plan = meta.get("cold_placement") or {}
     if plan.get("method") != "content_knn" or plan.get("boost") is None or not len(z_new):
         return z_new
-    frame = pl.read_parquet(Path(emb_dir) / f"{etype}.parquet", columns=["node_id", "embedding", "cold_start"])
-    n = int(frame["node_id"].max()) + 1 if frame.height else 0
-    text, has = text_vectors(content_dir, etype, n)
-    warm = frame.filter(~pl.col("cold_start"))
+    lo, hi = store.type_range(etype)
+    text, has = text_vectors(store, lo, hi)
+    warm = pl.read_parquet(Path(emb_dir) / f"{etype}.parquet", columns=["node_id", "embedding", "cold_start"]) \
+        .filter(~pl.col("cold_start"))
     ids = warm["node_id"].to_numpy()
     keep = has[ids]
     rows = np.flatnonzero(np.asarray(has_text, bool) & (np.linalg.norm(text_new, axis=1) > 0))

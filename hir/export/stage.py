@@ -72,7 +72,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         raise RuntimeError(f"non-finite embeddings from {ckpt}: the checkpoint is corrupt or training diverged")
     # cold entities with text: placed by their content neighbours (hir.export.cold)
     valset = validation_set(st, None, int(cfg.seed), "masked_new") if len(st.val_pairs) else None
-    z, cold_report = place_cold(z, st, cfg.paths.content_dir, valset, OmegaConf.to_container(ex.cold, resolve=True))
+    z, cold_report = place_cold(z, st, valset, OmegaConf.to_container(ex.cold, resolve=True))
     t_embed = time.perf_counter() - t0
     codes, weights = embedder.tokens(z)
     levels = embedder.levels

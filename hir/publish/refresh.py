@@ -316,7 +316,7 @@ def embed(cfg: DictConfig, source: dict[str, Path], delta: Delta, new: dict[str,
                                links, mat.get("image_vec"), seed=int(cfg.seed))
         if emb_meta_path.exists():
             # as the export placed its own cold entities: by their content neighbours (hir.export.cold)
-            z = place_like_export(emb_meta_path.parent, source["content_dir"], etype, z, mat["text_vec"],
+            z = place_like_export(emb_meta_path.parent, embedder.store, etype, z, mat["text_vec"],
                                   content["has_text"].to_numpy())
         codes, weights = embedder.tokens(z)
         n_served = len(served_keys(manifest, store_dir, etype))

@@ -139,7 +139,7 @@ def test_embed_new_matches_the_cold_export(exported):
     # the export placed its cold products by their content neighbours; a new one goes the same way
     plan = json.loads((out / "embeddings" / "meta.json").read_text())["cold_placement"]
     assert plan["method"] == "content_knn" and plan["placed"]["product"] > 0 and plan["boost"] is not None
-    z = place_like_export(out / "embeddings", out / "content", "product", z, np.stack(content["text_vec"].to_numpy()),
+    z = place_like_export(out / "embeddings", emb.store, "product", z, np.stack(content["text_vec"].to_numpy()),
                           content["has_text"].to_numpy())
     exported_z = np.stack(cold.sort("node_id")["embedding"].to_numpy())
     assert z.shape == exported_z.shape
