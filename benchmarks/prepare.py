@@ -124,7 +124,7 @@ def measure(cmd: list[str], log: Path, args: argparse.Namespace) -> dict[str, An
 
 def generate(params: dict[str, Any], cache: Path, args: argparse.Namespace) -> dict[str, Any]:
     # the cache key in a subprocess: importing polars here would grow this process (see measure)
-    code = f"from hir.data.synthetic import SyntheticSpec; print(SyntheticSpec(**{params!r}).cache_key())"
+    code = f"from hir.data.synthetic.spec import SyntheticSpec; print(SyntheticSpec(**{params!r}).cache_key())"
     key = subprocess.run([PY, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
     root = cache / key
     if (root / "manifest.json").exists() and not args.regenerate:
@@ -135,7 +135,7 @@ def generate(params: dict[str, Any], cache: Path, args: argparse.Namespace) -> d
 
         shutil.rmtree(root)
     code = (
-        "from hir.data.synthetic import SyntheticSpec, ensure; "
+        "from hir.data.synthetic.dataset import ensure; from hir.data.synthetic.spec import SyntheticSpec; "
         f"ensure(SyntheticSpec(**{params!r}), {str(cache)!r})"
     )
     run = measure([PY, "-c", code], Path(args.workdir) / "generate.log", args)

@@ -132,7 +132,7 @@ def main() -> None:
     p.add_argument("--note", default=None, help="recorded in the JSON, e.g. where the embeddings came from")
     args = p.parse_args()
 
-    from hir.publish.live import live_manifest
+    from hir.serving import live_manifest
 
     manifest = live_manifest(Path(args.store_dir))
     print(f"version {manifest['version']!r} in {args.store_dir}", flush=True)

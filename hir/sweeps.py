@@ -25,7 +25,7 @@ class PrepareOnce(Callback):
     """Before a multirun's first job: run ``stages`` (default prepare, enrich) into ``hydra.run.dir``.
 
     Args:
-        stages: stage names of :data:`hir.cli.STAGES` that every job shares (their outputs must
+        stages: stage names of :data:`hir.stages.STAGES` that every job shares (their outputs must
             not depend on the swept parameters).
     """
 
@@ -35,7 +35,7 @@ class PrepareOnce(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         from hydra.core.hydra_config import HydraConfig
 
-        from hir.cli import _user_error, run_stage
+        from hir.stages import run_stage, user_error
 
         # ${hydra:...} in paths resolves against this command (a copy: set_config freezes its argument)
         HydraConfig.instance().set_config(copy.deepcopy(config))
@@ -54,8 +54,8 @@ class PrepareOnce(Callback):
             for stage in self.stages:
                 run_stage(stage, cfg)
         except Exception as err:
-            user_error = _user_error(err)
-            if user_error is None:
+            error = user_error(err)
+            if error is None:
                 raise
-            log.error("hir sweep (shared %s): %s", "/".join(self.stages), user_error)
+            log.error("hir sweep (shared %s): %s", "/".join(self.stages), error)
             raise SystemExit(2) from None

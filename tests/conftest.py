@@ -33,9 +33,9 @@ def compose(tmp_path: Path) -> Callable:
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    from hir.cli import _register_resolvers
+    from hir.stages import register_resolvers
 
-    _register_resolvers()
+    register_resolvers()
 
     def _compose(*overrides: str, stage: str = "pipeline", output_dir: Path | None = None):
         out = output_dir or tmp_path

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import yaml
 
+from hir.stages import run_hydra
+
 USAGE = "usage: hir promote <multirun cell dir> [hydra overrides ...]   e.g. hir promote multirun/2026-11-29_12-00-00/3"
 
 
@@ -45,8 +47,6 @@ def main(argv: list[str]) -> None:
     except FileNotFoundError as err:
         print(f"hir promote: {err}\n{USAGE}", file=sys.stderr)
         sys.exit(2)
-    # publish itself refuses a cell without a passing validation of its export, and says so
-    from hir.cli import main as hir_main
-
+    # publish itself refuses a cell without a passing validation of its export, and says so;
     # hydra.output_subdir=null: the cell's .hydra/ (what `hir gather` reads) is not rewritten
-    hir_main(["publish", *overrides, f"hydra.run.dir={cell.resolve()}", "hydra.output_subdir=null", *extra])
+    run_hydra("publish", [*overrides, f"hydra.run.dir={cell.resolve()}", "hydra.output_subdir=null", *extra])

@@ -37,8 +37,8 @@ from hir.errors import HirError, InputError
 from hir.progress import progress_steps
 from hir.publish import feast_store, milvus_store
 from hir.publish.delta import Delta, Snapshot, describe, first_seen, read_delta
-from hir.publish.live import now_iso, read_state, store_lock, sync_manifests, write_state
 from hir.publish.stage import recover
+from hir.serving import now_iso, read_state, store_lock, sync_manifests, write_state
 from hir.validate.binding import sha256
 
 log = logging.getLogger(__name__)

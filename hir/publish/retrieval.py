@@ -16,7 +16,7 @@ import numpy as np
 
 from hir.errors import HirError
 from hir.publish import milvus_store
-from hir.publish.live import live_manifest
+from hir.serving import live_manifest
 
 
 class Retriever:

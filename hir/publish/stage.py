@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 from hir.errors import HirError
 from hir.progress import progress_steps
 from hir.publish import faults, feast_store, milvus_store, switch
-from hir.publish.live import (
+from hir.serving import (
     describe_store,
     now_iso,
     read_state,
@@ -101,7 +101,7 @@ def _older(created: str | None, than: str | None) -> bool:
 
 def _register_manifest(state: dict[str, Any], sl: str, path: Path, noop: bool = False) -> None:
     """Record ``path`` as a run manifest of version ``sl`` and (re)write every recorded manifest
-    with its current status (:func:`hir.publish.live.sync_manifests`)."""
+    with its current status (:func:`hir.serving.sync_manifests`)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     if noop:
         path.write_text(json.dumps({"noop": True}))

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from hir.publish import faults, feast_store, milvus_store
-from hir.publish.live import now_iso, write_state
+from hir.serving import now_iso, write_state
 
 log = logging.getLogger(__name__)
 

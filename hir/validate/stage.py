@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from hir.data.schema import relation_types
 from hir.errors import HirError, InputError
 from hir.progress import progress_steps
-from hir.publish.live import live_entry
+from hir.serving import live_entry
 from hir.validate import views
 from hir.validate.binding import RESULT_FILE, export_hashes, read_result, sha256
 from hir.validate.drift import drift_summary, drift_view

@@ -7,9 +7,9 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from hir.cli import _user_error
 from hir.data.prepare import run
 from hir.errors import InputError
+from hir.stages import user_error
 from tests.conftest import SHARED_DATA
 
 TRAIN = ["0 0 1 2 3", "1 2 4 5", "2 0 5 6 7 8", "3 1 3"]
@@ -64,11 +64,11 @@ def test_md5_and_count_mismatch_name_the_file(compose, tmp_path):
     good = hashlib.md5(tr.read_bytes()).hexdigest()
     with pytest.raises(Exception) as err:  # Hydra's instantiate wraps it; the CLI unwraps it the same way
         _prepare(compose, tmp_path, "data.adapter.md5.train=" + "0" * 32)
-    assert isinstance(_user_error(err.value), InputError)
-    assert "train.txt has md5 " + good + ", expected " + "0" * 32 in str(_user_error(err.value))
+    assert isinstance(user_error(err.value), InputError)
+    assert "train.txt has md5 " + good + ", expected " + "0" * 32 in str(user_error(err.value))
     with pytest.raises(Exception) as err:
         _prepare(compose, tmp_path, f"data.adapter.md5.train={good}", "data.adapter.pairs.test=6")
-    assert "test.txt has 5 (user, item) pairs, expected 6" in str(_user_error(err.value))
+    assert "test.txt has 5 (user, item) pairs, expected 6" in str(user_error(err.value))
 
 
 @pytest.mark.skipif(not (SHARED_DATA / "gowalla_lightgcn" / "train.txt").exists(), reason="../shared/data lacks gowalla")

@@ -8,9 +8,12 @@ import numpy as np
 import polars as pl
 import pytest
 
-from hir.data import synthetic as gen
 from hir.data.prepare import run
-from hir.data.synthetic_world import Sampler, _alias
+from hir.data.synthetic import dataset
+from hir.data.synthetic.dataset import ensure, generate
+from hir.data.synthetic.events import DIRTY_KINDS, funnel_counts
+from hir.data.synthetic.spec import STAGES, SyntheticSpec
+from hir.data.synthetic.world import Sampler, _alias
 from hir.errors import HirError
 from tests.conftest import run_hir
 
@@ -21,7 +24,7 @@ TINY_OVERRIDES = [f"data.adapter.{k}={v}" for k, v in TINY.items()]
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> tuple[Path, dict]:
     out = tmp_path_factory.mktemp("synthetic") / "data"
-    return out, gen.generate(gen.SyntheticSpec(**TINY), out)
+    return out, generate(SyntheticSpec(**TINY), out)
 
 
 def _events(root: Path) -> pl.DataFrame:
@@ -31,21 +34,21 @@ def _events(root: Path) -> pl.DataFrame:
 def test_same_seed_same_bytes_other_seed_differs(tmp_path, tiny):
     root, _ = tiny
     again = tmp_path / "again"
-    gen.generate(gen.SyntheticSpec(**TINY), again)
+    generate(SyntheticSpec(**TINY), again)
     names = sorted(p.name for p in root.glob("*.parquet"))
     assert "events.parquet" in names and len(names) == 10
     for name in names:
         assert (root / name).read_bytes() == (again / name).read_bytes(), name
     other = tmp_path / "other"
-    gen.generate(gen.SyntheticSpec(**{**TINY, "seed": 8}), other)
+    generate(SyntheticSpec(**{**TINY, "seed": 8}), other)
     assert (root / "events.parquet").read_bytes() != (other / "events.parquet").read_bytes()
     assert not _events(root).equals(_events(other))
 
 
 def test_exact_sizes_and_chunked_stream(tmp_path, monkeypatch):
     # several chunks plus a remainder: the row count is exact and chunks are row groups
-    monkeypatch.setattr(gen, "CHUNK_EVENTS", 2500)
-    manifest = gen.generate(gen.SyntheticSpec(**TINY), tmp_path)
+    monkeypatch.setattr(dataset, "CHUNK_EVENTS", 2500)
+    manifest = generate(SyntheticSpec(**TINY), tmp_path)
     ev = _events(tmp_path)
     assert ev.height == TINY["n_events"] == sum(manifest["stages"].values())
     import pyarrow.parquet as pq
@@ -91,12 +94,12 @@ def test_planted_hierarchy_is_consistent(tiny):
 
 def test_funnel_is_monotone_and_nested(tiny):
     root, manifest = tiny
-    counts = [manifest["stages"][s] for s in gen.STAGES]
+    counts = [manifest["stages"][s] for s in STAGES]
     assert all(a >= b > 0 for a, b in itertools.pairwise(counts))
     ev = _events(root)
     assert ev.group_by("stage").len().sort("stage").rows() == sorted(manifest["stages"].items())
     products = ev.filter(pl.col("entity_type") == "product")
-    for shallow, deep in zip(gen.STAGES, gen.STAGES[1:]):
+    for shallow, deep in itertools.pairwise(STAGES):
         a = products.filter(pl.col("stage") == shallow).group_by("user_id", "entity_id").agg(pl.col("timestamp").min())
         b = products.filter(pl.col("stage") == deep).group_by("user_id", "entity_id").agg(pl.col("timestamp").min())
         both = b.join(a, on=["user_id", "entity_id"], how="left", suffix="_before")
@@ -140,15 +143,15 @@ def test_alias_sampler_is_exact_and_empty_groups_fall_back():
 
 def test_funnel_counts_exact():
     for n in (1, 7, 1000, 123_457):
-        c = gen.funnel_counts(n, [0.4, 0.25, 0.3, 0.5])
+        c = funnel_counts(n, [0.4, 0.25, 0.3, 0.5])
         assert sum(c) == n and all(a >= b for a, b in itertools.pairwise(c))
 
 
 def test_bad_parameters_are_one_clear_error(tmp_path):
     with pytest.raises(HirError, match="n_products=10 must be >= n_coarse"):
-        gen.SyntheticSpec(n_products=10)
+        SyntheticSpec(n_products=10)
     with pytest.raises(HirError, match="conversion has stages"):
-        gen.SyntheticSpec(conversion={"view": 0.5})
+        SyntheticSpec(conversion={"view": 0.5})
     from hir.data.adapters.synthetic import load
     from hir.data.raw import Quarantine
 
@@ -157,15 +160,15 @@ def test_bad_parameters_are_one_clear_error(tmp_path):
 
 
 def test_cache_is_keyed_by_parameters_and_reused(tmp_path):
-    a = gen.ensure(gen.SyntheticSpec(**TINY), tmp_path)
+    a = ensure(SyntheticSpec(**TINY), tmp_path)
     mtime = (a / "events.parquet").stat().st_mtime_ns
-    assert gen.ensure(gen.SyntheticSpec(**TINY), tmp_path) == a
+    assert ensure(SyntheticSpec(**TINY), tmp_path) == a
     assert (a / "events.parquet").stat().st_mtime_ns == mtime
-    b = gen.ensure(gen.SyntheticSpec(**{**TINY, "n_events": 5000}), tmp_path)
+    b = ensure(SyntheticSpec(**{**TINY, "n_events": 5000}), tmp_path)
     assert b != a and b.parent == a.parent == tmp_path
     assert not list(tmp_path.glob("*.tmp-*"))
     # YAML hands over 90 where the default is 90.0: one dataset, one key
-    assert gen.SyntheticSpec(days=90, noise="0.1").cache_key() == gen.SyntheticSpec().cache_key()
+    assert SyntheticSpec(days=90, noise="0.1").cache_key() == SyntheticSpec().cache_key()
 
 
 def test_prepare_snapshot_reconciles_with_the_generator(compose):
@@ -176,7 +179,7 @@ def test_prepare_snapshot_reconciles_with_the_generator(compose):
     assert meta["input_rows"] == meta["kept_rows"] + meta["quarantined_rows"] == TINY["n_events"]
     assert meta["quarantined_rows"] == 0 and meta["events"] == TINY["n_events"]
     assert meta["nodes"] == manifest["entities"]
-    assert meta["stages"] == manifest["stages"] and meta["stage_order"] == list(gen.STAGES)
+    assert meta["stages"] == manifest["stages"] and meta["stage_order"] == list(STAGES)
     assert meta["category_levels"] == 2 and meta["cold_start"]["product"] > 0
     for etype, n in meta["nodes"].items():
         nodes = pl.read_parquet(graph / "nodes" / f"{etype}.parquet")
@@ -199,12 +202,12 @@ def test_bad_rows_are_quarantined_with_their_reason(compose):
     cfg = compose("data=synthetic", *TINY_OVERRIDES, "data.adapter.dirty_rows=16", stage="prepare")
     meta = run(cfg)
     manifest = json.loads(next(Path(cfg.data.adapter.cache_dir).glob("*/manifest.json")).read_text())
-    assert manifest["dirty_rows"] == {k: 2 for k in gen.DIRTY_KINDS}
+    assert manifest["dirty_rows"] == {k: 2 for k in DIRTY_KINDS}
     assert meta["input_rows"] == TINY["n_events"] + 16
     assert (meta["kept_rows"], meta["quarantined_rows"]) == (TINY["n_events"], 16)
     assert meta["sources"]["events"]["quarantine"] == manifest["dirty_rows"]
     bad = pl.read_parquet(Path(cfg.paths.graph_dir) / "quarantine" / "events.parquet")
-    assert bad.height == 16 and set(bad["_reason"]) == set(gen.DIRTY_KINDS)
+    assert bad.height == 16 and set(bad["_reason"]) == set(DIRTY_KINDS)
     assert bad["_row"].min() > TINY["n_events"]  # the injected rows, never their originals
 
 

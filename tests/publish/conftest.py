@@ -25,9 +25,9 @@ def compose_at(out: Path, *overrides: str, stage: str = "pipeline", data: tuple[
     store in ``out.parent / "store"``; ``data`` picks the dataset (default: tiny synthetic)."""
     from hydra import compose, initialize_config_dir
 
-    from hir.cli import _register_resolvers
+    from hir.stages import register_resolvers
 
-    _register_resolvers()
+    register_resolvers()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         return compose("config", overrides=[
             f"stage={stage}", f"paths.output_dir={out}", f"paths.cache_dir={out.parent}/.cache",

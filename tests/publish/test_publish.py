@@ -16,7 +16,7 @@ import polars as pl
 import pytest
 
 from hir.publish import stage as publish
-from hir.publish.live import read_state
+from hir.serving import read_state
 from hir.validate import stage as validate
 from hir.validate.binding import NotValidated
 from tests.conftest import ROOT

@@ -20,7 +20,7 @@ from hir.errors import InputError
 from hir.publish import refresh
 from hir.publish import stage as publish
 from hir.publish.delta import Snapshot, read_delta
-from hir.publish.live import read_state
+from hir.serving import read_state
 from hir.validate import stage as validate
 from hir.validate.binding import sha256
 from tests.conftest import REES46

@@ -59,8 +59,8 @@ def test_refresh_serves_products_the_snapshot_never_saw(published: SimpleNamespa
     from feast import FeatureStore
 
     from hir.publish import milvus_store
-    from hir.publish.live import live_manifest
     from hir.publish.retrieval import Retriever
+    from hir.serving import live_manifest
 
     proc = _refresh(published)
     text = proc.stdout + proc.stderr

@@ -19,7 +19,7 @@ import pytest
 from hir.errors import HirError
 from hir.publish import faults, milvus_store, switch
 from hir.publish import stage as publish
-from hir.publish.live import read_state
+from hir.serving import read_state
 from hir.validate import stage as validate
 from tests.conftest import run_hir
 from tests.publish.conftest import TINY, assert_serving, export_run

@@ -33,9 +33,9 @@ def compose(out: Path, *overrides: str, stage: str = "train"):
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    from hir.cli import _register_resolvers
+    from hir.stages import register_resolvers
 
-    _register_resolvers()
+    register_resolvers()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         return hydra_compose("config", overrides=[f"stage={stage}", f"paths.output_dir={out}",
                                                   f"paths.cache_dir={out}/.cache", *overrides])

@@ -23,10 +23,11 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from hir.data import quality as q
-from hir.data import synthetic as gen
 from hir.data.adapters.common import CANONICAL
 from hir.data.raw import Quarantine, RawDataset
 from hir.data.schema import TS
+from hir.data.synthetic.dataset import ensure
+from hir.data.synthetic.spec import ENTITY_TYPES, STAGES, SyntheticSpec
 from hir.errors import HirError
 
 RAW = ["user_id", "entity_type", "entity_id", "stage", "timestamp", "quantity", "value"]
@@ -50,14 +51,14 @@ def load(
         quarantine: collects bad rows and the row accounting.
         cache_dir: root of the generated datasets.
         time_range: plausible (low, high) ISO timestamps; default the generated period.
-        params: :class:`hir.data.synthetic.SyntheticSpec` fields (n_events, n_users, seed, ...).
+        params: :class:`hir.data.synthetic.spec.SyntheticSpec` fields (n_events, n_users, seed, ...).
     """
-    fields = set(gen.SyntheticSpec.__dataclass_fields__)
+    fields = set(SyntheticSpec.__dataclass_fields__)
     unknown = sorted(set(params) - fields)
     if unknown:
         raise HirError(f"synthetic data: unknown parameter(s) {unknown}; expected some of {sorted(fields)}")
-    spec = gen.SyntheticSpec(**params)
-    root = gen.ensure(spec, cache_dir)
+    spec = SyntheticSpec(**params)
+    root = ensure(spec, cache_dir)
     manifest = json.loads((root / "manifest.json").read_text())
     epoch = datetime(1970, 1, 1, tzinfo=UTC)
     start, end = (epoch + timedelta(microseconds=manifest["period"][k]) for k in ("start", "end"))
@@ -113,7 +114,7 @@ def load(
     events = _events(quarantine, root / "events.parquet", (low, high), users["key"], products["key"], campaigns["key"])
     return RawDataset(
         events=events,
-        stage_order=list(gen.STAGES),
+        stage_order=list(STAGES),
         entities={
             "user": users.select("key", pl.lit(None, pl.String).alias("text"), "attr_age", "attr_region"),
             "product": products.select("key", "text", "attr_price"),
@@ -159,8 +160,8 @@ def _row_checks(low: datetime, high: datetime, users: pl.Series, products: pl.Se
         ("missing_stage", stage.is_null()),
         ("missing_timestamp", ts.is_null()),
         ("timestamp_out_of_range", (ts < pl.lit(low, TS)) | (ts > pl.lit(high, TS))),
-        ("unknown_stage", ~stage.is_in(list(gen.STAGES))),
-        ("unknown_entity_type", ~etype.is_in(list(gen.ENTITY_TYPES))),
+        ("unknown_stage", ~stage.is_in(list(STAGES))),
+        ("unknown_entity_type", ~etype.is_in(list(ENTITY_TYPES))),
         ("non_finite_quantity", ~pl.col("quantity").is_finite()),
         ("non_finite_value", ~pl.col("value").is_finite()),
         ("non_positive_quantity", pl.col("quantity") <= 0),

@@ -8,15 +8,11 @@ interests, for the hierarchy-recovery metrics. Words are drawn from one seeded s
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 import polars as pl
 
-from hir.data.synthetic_world import REGIONS, World
-
-if TYPE_CHECKING:  # hir.data.synthetic imports this module; the spec is only an annotation here
-    from hir.data.synthetic import SyntheticSpec
+from hir.data.synthetic.spec import SyntheticSpec
+from hir.data.synthetic.world import REGIONS, World
 
 # Per coarse interest: name | product nouns | fine interests "name: three related words", ';'-separated.
 # Real words, so a sentence encoder places related titles near each other.

@@ -5,25 +5,23 @@ advertisers concentrate on 1-2 coarse interests and own products there; campaign
 products of one advertiser inside one fine interest; a category taxonomy mirrors the hierarchy
 (coarse category > fine category, with a little mis-categorisation). Users hold a mixture over
 1-3 coarse interests (1-2 fine ones in each), and weighted alias samplers let the event stream
-(:mod:`hir.data.synthetic`) draw users, and products or campaigns within an interest, in O(1).
+(:mod:`hir.data.synthetic.events`) draw users, and products or campaigns within an interest, in O(1).
 A ``late_fraction`` of users, products, advertisers and campaigns only appear in the last
 ``late_window`` of the period (cold start).
 
 Everything here is drawn from one seeded stream (``[seed, 0]``), so a spec always builds the
-same world. Names and text for these entities live in :mod:`hir.data.synthetic_tables`.
+same world. Names and text for these entities live in :mod:`hir.data.synthetic.tables`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-if TYPE_CHECKING:  # hir.data.synthetic imports this module; the spec is only an annotation here
-    from hir.data.synthetic import SyntheticSpec
+from hir.data.synthetic.spec import SyntheticSpec
 
-# user regions: the world draws an index, synthetic_tables names it
+# user regions: the world draws an index, tables.py names it
 REGIONS = ["north", "south", "east", "west", "central", "coast", "mountain", "islands"]
 
 

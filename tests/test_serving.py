@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from hir.errors import HirError
-from hir.publish.live import read_state, slug, store_lock, write_state
+from hir.serving import read_state, slug, store_lock, write_state
 
 
 def test_slug_keeps_safe_names_and_separates_unsafe_ones() -> None:
