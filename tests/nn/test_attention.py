@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from hir.nn.attention import BiasedSelfAttention
 
 N = 4
+BIAS = {"table": True, "exposure": True, "lam_init": 0.1}  # conf/model/hir.yaml's terms
 
 
-def _probe(**kw) -> BiasedSelfAttention:
+def _probe(**bias) -> BiasedSelfAttention:
     """A layer whose output row i is exactly the attention distribution of query i.
 
-    q = k = 0 (so q·k adds nothing), v = the one-hot input, proj = identity.
+    q = k = 0 (so q·k adds nothing), v = the one-hot input, proj = identity. ``bias`` overrides
+    entries of the default bias config.
     """
-    layer = BiasedSelfAttention(N, heads=1, n_query_buckets=2, n_key_buckets=3, **kw)
+    layer = BiasedSelfAttention(N, heads=1, n_query_buckets=2, n_key_buckets=3, bias=BIAS | bias)
     with torch.no_grad():
         layer.qkv.weight.zero_()
         layer.qkv.weight[2 * N:].copy_(torch.eye(N))
@@ -64,9 +67,9 @@ def test_exposure_lowers_attention_when_lambda_positive():
 
 
 def test_switching_a_term_off_removes_its_effect():
-    no_table = _probe(bias_table=False)
+    no_table = _probe(table=False)
     assert no_table.table is None
-    no_exposure = _probe(exposure_bias=False)
+    no_exposure = _probe(exposure=False)
     assert no_exposure.lam is None
     with torch.no_grad():
         no_exposure.table[0, 0, 2] = 5.0
@@ -92,3 +95,19 @@ def test_gradients_reach_table_and_lambda():
     assert layer.table.grad[0, 0, 2] < 0  # gradient descent raises T[0, 0, 2]
     assert layer.lam.grad[0] > 0  # ... and lowers lambda (key 2 is the most exposed)
     assert layer.table.grad[0, 1].abs().sum() == 0  # query bucket 1 was not in the loss
+
+
+def test_parameters_keep_their_names_and_the_repr_lists_the_terms():
+    layer = _probe()
+    assert list(layer.state_dict()) == [
+        "table", "lam", "qkv.weight", "qkv.bias", "proj.weight", "proj.bias",
+    ]  # the names (and order) checkpoints were written with
+    assert "bias=[table 1x2x3, exposure 1]" in repr(layer)
+    assert "bias=[]" in repr(BiasedSelfAttention(N, heads=1))  # no bias config: plain attention
+
+
+def test_bad_bias_config_names_the_entry():
+    with pytest.raises(ValueError, match=r"unknown bias entries \['tabel'\]"):
+        _probe(tabel=True)
+    with pytest.raises(ValueError, match=r"bias term 'exposure' needs \['lam_init'\]"):
+        BiasedSelfAttention(N, heads=1, bias={"exposure": True})
