@@ -5,7 +5,7 @@
     python benchmarks/attention.py --sizes 4096 --methods triton,flex --out /tmp/a.json
 
 Score for head h: ``q_i·k_j / sqrt(d) + T[h, qb_i, kb_j] - lam[h] * log1p(exposure_j)``; d=64, H=8,
-B = tokens // N (B x N ~ 64k tokens on GPU); the bias is the model's two terms (hir.nn.bias_terms
+B = tokens // N (B x N ~ 64k tokens on GPU); the bias is the model's two terms (hir.nn.attention
 ``table`` and ``exposure``) as one hir_kernels.Bias. Rows: forward (no grad) and forward+backward
 (grads for q, k, v, T, lam) of the hir_kernels backends
   triton     attention_triton (fused, O(N) memory)
@@ -150,7 +150,7 @@ def make_inputs(b: int, h: int, n: int, d: int, buckets: tuple[int, int], dtype:
 
 def bias_of(x: dict) -> Any:
     """The model's default bias terms (``table``, ``exposure``) on the benchmark's tensors, as a Bias."""
-    from hir.nn.bias_terms import BIAS_TERMS
+    from hir.nn.attention import BIAS_TERMS
     from hir_kernels import Bias
 
     feats = {"qb": x["qb"], "kb": x["kb"], "exposure": x["exposure"]}

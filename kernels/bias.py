@@ -13,7 +13,7 @@ of parts, and a kernel sees nothing else:
     with torch ops by the caller, so its gradient flows on by autograd (the exposure correction
     ``-lam[h] * log1p(exposure_j)`` is one).
 
-The model's bias terms (``hir.nn.bias_terms``) each return one part; this module knows no term by
+The model's bias terms (``hir.nn.attention``) each return one part; this module knows no term by
 name. :meth:`Bias.score_mod` is the FlexAttention form of the maths, :meth:`Bias.dense` the
 materialised one the PyTorch reference and SDPA paths add to the scores, :meth:`Bias.column` the
 per-key vector the Triton kernels add.

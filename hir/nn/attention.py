@@ -1,15 +1,109 @@
-"""Bias-aware multi-head self-attention over a token context."""
+"""Bias-aware multi-head self-attention over a token context, and its bias terms.
+
+The bias terms are a registry, so that a new term costs one function here plus one config entry.
+The score of head h, query i, key j is ``q_i·k_j / sqrt(d)`` plus every term switched on in the
+``bias:`` block of conf/model/hir.yaml (``<name>: true``). A term is a function ``part(params, feats)``
+registered with :func:`bias_term` under its config name, with the initial value of each of its
+learned parameters:
+
+  * ``params``: the term's parameters by name. They live on :class:`BiasedSelfAttention` under
+    these names (``layer.lam``; None while the term is off), so checkpoints name them as before.
+  * ``feats``: the context's per-token features, each (B, N): ``qb`` and ``kb`` (query / key bucket
+    ids, :class:`hir.nn.buckets.BucketVocab`) and ``exposure`` (float >= 0).
+  * It returns one part of a :class:`hir_kernels.Bias`: a :class:`hir_kernels.Table` (an
+    (H, QB, KB) table gathered over bucket ids inside the attention op) or a (B, H or 1, N) column
+    added to every query's score of key j. Every backend (Triton, SDPA, FlexAttention, reference)
+    then computes it; the Triton kernels take any number of tables and columns.
+
+An initial value is a function whose parameter names say what it needs: the layer's ``heads``,
+``n_query_buckets``, ``n_key_buckets``, or an option of the ``bias:`` block (``lam_init``).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+import inspect
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from hir.nn.bias_terms import BIAS_TERMS, initial_params, switched_on
-from hir_kernels import Bias, attention
+from hir_kernels import Bias, Table, attention
+
+LAYER_SETTINGS = ("heads", "n_query_buckets", "n_key_buckets")
+
+
+@dataclasses.dataclass(frozen=True)
+class BiasTerm:
+    """A registered term: ``part(params, feats) -> Table | Tensor`` and its parameters' initial values."""
+
+    part: Callable[[Mapping[str, Tensor], Mapping[str, Tensor]], Table | Tensor]
+    params: Mapping[str, Callable[..., Tensor]]
+
+
+BIAS_TERMS: dict[str, BiasTerm] = {}
+
+
+def bias_term(name: str, **params: Callable[..., Tensor]) -> Callable:
+    """Register the decorated ``part(params, feats)`` as the bias term ``name``; each keyword is one
+    learned parameter and the function giving its initial value (see the module docstring)."""
+
+    def register(part: Callable) -> Callable:
+        taken = {p: n for n, t in BIAS_TERMS.items() for p in t.params}
+        clash = {p: taken[p] for p in params if p in taken}
+        if name in BIAS_TERMS or clash:
+            raise ValueError(
+                f"bias term {name!r} clashes with the registry: term names {sorted(BIAS_TERMS)}, "
+                f"parameters already owned {clash}; pick new names"
+            )
+        BIAS_TERMS[name] = BiasTerm(part, dict(params))
+        return part
+
+    return register
+
+
+def _options() -> set[str]:
+    """Every setting some registered term's initial values ask for, beyond the layer's own."""
+    wanted = {p for t in BIAS_TERMS.values() for init in t.params.values() for p in inspect.signature(init).parameters}
+    return wanted - set(LAYER_SETTINGS)
+
+
+def _switched_on(bias: Mapping[str, Any]) -> list[str]:
+    """The registered terms ``bias`` switches on, in registry order; raises for an unknown entry."""
+    unknown = sorted(set(bias) - set(BIAS_TERMS) - _options())
+    if unknown:
+        raise ValueError(
+            f"unknown bias entries {unknown}; expected a term of {sorted(BIAS_TERMS)} (true/false) "
+            f"or an option of one {sorted(_options())}"
+        )
+    return [name for name in BIAS_TERMS if bool(bias.get(name, False))]
+
+
+def _initial_params(name: str, settings: Mapping[str, Any]) -> dict[str, Tensor]:
+    """Initial values of term ``name``'s parameters from the layer's settings and the bias options."""
+    out = {}
+    for param, init in BIAS_TERMS[name].params.items():
+        wants = list(inspect.signature(init).parameters)
+        missing = [w for w in wants if w not in settings]
+        if missing:
+            raise ValueError(f"bias term {name!r} needs {missing} in the bias config; got {sorted(settings)}")
+        out[param] = init(**{w: settings[w] for w in wants})
+    return out
+
+
+@bias_term("table", table=lambda heads, n_query_buckets, n_key_buckets: torch.zeros(heads, n_query_buckets, n_key_buckets))
+def bucket_table(params: Mapping[str, Tensor], feats: Mapping[str, Tensor]) -> Table:
+    """``T_h[qb_i, kb_j]``: a learned (H, QB, KB) table over the query / key bucket ids. Zero at
+    init: the model starts as plain attention and learns which relations matter."""
+    return Table(params["table"], feats["qb"], feats["kb"])
+
+
+@bias_term("exposure", lam=lambda heads, lam_init: torch.full((heads,), float(lam_init)))
+def exposure(params: Mapping[str, Tensor], feats: Mapping[str, Tensor]) -> Tensor:
+    """``-lambda_h log(1 + exposure_j)``, a (B, H, N) column: a learned per-head discount of what was
+    merely shown most, so attention does not follow popularity (lambda_h < 0 would favour it)."""
+    return -params["lam"][None, :, None] * torch.log1p(feats["exposure"].float())[:, None, :]
 
 
 class BiasedSelfAttention(nn.Module):
@@ -18,7 +112,7 @@ class BiasedSelfAttention(nn.Module):
     .. math::
         s_h(i, j) = \frac{q_i \cdot k_j}{\sqrt{d}} + T_h[qb_i, kb_j] - \lambda_h \log(1 + e_j)
 
-    with the bias terms of the default config (:mod:`hir.nn.bias_terms`): :math:`T` a learned
+    with the bias terms of the default config (the registry above): :math:`T` a learned
     ``(H, QB, KB)`` table over small query/key bucket ids (``table``) and :math:`\lambda` a learned
     per-head strength of the exposure (popularity) correction (``exposure``; :math:`e_j` = how often
     key entity :math:`j` was shown/engaged). Each term switched on adds its part; the bias is
@@ -55,10 +149,10 @@ class BiasedSelfAttention(nn.Module):
         self.proj = nn.Linear(dim, dim)
         self.drop = nn.Dropout(dropout)
         bias = dict(bias or {})
-        self.terms = switched_on(bias)
+        self.terms = _switched_on(bias)
         self._settings = {"heads": heads, "n_query_buckets": n_query_buckets, "n_key_buckets": n_key_buckets, **bias}
         for name, term in BIAS_TERMS.items():  # every term's parameters, None while it is off
-            values = initial_params(name, self._settings) if name in self.terms else dict.fromkeys(term.params)
+            values = _initial_params(name, self._settings) if name in self.terms else dict.fromkeys(term.params)
             for param, value in values.items():
                 if hasattr(self, param) and param not in self._parameters:
                     raise ValueError(f"bias term {name!r} parameter {param!r} clashes with an attribute of the layer")
@@ -72,7 +166,7 @@ class BiasedSelfAttention(nn.Module):
         nn.init.zeros_(self.proj.bias)
         with torch.no_grad():
             for name in self.terms:
-                for param, value in initial_params(name, self._settings).items():
+                for param, value in _initial_params(name, self._settings).items():
                     getattr(self, param).copy_(value)
 
     def forward(self, x: Tensor, qb: Tensor, kb: Tensor, exposure: Tensor, key_mask: Tensor) -> Tensor:
