@@ -5,12 +5,13 @@
     python benchmarks/attention.py --sizes 4096 --methods triton,flex --out /tmp/a.json
 
 Score for head h: ``q_i·k_j / sqrt(d) + T[h, qb_i, kb_j] - lam[h] * log1p(exposure_j)``; d=64, H=8,
-B = tokens // N (B x N ~ 64k tokens on GPU). Rows: forward (no grad) and forward+backward (grads for
-q, k, v, T, lam) of
-  triton     hir_kernels.biased_attention (fused, O(N) memory)
-  flex       torch.compile(flex_attention) with the same bias as a score_mod
-  sdpa_dense F.scaled_dot_product_attention with the bias materialised as a (B, H, N, N) mask
-  reference  hir_kernels.biased_attention_reference (fp32, materialises everything)
+B = tokens // N (B x N ~ 64k tokens on GPU); the bias is the model's two terms (hir.nn.attention
+``table`` and ``exposure``) as one hir_kernels.Bias. Rows: forward (no grad) and forward+backward
+(grads for q, k, v, T, lam) of the hir_kernels backends
+  triton     attention_triton (fused, O(N) memory)
+  flex       attention_flex: torch.compile(flex_attention) with Bias.score_mod
+  sdpa_dense attention_sdpa: F.scaled_dot_product_attention with the bias materialised as a (B, H, N, N) mask
+  reference  attention_reference (fp32, materialises everything)
 Each row records its median time, TFLOP/s (matmul FLOPs: 4 B H N^2 d forward; 3.5x that for
 forward+backward, the FlashAttention convention), peak memory, or why it was skipped / how it
 failed; never silently. Ratios (time of X / time of triton) and the issue's targets go in the JSON
@@ -147,17 +148,24 @@ def make_inputs(b: int, h: int, n: int, d: int, buckets: tuple[int, int], dtype:
     return x
 
 
-def method_fn(name: str, device: torch.device) -> Callable[..., torch.Tensor]:
-    import hir_kernels
-    from hir_kernels.flex import biased_attention_flex
+def bias_of(x: dict) -> Any:
+    """The model's default bias terms (``table``, ``exposure``) on the benchmark's tensors, as a Bias."""
+    from hir.nn.attention import BIAS_TERMS
+    from hir_kernels import Bias
 
-    if name == "triton":
-        return hir_kernels.biased_attention
+    feats = {"qb": x["qb"], "kb": x["kb"], "exposure": x["exposure"]}
+    parts = [BIAS_TERMS[t].part({p: x[p] for p in BIAS_TERMS[t].params}, feats) for t in ("table", "exposure")]
+    return Bias.of(parts, x["key_mask"])
+
+
+def method_fn(name: str, device: torch.device) -> Callable[..., torch.Tensor]:
+    """``fn(**inputs)`` of a benchmark method (a hir_kernels backend; flex compiled on every device)."""
+    from hir_kernels import attention_flex, backend_fn
+
     if name == "flex":
-        return lambda **x: biased_attention_flex(**x, compiled=True)
-    if name == "sdpa_dense":
-        return hir_kernels.biased_attention_sdpa
-    return hir_kernels.biased_attention_reference
+        return lambda **x: attention_flex(x["q"], x["k"], x["v"], bias_of(x), compiled=True)
+    fn = backend_fn({"sdpa_dense": "sdpa"}.get(name, name))
+    return lambda **x: fn(x["q"], x["k"], x["v"], bias_of(x))
 
 
 def skip_reason(method: str, mode: str, b: int, h: int, n: int, d: int, device: torch.device,
@@ -196,16 +204,14 @@ def sanity_check(device: torch.device, dtype: torch.dtype, buckets: tuple[int, i
 
 def _sanity(device: torch.device, dtype: torch.dtype, buckets: tuple[int, int], b: int, h: int, n: int,
             d: int) -> dict:
-    import hir_kernels
-
     x = make_inputs(b, h, n, d, buckets, dtype, device)
     x["key_mask"] = torch.rand(b, n, device=device) > 0.1
     leaves = ("q", "k", "v", "table", "lam")
     do = torch.randn(b, h, n, d, device=device).to(dtype).float()  # same rounded dO for both paths
     res = {}
     outs = {}
-    for name, fn, up in (("triton", hir_kernels.biased_attention, False),
-                         ("reference", hir_kernels.biased_attention_reference, True)):
+    for name, fn, up in (("triton", method_fn("triton", device), False),
+                         ("reference", method_fn("reference", device), True)):
         args = dict(x)
         ts = [args[k].detach().float() if up and k in ("q", "k", "v") else args[k].detach() for k in leaves]
         ts = [t.requires_grad_() for t in ts]

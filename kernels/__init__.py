@@ -1,4 +1,5 @@
-"""hir_kernels: fused bias-aware attention (Triton) and its pure-PyTorch reference.
+"""hir_kernels: bias-aware attention, fused in Triton, with its PyTorch reference, SDPA and FlexAttention
+paths.
 
 Installed under the import name ``hir_kernels`` (the folder is ``kernels/``) so that it never
 clashes with an unrelated package called ``kernels``.
@@ -7,33 +8,18 @@ Importing this package never defines or launches a Triton kernel: the kernels ar
 use (``hir_kernels.attention_triton``), so ``TRITON_INTERPRET`` may be set any time before that.
 """
 
-from hir_kernels.attention import (
-    BiasedAttentionFn,
-    biased_attention,
-    column_bias,
-    dense_bias_attention,
-)
-from hir_kernels.dispatch import BACKENDS, attention, attention_backend, attention_dense_bias
-from hir_kernels.reference import (
-    biased_attention_reference,
-    biased_attention_sdpa,
-    dense_bias_attention_reference,
-    dense_bias_attention_sdpa,
-    materialize_bias,
-)
+from hir_kernels.bias import Bias, Table
+from hir_kernels.dispatch import BACKENDS, attention, attention_backend, backend_fn
+from hir_kernels.reference import attention_flex, attention_reference, attention_sdpa
 
 __all__ = [
     "BACKENDS",
-    "BiasedAttentionFn",
+    "Bias",
+    "Table",
     "attention",
     "attention_backend",
-    "attention_dense_bias",
-    "biased_attention",
-    "biased_attention_reference",
-    "biased_attention_sdpa",
-    "column_bias",
-    "dense_bias_attention",
-    "dense_bias_attention_reference",
-    "dense_bias_attention_sdpa",
-    "materialize_bias",
+    "attention_flex",
+    "attention_reference",
+    "attention_sdpa",
+    "backend_fn",
 ]

@@ -15,7 +15,7 @@ class Block(nn.Module):
         heads: attention heads (default 4).
         mlp_ratio: hidden width of the MLP as a multiple of C (default 4).
         dropout: dropout on attention output and MLP (default 0.1).
-        **attn: further arguments of :class:`BiasedSelfAttention` (bucket counts, bias switches, backend).
+        **attn: further arguments of :class:`BiasedSelfAttention` (bucket counts, ``bias`` terms, backend).
     """
 
     def __init__(self, dim: int, heads: int = 4, mlp_ratio: float = 4.0, dropout: float = 0.1, **attn) -> None:

@@ -28,8 +28,9 @@ HOPPER_SMEM = 232448  # bytes of dynamic shared memory per block on sm_90
 
 def signature(fn, dtype: str, consts: dict) -> dict:
     ptr = {n: "*" + dtype for n in ("Q", "K", "V", "Out", "DO", "DQ", "DK", "DV")}
-    ptr.update({n: "*fp32" for n in ("LSE", "DELTA", "DCOL", "TAB", "COL", "DTAB", "DB", "DDB")})
-    ptr.update({"EK": "*bf16", "RES": "*bf16", "QBK": "*i32", "KBK": "*i32", "qk_scale": "fp32", "sm_scale": "fp32"})
+    ptr.update({n: "*fp32" for n in ("LSE", "DELTA", "DCOL", "TAB", "COL", "DTAB")})
+    ptr.update({"EK": "*bf16", "RES": "*bf16", "QID": "*i32", "KID": "*i32", "qk_scale": "fp32", "sm_scale": "fp32"})
+    ptr.update({n: ("i32",) * (2 if n == "st_c" else 3) for n in fn.arg_names if n.startswith("st_")})  # stride tuples
     return {n: "constexpr" if n in consts else ptr.get(n, "i32") for n in fn.arg_names}
 
 
@@ -46,25 +47,26 @@ def compile_one(kernel, dtype: str, consts: dict, cfg: triton.Config) -> int:
 
 def main() -> int:
     every = "--all" in sys.argv
-    variants = [  # (dtype, head dim, table mode, dense, configs)
-        ("bf16", 64, 1, False, (at._FWD, at._DKDV, at._DQ)),
-        ("fp16", 32, 2, True, (at._FWD, at._DKDV, at._DQ)),
-        ("fp32", 128, 1, True, (at._FWD32, at._DKDV32, at._DQ32)),
+    variants = [  # (dtype, head dim, table mode, number of tables, configs)
+        ("bf16", 64, 1, 1, (at._FWD, at._DKDV, at._DQ)),
+        ("fp16", 32, 2, 2, (at._FWD, at._DKDV, at._DQ)),
+        ("fp32", 128, 1, 2, (at._FWD32, at._DKDV32, at._DQ32)),
+        ("bf16", 64, 0, 1, (at._FWD, at._DKDV, at._DQ)),
     ]
     bad = 0
-    for dtype, d, table, dense, (fwd_cfgs, dkdv_cfgs, dq_cfgs) in variants:
+    for dtype, d, table, n_tables, (fwd_cfgs, dkdv_cfgs, dq_cfgs) in variants:
         base = {
-            "HEAD_DIM": d, "TABLE": table, "QB_PAD": 32, "SPLIT": 4 if dtype == "fp32" else 2,
-            "DENSE": dense, "UPCAST": False, "PREC": "tf32x3" if dtype == "fp32" else "tf32",
+            "HEAD_DIM": d, "TABLE": table, "N_TABLES": n_tables, "QB_PAD": 32, "SPLIT": 4 if dtype == "fp32" else 2,
+            "UPCAST": False, "PREC": "tf32x3" if dtype == "fp32" else "tf32",
         }
         jobs = [
             ("fwd", at._fwd, fwd_cfgs, {"RESID": dtype != "fp32"}),
-            ("dkdv", at._dkdv, dkdv_cfgs, {"NEED_DCOL": True, "NEED_DTAB": True}),
-            ("dq", at._dq, dq_cfgs, {"NEED_DDB": dense}),
+            ("dkdv", at._dkdv, dkdv_cfgs, {"NEED_DCOL": True, "NEED_DTAB": table != 0}),
+            ("dq", at._dq, dq_cfgs, {}),
         ]
         for name, kernel, cfgs, extra in jobs:
             for cfg in cfgs if every else cfgs[:1]:
-                label = f"{name} {dtype} D={d} table={table} dense={dense} {cfg}"
+                label = f"{name} {dtype} D={d} table={table} tables={n_tables} {cfg}"
                 try:
                     smem = compile_one(kernel, dtype, {**base, **extra}, cfg)
                 except Exception as e:  # report every failure, not just the first
