@@ -68,7 +68,8 @@ class HirNet(nn.Module):
         dropout: dropout in blocks (default 0.1).
         base_dropout: per-token base dropout while training (default 0.3; see :class:`TokenEncoder`).
         attention_backend: ``hir_kernels`` backend (default "auto").
-        bias: ``table`` (bool), ``exposure`` (bool), ``lam_init`` (float), ``buckets``
+        bias: the attention bias terms switched on (``table``, ``exposure``, ... -> bool; any term
+            of :mod:`hir.nn.attention`) with their options (``lam_init``), and ``buckets``
             (component -> bool, see :class:`BucketVocab`). Default: everything on.
         hierarchy: keyword arguments of :class:`HierarchicalTokenizer` (levels, top_k, tau, radius).
         primitive_tokens: append the level-0 prototypes as context tokens (default True).
@@ -100,10 +101,7 @@ class HirNet(nn.Module):
         content: bool = True,
     ) -> None:
         super().__init__()
-        bias = DEFAULT_BIAS | dict(bias or {})
-        unknown = sorted(set(bias) - set(DEFAULT_BIAS))
-        if unknown:
-            raise ValueError(f"unknown bias options {unknown}; expected {sorted(DEFAULT_BIAS)}")
+        bias = DEFAULT_BIAS | dict(bias or {})  # BiasedSelfAttention checks the term names and options
         self.n_types, self.width, self.base_dim = n_types, width, int(base_dim)
         self.dim = self.base_dim + 1  # the universal embedding's width
         self.use_transformer = bool(transformer)
@@ -112,8 +110,7 @@ class HirNet(nn.Module):
         self.transformer = GraphTransformer(
             width, depth, heads, mlp_ratio, dropout,
             n_query_buckets=self.buckets.n_query, n_key_buckets=self.buckets.n_key,
-            bias_table=bool(bias["table"]), exposure_bias=bool(bias["exposure"]),
-            lam_init=float(bias["lam_init"]), backend=attention_backend,
+            bias={k: v for k, v in bias.items() if k != "buckets"}, backend=attention_backend,
         )
         # engagement view: the zero-initialised correction of a user's base direction
         self.head = nn.Linear(width, self.base_dim)
