@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import polars as pl
 import torch
 
+from hir.data.snapshot import Snapshot, load_snapshot
 from hir.errors import InputError
 from hir.nn import HirNet
 from hir.nn.buckets import METADATA, SELF
@@ -65,23 +65,24 @@ class Embedder:
 
     Args:
         checkpoint: path of a ``hir train`` checkpoint.
-        graph_dir, content_dir: the snapshot (prepare's ``graph/``, enrich's ``content/``).
+        snapshot, content_dir: the snapshot (prepare's ``graph/``, or its opened
+            :class:`~hir.data.snapshot.Snapshot`) and enrich's ``content/``.
         visible_splits: engagement the contexts may see (default train + val: everything before
             the test period).
     """
 
-    def __init__(self, checkpoint: str | Path, graph_dir: str | Path, content_dir: str | Path,
+    def __init__(self, checkpoint: str | Path, snapshot: Snapshot | str | Path, content_dir: str | Path,
                  visible_splits: Sequence[str] = ("train", "val")) -> None:
         self.checkpoint = Path(checkpoint)
         self.net, self.hp = load_checkpoint(checkpoint)
         data = self.hp.get("data", {})
-        self.graph_dir = Path(graph_dir)
-        self.store = load_graph(graph_dir, content_dir, tuple(visible_splits), **data.get("graph", {}))
+        self.snapshot = snapshot if isinstance(snapshot, Snapshot) else load_snapshot(snapshot)
+        self.store = load_graph(self.snapshot, content_dir, tuple(visible_splits), **data.get("graph", {}))
         sizes = {k: self.store.spec[k] for k in ("n_types", "n_stages", "content_dim", "n_recency")}
         if sizes != {k: self.hp["net_config"].get(k) for k in sizes}:
             raise InputError(
                 f"checkpoint {checkpoint} was trained on a snapshot with {self.hp['net_config']} but "
-                f"{graph_dir} + {content_dir} give {sizes}; export with the snapshot it was trained on"
+                f"{self.snapshot.dir} + {content_dir} give {sizes}; export with the snapshot it was trained on"
             )
         # the spectral basis sits beside the checkpoint; users are folded in from the engagement
         # visible now (which may be more than training saw)
@@ -150,9 +151,7 @@ class Embedder:
     def node_ids(self, etype: str, keys: Sequence[str]) -> np.ndarray:
         """Entity keys of a type -> global node ids (-1 for keys not in the snapshot)."""
         if etype not in self._key_index:
-            path = self.graph_dir / "nodes" / f"{etype}.parquet"
-            df = pl.read_parquet(path, columns=["node_id", "key"]) if path.exists() else pl.DataFrame({"node_id": [], "key": []})
-            self._key_index[etype] = dict(zip(df["key"].cast(pl.String).to_list(), df["node_id"].to_list()))
+            self._key_index[etype] = self.snapshot.key_index(etype)
         index = self._key_index[etype]
         local = np.array([index.get(str(k), -1) for k in keys], dtype=np.int64)
         return np.where(local >= 0, self.store.global_ids(etype, np.maximum(local, 0)), -1)

@@ -88,7 +88,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         lo, hi = st.type_range(t)
         if hi == lo:
             continue
-        nodes = pl.read_parquet(graph_dir / "nodes" / f"{t}.parquet", columns=["node_id", "key", "text"]).sort("node_id")
+        nodes = embedder.snapshot.nodes(t, ["node_id", "key", "text"]).sort("node_id")
         keys[t] = nodes["key"].cast(pl.String).to_list()
         texts[lo:hi] = nodes["text"].to_list()
         cold = ~st.warm[lo:hi]
@@ -129,12 +129,12 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         }))
     pl.concat(proto_rows).write_parquet(hier_dir / "prototypes.parquet")
 
-    users, ents = engagement_pairs(graph_dir, st.offsets)
+    users, ents = engagement_pairs(embedder.snapshot, st.offsets)
     engaged = np.unique(st.node_type[ents]) if len(ents) else np.zeros(0, np.int64)
     n_ent = int(np.isin(st.node_type, engaged).sum())
     sg = supergraph_stats(users, ents, int(st.offsets[1] - st.offsets[0]), n_ent, top1, levels)
     (hier_dir / "supergraph.json").write_text(json.dumps(sg, indent=2))
-    planted = planted_recovery(graph_dir, keys, st.offsets, top1)
+    planted = planted_recovery(embedder.snapshot, keys, st.offsets, top1)
 
     norms = np.linalg.norm(z, axis=1)
     meta = {

@@ -13,7 +13,6 @@ reverse hop: a category's products, an advertiser's campaigns).
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from datetime import datetime
@@ -24,7 +23,8 @@ import numpy as np
 import polars as pl
 import scipy.sparse as sp
 
-from hir.data.schema import ENTITY_TYPES, METADATA_RELATIONS, engage_relation
+from hir.data.schema import ENTITY_TYPES
+from hir.data.snapshot import Snapshot, load_snapshot
 from hir.errors import InputError
 
 log = logging.getLogger(__name__)
@@ -111,12 +111,6 @@ class GraphStore:
     def type_range(self, etype: str) -> tuple[int, int]:
         t = self.types.index(etype)
         return int(self.offsets[t]), int(self.offsets[t + 1])
-
-
-def _read(path: Path, what: str) -> pl.DataFrame:
-    if not path.exists():
-        raise InputError(f"{what}: {path} does not exist; run the stage that writes it first (see docs/contracts.md)")
-    return pl.read_parquet(path)
 
 
 def _ts(value: str) -> float:
@@ -219,7 +213,7 @@ def _recency_edges(age_days: np.ndarray) -> list[float]:
 
 
 def load_graph(
-    graph_dir: Path | str,
+    snapshot: Snapshot | Path | str,
     content_dir: Path | str,
     visible_splits: tuple[str, ...] = ("train",),
     stage_base: float = 4.0,
@@ -230,7 +224,7 @@ def load_graph(
     """Read a snapshot into a :class:`GraphStore`.
 
     Args:
-        graph_dir: prepare's ``graph/``.
+        snapshot: prepare's ``graph/`` (a :class:`~hir.data.snapshot.Snapshot` or its directory).
         content_dir: enrich's ``content/``.
         visible_splits: engagement splits the contexts may see (training: only ``train``).
         stage_base: sampling weight of funnel stage r is ``stage_base ** r`` (deeper = likelier).
@@ -240,19 +234,16 @@ def load_graph(
             probability ~ (deep-stage events of the pair) ** pair_power: 1 = as often as they
             happened (a weekly repeat purchase weighs 50 one-off ones), 0 = every pair alike.
     """
-    graph_dir, content_dir = Path(graph_dir), Path(content_dir)
-    meta_path = graph_dir / "meta.json"
-    if not meta_path.exists():
-        raise InputError(f"{meta_path} does not exist; run `hir prepare` first")
-    meta = json.loads(meta_path.read_text())
+    snap = snapshot if isinstance(snapshot, Snapshot) else load_snapshot(snapshot)
+    content_dir = Path(content_dir)
     types = ENTITY_TYPES
-    counts = {t: int(meta["nodes"].get(t, 0)) for t in types}
+    counts = snap.node_counts
     offsets = np.cumsum([0] + [counts[t] for t in types]).astype(np.int64)
     n = int(offsets[-1])
     node_type = np.repeat(np.arange(len(types), dtype=np.int8), [counts[t] for t in types])
-    stage_order = tuple(meta["stage_order"])
-    deep_stage = meta["deep_stage"]
-    bounds = meta["split_bounds"]
+    stage_order = tuple(snap.stage_order)
+    deep_stage = snap.deep_stage
+    bounds = snap.split_bounds
     # contexts see edges up to the end of the visible window
     t_ref = _ts(bounds["test_start"] if "val" in visible_splits else bounds["val_start"])
     span_days = max((t_ref - _ts(bounds["min"])) / SECONDS_PER_DAY, 1e-6)
@@ -260,24 +251,27 @@ def load_graph(
 
     pairs, deep, val, train_nodes = [], [], [], []
     for ti, t in enumerate(types):
-        path = graph_dir / "edges" / f"{engage_relation(t)}.parquet"
-        if not path.exists():
+        scan = snap.engagement(t)
+        if scan is None:
             continue
-        e = pl.read_parquet(path).with_columns(stage_rank.alias("rank"))
+        e = scan.select("src_id", "dst_id", "stage", "split", "count", "last_ts").with_columns(stage_rank.alias("rank"))
         dst_off = int(offsets[ti])
         vis = e.filter(pl.col("split").is_in(list(visible_splits)))
-        agg = vis.group_by("src_id", "dst_id").agg(
-            pl.col("rank").max(), pl.col("count").sum(), pl.col("last_ts").max()
-        )
-        pairs.append(agg.with_columns(pl.lit(dst_off).alias("dst_off")))
         is_deep = pl.col("stage") == deep_stage
-        deep.append(vis.filter(is_deep).group_by("src_id", "dst_id").agg(pl.col("count").sum().cast(pl.Float64))
-                    .sort("src_id", "dst_id").select("src_id", (pl.col("dst_id") + dst_off).alias("dst"), "count").to_numpy())
-        val.append(e.filter(is_deep & (pl.col("split") == "val")).select("src_id", (pl.col("dst_id") + dst_off).alias("dst")).to_numpy())
-        tr = e.filter(pl.col("split") == "train")
+        # one pass over the file: the four queries share its scan
+        agg, deep_t, val_t, tr = pl.collect_all([
+            vis.group_by("src_id", "dst_id").agg(pl.col("rank").max(), pl.col("count").sum(), pl.col("last_ts").max()),
+            vis.filter(is_deep).group_by("src_id", "dst_id").agg(pl.col("count").sum().cast(pl.Float64))
+            .sort("src_id", "dst_id").select("src_id", (pl.col("dst_id") + dst_off).alias("dst"), "count"),
+            e.filter(is_deep & (pl.col("split") == "val")).select("src_id", (pl.col("dst_id") + dst_off).alias("dst")),
+            e.filter(pl.col("split") == "train").select("src_id", "dst_id"),
+        ])
+        pairs.append(agg.with_columns(pl.lit(dst_off).alias("dst_off")))
+        deep.append(deep_t.to_numpy())
+        val.append(val_t.to_numpy())
         train_nodes += [tr["src_id"].to_numpy() + offsets[0], tr["dst_id"].to_numpy() + dst_off]
     if not pairs:
-        raise InputError(f"{graph_dir / 'edges'}: no user__engages__<type>.parquet; the snapshot has no engagement")
+        raise InputError(f"{snap.dir / 'edges'}: no user__engages__<type>.parquet; the snapshot has no engagement")
 
     allp = pl.concat(pairs)
     u = allp["src_id"].to_numpy().astype(np.int64) + offsets[0]
@@ -302,11 +296,7 @@ def load_graph(
     np.add.at(exposure, v, cnt)
 
     up_src, up_dst = [], []
-    for rel, (s_t, d_t) in METADATA_RELATIONS.items():
-        path = graph_dir / "edges" / f"{rel}.parquet"
-        if not path.exists():
-            continue
-        m = pl.read_parquet(path)
+    for _, s_t, d_t, m in snap.metadata_edges():
         up_src.append(m["src_id"].to_numpy() + offsets[types.index(s_t)])
         up_dst.append(m["dst_id"].to_numpy() + offsets[types.index(d_t)])
     s1 = np.concatenate(up_src) if up_src else np.zeros(0, np.int64)
