@@ -2,14 +2,14 @@
 
     python benchmarks/graph_memory.py --run outputs/gowalla/smoke     # a run with graph/ + content/
 
-1. GraphStore (hir/train/graph.py, read, not changed): ``load_graph`` in a subprocess; the
+1. GraphStore (hir/model/store.py, read, not changed): ``load_graph`` in a subprocess; the
    ``nbytes`` of every array it keeps, grouped into per-engagement-pair arrays (the CSR holds
    each visible pair twice, user->entity and entity->user), per-deep-pair arrays, metadata
    edges and per-node arrays; the process RSS before and after the load and its peak (the
    build's transient copies).
 2. A DDP rank: ``hir train trainer=ddp trainer.devices=2`` for one short epoch on the same
    snapshot, each rank's peak RSS polled every 0.2 s. Every rank builds its own full
-   GraphStore (datamodule.py shards the seeds, not the graph), so a rank's memory is the store
+   GraphStore (hir/train/datamodule.py shards the seeds, not the graph), so a rank's memory is the store
    plus the model, optimizer and torch runtime.
 
 Results: benchmarks/results/graph_memory.json. Extrapolations are left to the README, labelled.
@@ -37,7 +37,8 @@ PROBE = r"""
 import json, resource, sys, time
 import numpy as np, psutil
 from dataclasses import fields
-from hir.train.graph import CSR, GraphStore, load_graph
+from hir.model import GraphStore, load_graph
+from hir.model.csr import CSR
 proc = psutil.Process()
 rss0 = proc.memory_info().rss
 t0 = time.perf_counter()

@@ -57,43 +57,29 @@ def _rss_mib() -> float:
 
 
 def _store(run_dir: Path, m: dict[str, Any], rank: int, basis_path: Path, reuse: bool):
-    """The training snapshot with its spectral base attached (fitted at ``rank`` and saved to
-    ``basis_path``, or reloaded from it with ``reuse``), as `hir train` builds it."""
-    from hir.train.graph import load_graph
-    from hir.train.stage import spectral_base
+    """The training snapshot and its spectral base (fitted at ``rank`` and saved to
+    ``basis_path``, or reloaded from it with ``reuse``), as `hir train` builds them."""
+    from hir.model import SpectralConfig, fit_base, load_graph
 
     store = load_graph(run_dir / "graph", run_dir / "content", ("train",), **m["graph"])
     # a fixed rank: no validation set needed (only `rank: auto` chooses on it)
-    basis, report = spectral_base(store, {**m["spectral"], "rank": rank}, None, SEED, basis_path, reuse)
-    return store, basis, report
+    basis, report = fit_base(store, None, SpectralConfig(**{**m["spectral"], "rank": rank}), SEED, basis_path, reuse)
+    return store, basis, basis.base_for(store), report
 
 
-def _batches(store, basis, m: dict[str, Any], n: int):
+def _batches(store, basis, base, m: dict[str, Any], n: int):
     """``n`` training batches, exactly as `HirDataModule.train_dataloader` builds them."""
-    from hir.train.context import ContextSampler
-    from hir.train.datamodule import TrainBatches, catalogue
+    from hir.model import ContextSampler, catalogue
+    from hir.train.datamodule import TrainBatches
 
     d = m["data"]
-    ds = TrainBatches(store, ContextSampler(store, **m["context"]), d["batch_size"], d["pairs"], d["seeds_per_epoch"],
-                      seed=SEED, catalogue=catalogue(store),
+    ds = TrainBatches(store, base, ContextSampler(store, **m["context"]), d["batch_size"], d["pairs"],
+                      d["seeds_per_epoch"], seed=SEED, catalogue=catalogue(store, base),
                       pair_entities=float(m["objective"]["weights"].get("contrastive", 0.0)) > 0,
                       train_pairs=basis.heldout if len(basis.heldout) else None)
     t0 = time.perf_counter()
     batches = [ds[(0, i % len(ds))] for i in range(n)]
     return batches, time.perf_counter() - t0
-
-
-def _catalogue_matrix(store) -> Any:
-    """(M, K + 1) packed base embeddings of the catalogue, as `HirModule.catalogue_matrix`."""
-    import numpy as np
-    import torch
-
-    from hir.nn import HirNet
-    from hir.train.datamodule import catalogue
-
-    ids = catalogue(store)
-    s = torch.nn.functional.normalize(torch.from_numpy(store.base[ids]), dim=-1)
-    return HirNet.pack(s, torch.from_numpy(store.base_logit[ids]), torch.from_numpy(store.node_type[ids].astype(np.int64)))
 
 
 class HGTNet:
@@ -236,6 +222,7 @@ def _simple_loss(m: dict[str, Any], levels: tuple[int, ...]):
 def worker(mode: str, run_dir: Path, steps: int, warmup: int, threads: int, rank: int, basis_path: Path) -> dict[str, Any]:
     import torch
 
+    from hir.model import catalogue_vectors, views
     from hir.nn import HirNet
     from hir.train.module import HirModule
     from hir.train.stage import net_config
@@ -243,8 +230,8 @@ def worker(mode: str, run_dir: Path, steps: int, warmup: int, threads: int, rank
     torch.set_num_threads(threads)
     torch.manual_seed(SEED)
     m = _defaults()
-    store, basis, _ = _store(run_dir, m, rank, basis_path, reuse=True)
-    batches, t_sample = _batches(store, basis, m, steps + warmup)
+    store, basis, base, _ = _store(run_dir, m, rank, basis_path, reuse=True)
+    batches, t_sample = _batches(store, basis, base, m, steps + warmup)
     seeds_per_batch = int(batches[0]["seeds"].shape[0])
     out: dict[str, Any] = {"mode": mode, "seed_contexts_per_batch": seeds_per_batch,
                            "pairs_per_batch": int(batches[0]["n_pairs"]), "steps": steps}
@@ -254,7 +241,7 @@ def worker(mode: str, run_dir: Path, steps: int, warmup: int, threads: int, rank
         return out
     rss_before = _rss_mib()
     net_kw = net_config(m, store.spec, basis.rank)
-    cat = _catalogue_matrix(store)
+    cat = catalogue_vectors(store, base)
     out["catalogue"] = int(cat.shape[0])
     if mode.startswith("hir"):
         net = HirNet(**net_kw)
@@ -268,7 +255,7 @@ def worker(mode: str, run_dir: Path, steps: int, warmup: int, threads: int, rank
             if mode == "hir_full":
                 loss = sum(module.weights[k] * v for k, v in module.loss_parts(b).items())
             else:
-                eng, _ = HirModule.views(b)
+                eng, _ = views(b)
                 z = net(eng, use_ids=True)
                 loss = loss_fn(z, net.semantic(z), b, cat, net.tokenizer)
             opt.zero_grad()
@@ -331,7 +318,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="hir_train_bench_") as tmp:
         # one spectral fit, shared by every mode (the workers reload it)
         basis_path = Path(tmp) / "spectral.npz"
-        _, basis, spectral = _store(args.run_dir, _defaults(), args.rank, basis_path, reuse=False)
+        _, basis, _, spectral = _store(args.run_dir, _defaults(), args.rank, basis_path, reuse=False)
         spectral |= {"requested_rank": args.rank, "fixed_rank": True, "heldout_pairs": len(basis.heldout)}
         print(f"spectral base: rank {basis.rank} in {spectral['seconds']:.1f}s")
         for mode in MODES:

@@ -30,12 +30,14 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from hir.model import masked_recall
+
 log = logging.getLogger(__name__)
 
 
 def text_vectors(store: Any, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
     """(hi - lo, d) unit text vectors of the nodes ``lo:hi`` from the store's content rows (text
-    block first, has-text flag last; see :func:`hir.train.graph.load_content`) and has (hi - lo,)."""
+    block first, has-text flag last; see :mod:`hir.model.content`) and has (hi - lo,)."""
     text = store.content[lo:hi, :store.layout["text_dim"]].astype(np.float32)
     norms = np.linalg.norm(text, axis=1, keepdims=True)
     has = (store.content[lo:hi, -1] > 0) & (norms[:, 0] > 0)
@@ -86,15 +88,13 @@ def place_cold(z: np.ndarray, store: Any, valset: Any, cfg: dict[str, Any]) -> t
 
     Args:
         z: (n_nodes, K + 1) exported embeddings (global ids).
-        store: the export's :class:`hir.train.graph.GraphStore` (``warm``, ``type_range``).
-        valset: :func:`hir.train.valset.validation_set` of the store (masked new-to-user), or None.
+        store: the export's :class:`hir.model.GraphStore` (``warm``, ``type_range``).
+        valset: :func:`hir.model.validation_set` of the store (masked new-to-user), or None.
         cfg: ``method`` (content_knn | knowledge), ``k``, ``beta``, ``boosts``, ``tolerance``.
 
     Returns:
         the new embeddings and a report (rows placed per type, the chosen boost, the val table).
     """
-    from hir.train.spectral import masked_recall
-
     report: dict[str, Any] = {"method": cfg["method"], "k": int(cfg["k"]), "beta": float(cfg["beta"])}
     if cfg["method"] == "knowledge":
         return z, report

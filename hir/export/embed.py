@@ -22,13 +22,18 @@ import torch
 
 from hir.data.snapshot import Snapshot, load_snapshot
 from hir.errors import InputError
+from hir.model import (
+    SPECTRAL_FILE,
+    ContextSampler,
+    EmbedBatches,
+    SpectralBasis,
+    content_rows,
+    embed_batch,
+    load_graph,
+)
+from hir.model.context import topk_edges
 from hir.nn import HirNet
 from hir.nn.buckets import METADATA, SELF
-from hir.train.context import ContextSampler, topk_edges
-from hir.train.datamodule import EmbedBatches
-from hir.train.graph import content_rows, load_graph
-from hir.train.module import embed_batch
-from hir.train.spectral import SPECTRAL_FILE, SpectralBasis, attach_base
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +98,7 @@ class Embedder:
         if self.basis.rank != self.net.base_dim:
             raise InputError(f"{spectral} has rank {self.basis.rank} but {checkpoint} was trained on rank "
                              f"{self.net.base_dim}: the two files come from different runs")
-        attach_base(self.store, self.basis)
+        self.base = self.basis.base_for(self.store)
         self.sampler = ContextSampler(self.store, **data.get("context", {}))
         self.version = checkpoint_version(checkpoint)
         self._key_index: dict[str, dict[str, int]] = {}
@@ -110,7 +115,7 @@ class Embedder:
     def embed_nodes(self, nodes: np.ndarray, batch_size: int = 2048, seed: int = 0) -> np.ndarray:
         """Global node ids (n,) -> (n, dim) float32 unit embeddings: nodes with train engagement
         through the engagement view, the rest (cold start) through the knowledge view."""
-        ds = EmbedBatches(self.store, self.sampler, np.asarray(nodes, np.int64), batch_size, seed)
+        ds = EmbedBatches(self.store, self.base, self.sampler, np.asarray(nodes, np.int64), batch_size, seed)
         out = np.zeros((len(nodes), self.dim), np.float32)
         pos = 0
         for i in range(len(ds)):

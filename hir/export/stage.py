@@ -21,7 +21,7 @@ from omegaconf import DictConfig
 
 from hir.errors import InputError
 
-# see hir/train/stage.py: sleeping OpenMP threads (set before torch loads)
+# sleeping OpenMP threads, as in the train stage (set before torch loads)
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     from hir.export.embed import Embedder, checkpoint_version
     from hir.export.labels import label_prototypes, top_members
     from hir.export.supergraph import engagement_pairs, planted_recovery, supergraph_stats
-    from hir.train.valset import validation_set
+    from hir.model import validation_set
 
     emb_dir, hier_dir = Path(cfg.paths.embeddings_dir), Path(cfg.paths.hierarchy_dir)
     graph_dir = Path(cfg.paths.graph_dir)

@@ -18,7 +18,7 @@ class TokenEncoder(nn.Module):
 
     ``h = drop(W_b b_hat) + type_emb + role_emb(relation, hop) + stage_emb + W_c content +
     W_n numeric``, where ``b_hat`` is the token's unit *spectral base* vector (its collaborative
-    identity, :mod:`hir.train.spectral`; zero for a node without one). The base term is dropped
+    identity, :mod:`hir.model.spectral`; zero for a node without one). The base term is dropped
     per token with probability ``base_dropout`` during training and always absent in the
     knowledge view, so content and graph context must carry the representation too.
 

@@ -22,7 +22,7 @@ class HirNet(nn.Module):
     hierarchical tokenizer on top.
 
     A context (B, N) is embedded by :class:`TokenEncoder` (each token carries its unit spectral
-    base vector ``b_hat``, :mod:`hir.train.spectral`); the level-0 interest prototypes are
+    base vector ``b_hat``, :mod:`hir.model.spectral`); the level-0 interest prototypes are
     appended as M shared *primitive* tokens (the global, long-range view every context attends
     to); :class:`GraphTransformer` runs attention with score
 

@@ -13,10 +13,9 @@ import torch
 from torch import Tensor, nn
 
 from hir.errors import HirError
+from hir.model import catalogue_vectors, embed_batch, masked_recall, usage_stats, views
 from hir.nn import AlignLoss, BalanceLoss, CatalogueLoss, ContrastiveLoss, DistillLoss, HirNet
 from hir.nn.net import USER_TYPE
-from hir.train.metrics import usage_stats
-from hir.train.spectral import masked_recall
 
 log = logging.getLogger(__name__)
 
@@ -59,21 +58,6 @@ def momentum_schedule(total: int, base: float) -> np.ndarray:
     """(total + 1,) EMA momentum per step: cosine from ``base`` to 1."""
     t = np.arange(total + 1) / max(total, 1)
     return 1 - (1 - base) * (np.cos(np.pi * t) + 1) / 2
-
-
-@torch.no_grad()
-def embed_batch(net: HirNet, batch: dict[str, Any]) -> tuple[Tensor, Tensor]:
-    """An :class:`~hir.train.datamodule.EmbedBatches` batch -> (node ids (n,), embeddings (n, C)):
-    warm nodes through the engagement view first, then cold ones through the knowledge view."""
-    eng, kno = HirModule.views(batch)
-    out_nodes, out_z = [], []
-    for view, nodes, use_ids in ((eng, batch["eng_nodes"], True), (kno, batch["kno_nodes"], False)):
-        if len(nodes):
-            out_nodes.append(nodes)
-            out_z.append(net(view, use_ids=use_ids))
-    if not out_nodes:
-        return torch.zeros(0, dtype=torch.long), torch.zeros(0, net.dim)
-    return torch.cat(out_nodes), torch.cat(out_z)
 
 
 class HirModule(L.LightningModule):
@@ -165,15 +149,9 @@ class HirModule(L.LightningModule):
 
     @torch.no_grad()
     def catalogue_matrix(self) -> Tensor:
-        """(M, C) packed base embeddings of the datamodule's catalogue (the entities' engagement
-        view, which the transformer does not change: see :class:`hir.nn.HirNet`)."""
-        from hir.train.datamodule import catalogue
-
-        store = self.trainer.datamodule.store
-        ids = catalogue(store)
-        s = torch.nn.functional.normalize(torch.from_numpy(store.base[ids]), dim=-1)
-        z = HirNet.pack(s, torch.from_numpy(store.base_logit[ids]), torch.from_numpy(store.node_type[ids].astype(np.int64)))
-        return z.to(self.device)
+        """(M, C) packed base embeddings of the datamodule's catalogue (:func:`hir.model.catalogue_vectors`)."""
+        dm = self.trainer.datamodule
+        return catalogue_vectors(dm.store, dm.base).to(self.device)
 
     @torch.no_grad()
     def _init_prototypes(self) -> None:
@@ -203,16 +181,9 @@ class HirModule(L.LightningModule):
         torch.manual_seed(self.seed * 1_000_003 + self.global_step * 101 + self.global_rank)
 
     # -- training ----------------------------------------------------------------------------
-    @staticmethod
-    def views(batch: dict[str, Any]) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-        """The batch's (engagement, knowledge) views, each with the shared content rows (and the
-        engagement view with the spectral base rows)."""
-        base = {k: batch[k] for k in ("base", "base_logit", "seed_base") if k in batch}
-        return {**batch["eng"], "content": batch["content"], **base}, {**batch["kno"], "content": batch["content"]}
-
     def loss_parts(self, batch: dict[str, Any]) -> dict[str, Tensor]:
         """The named, unweighted loss parts of one batch (raises on a non-finite part)."""
-        eng, kno = self.views(batch)
+        eng, kno = views(batch)
         full = [self.net(eng, use_ids=True), self.net(kno, use_ids=False)]  # 2 x (B, C)
         with torch.no_grad():
             t_full = [self.teacher(eng, use_ids=True), self.teacher(kno, use_ids=False)]  # 2 x (B, C)
@@ -288,7 +259,7 @@ class HirModule(L.LightningModule):
     # -- validation --------------------------------------------------------------------------
     @torch.no_grad()
     def embed(self, batch: dict[str, Any], net: HirNet | None = None) -> tuple[Tensor, Tensor]:
-        """An embedding batch -> (nodes, (n, C)) with the teacher (default); see :func:`embed_batch`."""
+        """An embedding batch -> (nodes, (n, C)) with the teacher (default); see :func:`hir.model.embed_batch`."""
         return embed_batch(net or self.teacher, batch)
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:

@@ -19,8 +19,6 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from hir.errors import HirError
-
 # Idle OpenMP threads sleep instead of spinning. The model runs many small ops; with spinning
 # threads, two intra-op threads on a busy 2-core machine measured 10x slower per step (4.2 vs
 # 0.4 CPU-s). Only effective if torch is not imported yet (the OpenMP runtime reads it at load).
@@ -57,40 +55,6 @@ def net_config(cfg_model: DictConfig | dict, spec: dict[str, Any], base_dim: int
     m = cfg_model if isinstance(cfg_model, dict) else OmegaConf.to_container(cfg_model, resolve=True)
     sizes = {k: spec[k] for k in ("n_types", "n_stages", "content_dim", "n_recency")}
     return {**sizes, "base_dim": int(base_dim), **{k: m[k] for k in NET_KEYS}}
-
-
-def spectral_base(store: Any, cfg_spectral: dict[str, Any], valset: Any, seed: int, path: Path,
-                  reuse: bool) -> tuple[Any, dict[str, Any]]:
-    """Fit (or, resuming, reload) the spectral basis, choose its rank on the validation set when
-    ``rank: auto``, attach the base to ``store`` and save the basis to ``path``.
-
-    Returns the (truncated) basis and a report: the rank, the val recall@20 of each rank tried,
-    seconds.
-    """
-    from hir.train.spectral import SpectralBasis, attach_base, fit_spectral, select_rank
-
-    t0 = time.perf_counter()
-    report: dict[str, Any] = {}
-    if reuse and path.exists():
-        basis = SpectralBasis.load(path)
-        report["reused"] = str(path)
-    else:
-        rank = cfg_spectral["rank"]
-        ranks = sorted(int(r) for r in cfg_spectral["ranks"]) if rank == "auto" else [int(rank)]
-        basis = fit_spectral(store, max(ranks), float(cfg_spectral["stage_base"]), float(cfg_spectral["sigma_weight"]),
-                             int(cfg_spectral["n_iter"]), seed, float(cfg_spectral["holdout"]))
-        if len(ranks) > 1:
-            best, table = select_rank(store, basis, valset, ranks)
-            report["val_recall@20_by_rank"] = table
-            basis = basis.truncate(best)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        basis.save(path)
-    attach_base(store, basis)
-    report |= {"rank": basis.rank, "seconds": round(time.perf_counter() - t0, 2)}
-    log.info("spectral base: rank %d%s in %.1fs", basis.rank,
-             f" (val recall@20 by rank {report['val_recall@20_by_rank']})" if "val_recall@20_by_rank" in report else "",
-             report["seconds"])
-    return basis, report
 
 
 def _container(node: Any) -> Any:
@@ -135,12 +99,11 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
     from lightning.pytorch.loggers import CSVLogger
 
+    from hir.model import SPECTRAL_FILE, SpectralConfig
     from hir.nn import HirNet
     from hir.train.callbacks import InitialValidation, ProgressBar
     from hir.train.datamodule import HirDataModule
-    from hir.train.graph import load_graph
     from hir.train.module import HirModule
-    from hir.train.spectral import SPECTRAL_FILE
     from hir_kernels import attention_backend
 
     # the teacher is in eval mode on purpose (no dropout, full ids): not worth a warning per fit
@@ -152,28 +115,18 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             old.unlink()
     m = cfg.model
     t0 = time.perf_counter()
-    store = load_graph(cfg.paths.graph_dir, cfg.paths.content_dir, ("train",), **_container(m.graph))
+    dm = HirDataModule(cfg.paths.graph_dir, cfg.paths.content_dir, _container(m.graph), _container(m.context),
+                       SpectralConfig(**_container(m.spectral)), ckpt_dir / SPECTRAL_FILE, seed=cfg.seed,
+                       val_protocol=str(m.val_protocol), reuse_spectral=bool(ckpt_path),
+                       pair_entities=float(m.objective.weights.get("contrastive", 0.0)) > 0, **_container(m.data))
+    dm.setup("fit")
     t_load = time.perf_counter() - t0
     L.seed_everything(cfg.seed, workers=True, verbose=False)
-    dm_kw = _container(m.data)
-    dm = HirDataModule(store, _container(m.context), seed=cfg.seed, val_protocol=str(m.val_protocol),
-                       pair_entities=float(m.objective.weights.get("contrastive", 0.0)) > 0, **dm_kw)
-    if not len(dm.val):
-        raise HirError(
-            f"{cfg.paths.graph_dir}: the val split of dataset {cfg.data.name!r} has no deep-stage "
-            f"({store.deep_stage!r}) pairs {'new to their user ' if m.val_protocol == 'masked_new' else ''}"
-            "to validate on; give the val split more data (data.split.val_fraction, or data.split.val_start) "
-            "or use model.val_protocol=all"
-        )
-    basis, spectral = spectral_base(store, _container(m.spectral), dm.val, int(cfg.seed), ckpt_dir / SPECTRAL_FILE,
-                                    reuse=bool(ckpt_path))
-    if len(basis.heldout):
-        # the transformer learns on the pairs the base never saw (see fit_spectral)
-        dm.train_pairs = basis.heldout
+    store, basis, spectral = dm.store, dm.basis, dm.spectral_report
     net_kw = net_config(m, store.spec, basis.rank)
     net = HirNet(**net_kw)
     module = HirModule(net, net_kw, _container(m.objective), _container(m.optim), list(m.val_k), cfg.seed,
-                       data={"graph": _container(m.graph), "context": _container(m.context)})
+                       data=dm.recipe)
     n_params = sum(p.numel() for p in net.parameters())
     monitor = f"val/recall@{int(m.monitor_k)}"
     best_cb = ModelCheckpoint(dirpath=str(ckpt_dir), filename="best", monitor=monitor, mode="max", save_top_k=1,
@@ -221,7 +174,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             "monitor": monitor,
             "best": best,
             "stopped_by": stopped_by,
-            "seconds": {"load_graph": round(t_load, 2), "spectral": spectral["seconds"], "fit": round(t_fit, 2)},
+            "seconds": {"load_graph": round(t_load - spectral["seconds"], 2), "spectral": spectral["seconds"],
+                        "fit": round(t_fit, 2)},
             "contexts_per_s": round(module.contexts_seen / max(t_fit, 1e-9), 1),
             "best_checkpoint": best["checkpoint"],
             "last_checkpoint": str(ckpt_dir / "last.ckpt"),

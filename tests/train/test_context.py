@@ -10,9 +10,9 @@ import numpy as np
 import polars as pl
 import pytest
 
+from hir.model import ContextSampler, load_graph
+from hir.model.context import topk_edges
 from hir.nn.buckets import ENGAGEMENT, METADATA, SELF
-from hir.train.context import ContextSampler, topk_edges
-from hir.train.graph import load_graph
 from tests.train.fixtures import write_content
 
 T0 = datetime(2024, 1, 1, tzinfo=UTC)

@@ -8,11 +8,9 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from hir.train.context import ContextSampler
-from hir.train.datamodule import EpochBatchSampler, TrainBatches, catalogue
-from hir.train.graph import load_graph
-from hir.train.spectral import attach_base, fit_spectral
-from hir.train.valset import validation_set
+from hir.model import ContextSampler, catalogue, load_graph, validation_set
+from hir.model.spectral import fit_spectral
+from hir.train.datamodule import EpochBatchSampler, TrainBatches
 
 
 def _flat(batch) -> dict[str, torch.Tensor]:
@@ -31,7 +29,7 @@ def _same(a, b) -> None:
 
 def _dataset(run: Path, **kw) -> TrainBatches:
     store = load_graph(run / "graph", run / "content", ("train",))
-    return TrainBatches(store, ContextSampler(store, 4, 2, 2, 2, 2), batch_size=32, pairs=8, seeds_per_epoch=128,
+    return TrainBatches(store, None, ContextSampler(store, 4, 2, 2, 2, 2), batch_size=32, pairs=8, seeds_per_epoch=128,
                         seed=3, **kw)
 
 
@@ -96,9 +94,9 @@ def test_validation_candidates_keep_every_positive_and_mask_the_history(tiny_run
 
 def test_catalogue_targets_mask_the_users_other_entities_and_leave_out_the_positive(tiny_run: Path):
     store = load_graph(tiny_run / "graph", tiny_run / "content", ("train",))
-    attach_base(store, fit_spectral(store, 8))
-    cat = catalogue(store)
-    ds = TrainBatches(store, ContextSampler(store, 4, 2, 2, 2, 2), 32, 8, 128, seed=3, catalogue=cat)
+    base = fit_spectral(store, 8).base_for(store)
+    cat = catalogue(store, base)
+    ds = TrainBatches(store, base, ContextSampler(store, 4, 2, 2, 2, 2), 32, 8, 128, seed=3, catalogue=cat)
     b = ds[(0, 0)]
     p = int(b["n_pairs"])
     users, items = b["seeds"][:p].numpy(), b["seeds"][p:2 * p].numpy()
@@ -111,8 +109,8 @@ def test_catalogue_targets_mask_the_users_other_entities_and_leave_out_the_posit
         assert got == others and int(items[r]) not in got
     # the pair users' base omits their positive; everyone else's is the stored base
     seed_base = b["seed_base"].numpy()
-    np.testing.assert_allclose(seed_base[p:], store.base[b["seeds"][p:].numpy()])
-    assert not np.allclose(seed_base[:p], store.base[users])
+    np.testing.assert_allclose(seed_base[p:], base.vectors[b["seeds"][p:].numpy()])
+    assert not np.allclose(seed_base[:p], base.vectors[users])
 
 
 def test_without_pair_entities_the_batch_holds_the_pair_users_then_the_seeds(tiny_run: Path):

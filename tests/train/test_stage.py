@@ -34,9 +34,8 @@ def test_train_returns_and_writes_metrics(trained):
 
 
 def test_step_zero_is_the_spectral_base_and_export_takes_the_best_point(trained):
-    from hir.train.graph import load_graph
-    from hir.train.spectral import SpectralBasis, select_rank
-    from hir.train.valset import validation_set
+    from hir.model import SpectralBasis, load_graph, validation_set
+    from hir.model.spectral import select_rank
 
     out, _ = trained
     report = json.loads((out / "checkpoints" / "train_metrics.json").read_text())

@@ -25,14 +25,17 @@ noisy directions.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
 
-from hir.train.graph import GraphStore
-from hir.train.valset import ValSet
+from hir.model.metrics import masked_recall
+from hir.model.store import GraphStore
+from hir.model.valset import ValSet
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +47,56 @@ SPECTRAL_FILE = "spectral.npz"
 R_MAX = 0.95
 # floor of r: an entity whose base is (almost) zero still gets a finite logit
 R_MIN = 1e-4
+
+
+@dataclass
+class SpectralConfig:
+    """How `hir train` fits the base (conf/spectral).
+
+    rank: an int, or ``"auto"`` = the best of ``ranks`` on the val split (the base alone);
+    stage_base: a pair r stages short of the deepest weighs ``stage_base ** -r``; sigma_weight:
+    c of the users' filter ``1 + c s^2``; n_iter: randomised-SVD power iterations; holdout:
+    share of deep pairs left out of the fit (:func:`fit_spectral`).
+    """
+
+    rank: int | str
+    ranks: list[int]
+    stage_base: float
+    sigma_weight: float
+    n_iter: int
+    holdout: float
+
+    @property
+    def candidate_ranks(self) -> list[int]:
+        """The ranks tried: ``ranks`` with ``rank: auto``, else ``[rank]``."""
+        return sorted(int(r) for r in self.ranks) if self.rank == "auto" else [int(self.rank)]
+
+
+@dataclass
+class SpectralBase:
+    """The base of one store's visible engagement (:meth:`SpectralBasis.base_for`).
+
+    vectors: (n, K) float32 per node (zero rows: none, cold start); logit: (n,) float32 scale
+    logit of each node's base norm (:func:`scale_logits`); degree: (n,) float32 column degree
+    (entities); filter: (K,) float32 the users' spectral filter ``1 + c s^2``.
+    """
+
+    vectors: np.ndarray
+    logit: np.ndarray
+    degree: np.ndarray
+    filter: np.ndarray
+
+    @property
+    def rank(self) -> int:
+        return int(self.vectors.shape[1])
+
+    def leave_one_out(self, users: np.ndarray, entities: np.ndarray, weight: np.ndarray) -> np.ndarray:
+        """Users' base vectors without one engaged entity each: (P,) users, (P,) entities, (P,)
+        the pair's weight in ``R`` -> (P, K) ``b_u - w d_e^-1 b_e (1 + c s^2)`` (exact: removes the
+        entity's term of the user's fold-in). Training targets a held-out entity with the user's
+        base computed as if the pair were unseen, as at test time, where the positives are new."""
+        d = np.maximum(self.degree[entities], 1e-12)[:, None]
+        return self.vectors[users] - (weight[:, None] / d) * self.vectors[entities] * self.filter[None, :]
 
 
 def engagement_matrix(store: GraphStore, stage_base: float) -> sp.csr_matrix:
@@ -94,6 +147,11 @@ class SpectralBasis:
         np.savez(path, cols=self.cols, v=self.v, u=self.u, sigma=self.sigma, col_degree=self.col_degree,
                  scale_ref=self.scale_ref, sigma_weight=self.sigma_weight, stage_base=self.stage_base,
                  heldout=self.heldout)
+
+    def base_for(self, store: GraphStore) -> SpectralBase:
+        """The :class:`SpectralBase` of ``store``'s visible engagement (users folded in from it)."""
+        vectors, degree, filt = _base(store, self)
+        return SpectralBase(vectors, scale_logits(store, self, vectors), degree, filt)
 
     @classmethod
     def load(cls, path: str | Path) -> SpectralBasis:
@@ -219,45 +277,6 @@ def scale_logits(store: GraphStore, basis: SpectralBasis, base: np.ndarray) -> n
     return np.log(ratio / (1 - ratio)).astype(np.float32)
 
 
-def masked_recall(user_vecs: np.ndarray, cand_vecs: np.ndarray, positives: list[np.ndarray],
-                  masked: list[np.ndarray], k: int = 20, chunk: int = 1024) -> float:
-    """Mean recall@k of users over candidates by inner product, each user's ``masked`` candidate
-    rows removed from its ranking. user_vecs (U, d), cand_vecs (M, d); positives/masked: per
-    user, candidate row indices (users without positives are skipped)."""
-    import torch
-
-    cand = torch.from_numpy(np.ascontiguousarray(cand_vecs, np.float32))
-    total, n = 0.0, 0
-    for lo in range(0, len(user_vecs), chunk):
-        scores = torch.from_numpy(np.ascontiguousarray(user_vecs[lo:lo + chunk], np.float32)) @ cand.T
-        for i, m in enumerate(masked[lo:lo + chunk]):
-            if len(m):
-                scores[i, torch.from_numpy(np.asarray(m, np.int64))] = -torch.inf
-        top = scores.topk(min(k, cand.shape[0]), dim=1).indices.numpy()
-        for row, pos in zip(top, positives[lo:lo + chunk]):
-            if len(pos):
-                total += np.isin(row, pos).sum() / len(pos)
-                n += 1
-    return total / max(n, 1)
-
-
-def attach_base(store: GraphStore, basis: SpectralBasis) -> None:
-    """Set ``store.base`` (n, K), ``store.base_logit`` (n,), ``store.base_degree`` (n,) and
-    ``store.base_filter`` (K,) from ``basis`` for the store's visible engagement."""
-    base, degree, filt = _base(store, basis)
-    store.base, store.base_degree, store.base_filter = base, degree, filt
-    store.base_logit = scale_logits(store, basis, base)
-
-
-def leave_one_out(store: GraphStore, users: np.ndarray, entities: np.ndarray, weight: np.ndarray) -> np.ndarray:
-    """Users' base vectors without one engaged entity each: (P,) users, (P,) entities, (P,) the
-    pair's weight in ``R`` -> (P, K) ``b_u - w d_e^-1 b_e (1 + c s^2)`` (exact: removes the
-    entity's term of the user's fold-in). Training targets a held-out entity with the user's
-    base computed as if the pair were unseen, as at test time, where the positives are new."""
-    d = np.maximum(store.base_degree[entities], 1e-12)[:, None]
-    return store.base[users] - (weight[:, None] / d) * store.base[entities] * store.base_filter[None, :]
-
-
 def select_rank(store: GraphStore, basis: SpectralBasis, val: ValSet, ranks: list[int],
                 k: int = 20) -> tuple[int, dict[int, float]]:
     """The rank among ``ranks`` (prefixes of ``basis``) with the best validation recall@k of the
@@ -270,3 +289,33 @@ def select_rank(store: GraphStore, basis: SpectralBasis, val: ValSet, ranks: lis
         table[r] = round(float(masked_recall(users, b[val.cands], val.positives, val.masked, k)), 5)
     best = max(table, key=lambda r: (table[r], -r))
     return best, table
+
+
+def fit_base(store: GraphStore, val: ValSet | None, config: SpectralConfig, seed: int, path: Path,
+             reuse: bool) -> tuple[SpectralBasis, dict[str, Any]]:
+    """Fit the basis (or, with ``reuse``, reload it from ``path``), choose its rank on ``val``
+    when ``config.rank`` is ``auto``, and save it to ``path``.
+
+    Returns the (truncated) basis and a report: the rank, the val recall@20 of each rank tried,
+    seconds.
+    """
+    t0 = time.perf_counter()
+    report: dict[str, Any] = {}
+    if reuse and path.exists():
+        basis = SpectralBasis.load(path)
+        report["reused"] = str(path)
+    else:
+        ranks = config.candidate_ranks
+        basis = fit_spectral(store, max(ranks), float(config.stage_base), float(config.sigma_weight),
+                             int(config.n_iter), seed, float(config.holdout))
+        if len(ranks) > 1:
+            best, table = select_rank(store, basis, val, ranks)
+            report["val_recall@20_by_rank"] = table
+            basis = basis.truncate(best)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        basis.save(path)
+    report |= {"rank": basis.rank, "seconds": round(time.perf_counter() - t0, 2)}
+    log.info("spectral base: rank %d%s in %.1fs", basis.rank,
+             f" (val recall@20 by rank {report['val_recall@20_by_rank']})" if "val_recall@20_by_rank" in report else "",
+             report["seconds"])
+    return basis, report

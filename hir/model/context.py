@@ -3,7 +3,7 @@
 Engagement view of seed s, in this token order (segments padded with -1 to a fixed width):
 
     [s] + engagement neighbours (k_eng, weighted draw without replacement: stage weight x
-    recency decay x log count, see ``graph.py``) + metadata up (k_up: category, ancestors,
+    recency decay x log count, see :mod:`hir.model.engagement`) + metadata up (k_up: category, ancestors,
     advertiser) + metadata down (k_down: a category's products, an advertiser's campaigns)
     + second hop (k_hop2: one weighted draw from each of the top neighbours' engagement rows,
     e.g. other buyers of my products, other products of my buyers)
@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from hir.model.csr import CSR
+from hir.model.store import GraphStore
 from hir.nn.buckets import ENGAGEMENT, METADATA, SELF
-from hir.train.graph import CSR, GraphStore
 
 VIEW_KEYS = ("node", "type", "relation", "hop", "stage", "recency", "count", "age", "exposure")
 
@@ -112,6 +113,12 @@ class ContextSampler:
                  hop2: int = 8, know_down: int = 8) -> None:
         self.store = store
         self.k_eng, self.k_up, self.k_down, self.k_hop2, self.k_know_down = engagement, meta_up, meta_down, hop2, know_down
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        """The constructor's sizes (recorded in checkpoints, so export samples the same contexts)."""
+        return {"engagement": self.k_eng, "meta_up": self.k_up, "meta_down": self.k_down, "hop2": self.k_hop2,
+                "know_down": self.k_know_down}
 
     @property
     def eng_len(self) -> int:

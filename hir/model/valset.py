@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hir.errors import HirError
-from hir.train.graph import GraphStore
+from hir.model.store import GraphStore
 
 PROTOCOLS = ("masked_new", "all")
 
