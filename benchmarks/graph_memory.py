@@ -104,7 +104,7 @@ def ddp_rank(run: Path, seeds: int, timeout: float) -> dict[str, Any]:
     hir = str(Path(sys.executable).with_name("hir"))
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [hir, "train", "trainer=ddp", "trainer.devices=2", "trainer.accelerator=cpu", "trainer.max_epochs=1",
-               f"model.data.seeds_per_epoch={seeds}", f"paths.graph_dir={run / 'graph'}",
+               f"datamodule.seeds_per_epoch={seeds}", f"paths.graph_dir={run / 'graph'}",
                f"paths.content_dir={run / 'content'}", f"hydra.run.dir={tmp}", "force=true"]
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -11,6 +11,7 @@ entities from content alone (``hir refresh``).
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -45,13 +46,24 @@ def load_checkpoint(path: str | Path) -> tuple[HirNet, dict[str, Any]]:
     """
     path = Path(path)
     if not path.exists():
-        raise InputError(f"checkpoint {path} does not exist; run `hir train` first (or set model.export.checkpoint)")
+        raise InputError(f"checkpoint {path} does not exist; run `hir train` first (or set export.checkpoint)")
     ckpt = torch.load(path, map_location="cpu", weights_only=True)
     hp = ckpt["hyper_parameters"]
     net = HirNet(**hp["net_config"])
     state = {k.removeprefix("teacher."): v for k, v in ckpt["state_dict"].items() if k.startswith("teacher.")}
     net.load_state_dict(state)
     return net.eval(), hp
+
+
+def resolve_checkpoint(choice: str, ckpt_dir: Path) -> Path:
+    """``export.checkpoint``: ``best`` (the best validation point `hir train` recorded in
+    ``train_metrics.json``), ``last``, or a path."""
+    if choice == "best":
+        metrics = ckpt_dir / "train_metrics.json"
+        if not metrics.exists():
+            raise InputError(f"{metrics} does not exist; run `hir train` first (or set export.checkpoint=PATH)")
+        return Path(json.loads(metrics.read_text())["best_checkpoint"])
+    return ckpt_dir / "last.ckpt" if choice == "last" else Path(choice)
 
 
 def checkpoint_version(path: str | Path) -> str:

@@ -100,17 +100,17 @@ def _dedupe(nodes: np.ndarray) -> np.ndarray:
 class ContextSampler:
     """Builds engagement-view and knowledge-view contexts for batches of seeds.
 
-    Args:
+    Args (the sizes `hir train` uses are ``datamodule.context``, conf/datamodule/default.yaml):
         store: the loaded snapshot.
-        engagement: engagement neighbours per context (default 16).
-        meta_up: metadata ancestors per context (default 4).
-        meta_down: metadata members per context (default 4).
-        hop2: second-hop entities per context (default 8).
-        know_down: metadata members per knowledge-view context (default 8).
+        engagement: engagement neighbours per context.
+        meta_up: metadata ancestors per context.
+        meta_down: metadata members per context.
+        hop2: second-hop entities per context.
+        know_down: metadata members per knowledge-view context.
     """
 
-    def __init__(self, store: GraphStore, engagement: int = 16, meta_up: int = 4, meta_down: int = 4,
-                 hop2: int = 8, know_down: int = 8) -> None:
+    def __init__(self, store: GraphStore, engagement: int, meta_up: int, meta_down: int, hop2: int,
+                 know_down: int) -> None:
         self.store = store
         self.k_eng, self.k_up, self.k_down, self.k_hop2, self.k_know_down = engagement, meta_up, meta_down, hop2, know_down
 

@@ -162,8 +162,8 @@ class SpectralBasis:
                        f["heldout"] if "heldout" in f.files else np.zeros((0, 2), np.int64))
 
 
-def fit_spectral(store: GraphStore, rank: int, stage_base: float = 4.0, sigma_weight: float = 1.0,
-                 n_iter: int = 6, seed: int = 0, holdout: float = 0.0) -> SpectralBasis:
+def fit_spectral(store: GraphStore, rank: int, stage_base: float, sigma_weight: float, n_iter: int, seed: int,
+                 holdout: float = 0.0) -> SpectralBasis:
     """Randomised truncated SVD of the store's normalised engagement matrix.
 
     Args:

@@ -70,20 +70,24 @@ class GraphStore:
 def load_graph(
     snapshot: Snapshot | Path | str,
     content_dir: Path | str,
-    visible_splits: tuple[str, ...] = ("train",),
-    stage_base: float = 4.0,
-    half_life_days: float | None = None,
-    meta_depth: int = 3,
-    pair_power: float = 1.0,
+    visible_splits: tuple[str, ...] | list[str],
+    *,
+    stage_base: float,
+    half_life_days: float | None,
+    meta_depth: int,
+    pair_power: float,
 ) -> GraphStore:
     """Read a snapshot into a :class:`GraphStore`.
+
+    The sampling options `hir train` uses are ``datamodule.graph`` (conf/datamodule/default.yaml);
+    export takes them from the checkpoint.
 
     Args:
         snapshot: prepare's ``graph/`` (a :class:`~hir.data.snapshot.Snapshot` or its directory).
         content_dir: enrich's ``content/``.
         visible_splits: engagement splits the contexts may see (training: only ``train``).
         stage_base: sampling weight of funnel stage r is ``stage_base ** r`` (deeper = likelier).
-        half_life_days: recency decay of sampling weights; default the median visible edge age.
+        half_life_days: recency decay of sampling weights; None = the median visible edge age.
         meta_depth: hops of the forward metadata closure (category ancestors).
         pair_power: deep-funnel (user, entity) pairs, the training targets, are drawn with
             probability ~ (deep-stage events of the pair) ** pair_power: 1 = as often as they

@@ -28,12 +28,12 @@ class TokenEncoder(nn.Module):
         n_stages: funnel stages (stage 0 = none).
         content_dim: width of a node's content row (text vector, attribute blocks, has-text flag).
         base_dim: width K of the spectral base rows.
-        base_dropout: per-token base dropout while training (default 0.3).
-        use_content: add the content projection (default True; False = the ids-only ablation).
+        base_dropout: per-token base dropout while training.
+        use_content: add the content projection (False = the ids-only ablation).
     """
 
     def __init__(self, dim: int, n_types: int, n_stages: int, content_dim: int, base_dim: int,
-                 base_dropout: float = 0.3, use_content: bool = True) -> None:
+                 base_dropout: float, use_content: bool) -> None:
         super().__init__()
         self.dim, self.base_dim, self.base_dropout = dim, base_dim, base_dropout
         self.use_content = bool(use_content)

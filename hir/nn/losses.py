@@ -31,13 +31,13 @@ class DistillLoss(nn.Module):
 
     Args:
         levels: prototypes per level, coarse first.
-        student_temp: tau_s (default 0.1).
-        center_momentum: EMA momentum of the centre (default 0.9).
-        directions: (teacher view, student view) pairs taught (default both ways).
+        student_temp: tau_s.
+        center_momentum: EMA momentum of the centre.
+        directions: (teacher view, student view) pairs taught.
     """
 
-    def __init__(self, levels: tuple[int, ...], student_temp: float = 0.1, center_momentum: float = 0.9,
-                 directions: tuple[tuple[int, int], ...] = ((0, 1), (1, 0))) -> None:
+    def __init__(self, levels: tuple[int, ...], student_temp: float, center_momentum: float,
+                 directions: tuple[tuple[int, int], ...]) -> None:
         super().__init__()
         self.levels, self.student_temp, self.center_momentum = tuple(levels), student_temp, center_momentum
         self.directions = tuple(tuple(d) for d in directions)
@@ -76,12 +76,11 @@ class AlignLoss(nn.Module):
 
     Args:
         dim: embedding width.
+        directions: (teacher view, student view) pairs.
         hidden: predictor hidden width (default 2 * dim).
-        directions: (teacher view, student view) pairs (default both ways).
     """
 
-    def __init__(self, dim: int, hidden: int | None = None,
-                 directions: tuple[tuple[int, int], ...] = ((0, 1), (1, 0))) -> None:
+    def __init__(self, dim: int, directions: tuple[tuple[int, int], ...], hidden: int | None = None) -> None:
         super().__init__()
         hidden = hidden or 2 * dim
         self.directions = tuple(tuple(d) for d in directions)
@@ -146,11 +145,11 @@ class CatalogueLoss(nn.Module):
     learned scale (initialised at ``1 / temperature``, kept in [1, 100]).
 
     Args:
-        temperature: initial tau (default 0.05).
-        learn_temperature: learn ``s`` (default True).
+        temperature: initial tau.
+        learn_temperature: learn ``s``.
     """
 
-    def __init__(self, temperature: float = 0.05, learn_temperature: bool = True) -> None:
+    def __init__(self, temperature: float, learn_temperature: bool) -> None:
         super().__init__()
         self.log_scale = nn.Parameter(torch.tensor(-math.log(temperature)), requires_grad=learn_temperature)
 
@@ -172,10 +171,10 @@ class BalanceLoss(nn.Module):
 
     Args:
         levels: prototypes per level, coarse first.
-        temperature: temperature of the student distribution (default 0.1).
+        temperature: temperature of the student distribution.
     """
 
-    def __init__(self, levels: tuple[int, ...], temperature: float = 0.1) -> None:
+    def __init__(self, levels: tuple[int, ...], temperature: float) -> None:
         super().__init__()
         self.levels, self.temperature = tuple(levels), temperature
 

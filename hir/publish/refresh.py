@@ -304,8 +304,8 @@ def embed(cfg: DictConfig, source: dict[str, Path], snapshot: Snapshot, delta: D
     from hir.export.embed import Embedder
 
     emb_meta_path = Path(manifest.get("source", {}).get("embeddings_dir", "")) / "meta.json"
-    visible = tuple(json.loads(emb_meta_path.read_text()).get("visible_splits") or cfg.model.export.visible_splits) \
-        if emb_meta_path.exists() else tuple(cfg.model.export.visible_splits)
+    visible = tuple(json.loads(emb_meta_path.read_text()).get("visible_splits") or cfg.export.visible_splits) \
+        if emb_meta_path.exists() else tuple(cfg.export.visible_splits)
     embedder = Embedder(source["checkpoint"], snapshot, source["content_dir"], visible)
     if embedder.version != manifest["version"]:
         raise HirError(

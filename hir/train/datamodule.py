@@ -179,13 +179,12 @@ class HirDataModule(L.LightningDataModule):
     :meth:`setup` builds them once per process; `hir train` calls it before building the
     network, whose sizes come from the snapshot and the base's rank (:attr:`net_sizes`).
 
-    Args:
+    Args (conf/datamodule/default.yaml is the constructor call; `hir train` adds ``spectral_file``
+    and ``reuse_spectral``):
         graph_dir, content_dir: the snapshot (prepare's ``graph/``, enrich's ``content/``).
         graph: keyword arguments of :func:`hir.model.load_graph` (edge sampling weights).
         context: :class:`hir.model.ContextSampler` sizes.
         spectral: how the base is fitted (:class:`hir.model.SpectralConfig`).
-        spectral_file: where the fitted basis is saved (export reads it beside the checkpoints).
-        reuse_spectral: reload the basis from ``spectral_file`` (a resumed run) instead of fitting it.
         val_protocol: ``masked_new`` or ``all`` (see :mod:`hir.model.valset`).
         val_candidates: cap on recall@K candidates (None = all).
         batch_size: seeds per batch.
@@ -194,13 +193,15 @@ class HirDataModule(L.LightningDataModule):
         embed_batch_size: nodes per validation batch.
         num_workers, pin_memory, persistent_workers: DataLoader settings.
         seed: base of every random draw.
+        spectral_file: where the fitted basis is saved (export reads it beside the checkpoints).
+        reuse_spectral: reload the basis from ``spectral_file`` (a resumed run) instead of fitting it.
         pair_entities: put the pairs' entities into the batch (the in-batch contrastive part).
     """
 
     def __init__(self, graph_dir: str | Path, content_dir: str | Path, graph: dict[str, Any], context: dict[str, int],
-                 spectral: SpectralConfig, spectral_file: str | Path, val_protocol: str, val_candidates: int | None,
-                 batch_size: int, pairs: int, seeds_per_epoch: int | None, embed_batch_size: int, num_workers: int,
-                 pin_memory: bool, persistent_workers: bool, seed: int, reuse_spectral: bool = False,
+                 spectral: SpectralConfig, val_protocol: str, val_candidates: int | None, batch_size: int, pairs: int,
+                 seeds_per_epoch: int | None, embed_batch_size: int, num_workers: int, pin_memory: bool,
+                 persistent_workers: bool, seed: int, spectral_file: str | Path, reuse_spectral: bool = False,
                  pair_entities: bool = False) -> None:
         super().__init__()
         self.graph_dir, self.content_dir = Path(graph_dir), Path(content_dir)
@@ -228,7 +229,7 @@ class HirDataModule(L.LightningDataModule):
                 f"{self.graph_dir}: the val split of dataset {snap.dataset!r} has no deep-stage "
                 f"({self.store.deep_stage!r}) pairs {'new to their user ' if self.val_protocol == 'masked_new' else ''}"
                 "to validate on; give the val split more data (data.split.val_fraction, or data.split.val_start) "
-                "or use model.val_protocol=all"
+                "or use datamodule.val_protocol=all"
             )
         self.basis: SpectralBasis
         self.basis, self.spectral_report = fit_base(self.store, self.val, self.spectral, self.seed, self.spectral_file,

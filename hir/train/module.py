@@ -19,33 +19,20 @@ from hir.nn.net import USER_TYPE
 
 log = logging.getLogger(__name__)
 
-DEFAULT_OBJECTIVE: dict[str, Any] = {
-    # weight of each loss part in the total
-    "weights": {"distill": 1.0, "align": 1.0, "contrastive": 0.0, "catalogue": 1.0, "balance": 1.0, "scale": 1.0},
-    "student_temp": 0.1,
-    # teacher temperature: linear warm-up from `teacher_temp_start` over `teacher_temp_warmup` of training
-    "teacher_temp_start": 0.04,
-    "teacher_temp": 0.07,
-    "teacher_temp_warmup": 0.3,
-    "center_momentum": 0.9,
-    "contrastive_temp": 0.1,
-    # learn the contrastive softmax's scale 1/tau (from contrastive_temp)
-    "learn_temperature": True,
-    # which view teaches which (distill, align, balance): eng_to_know = the engagement-view
-    # teacher teaches the knowledge-view student (content learns the collaborative space, for cold
-    # start); both = also the reverse (the knowledge teacher pulls engagement embeddings)
-    "cross_view": "eng_to_know",
-    # strength of the logQ popularity correction of the contrastive loss (1 = full, 0 = off)
-    "logq": 1.0,
-    # EMA momentum of the teacher: cosine from `momentum` to 1 over training. Short CPU runs
-    # (a few hundred steps) need a short averaging window: 0.99 leaves the teacher at its init
-    "momentum": 0.9,
-    # online k-means decay of the prototypes (per step)
-    "prototype_decay": 0.9,
-    # nodes embedded for the k-means initialisation of the prototypes
-    "init_nodes": 4096,
-}
-DEFAULT_OPTIM: dict[str, Any] = {"lr": 2e-3, "weight_decay": 0.01, "warmup": 0.05, "min_lr_ratio": 0.1}
+# the loss parts a step computes; `objective.weights` names a weight for each
+LOSS_PARTS = ("distill", "align", "contrastive", "catalogue", "balance", "scale")
+# what `objective` and `optim` hold (conf/model/hir.yaml explains each)
+OBJECTIVE_KEYS = ("weights", "student_temp", "teacher_temp_start", "teacher_temp", "teacher_temp_warmup",
+                  "center_momentum", "contrastive_temp", "learn_temperature", "cross_view", "logq", "momentum",
+                  "prototype_decay", "init_nodes")
+OPTIM_KEYS = ("lr", "weight_decay", "warmup", "min_lr_ratio")
+
+
+def _check_keys(what: str, given: dict[str, Any], expected: tuple[str, ...]) -> None:
+    missing, unknown = sorted(set(expected) - set(given)), sorted(set(given) - set(expected))
+    if missing or unknown:
+        raise HirError(f"{what} has unknown keys {unknown} and lacks {missing}; expected exactly {list(expected)} "
+                       "(conf/model/hir.yaml)")
 
 
 def teacher_temp_schedule(total: int, start: float, end: float, warmup: float) -> np.ndarray:
@@ -63,27 +50,30 @@ def momentum_schedule(total: int, base: float) -> np.ndarray:
 class HirModule(L.LightningModule):
     """Cross-view self-distillation of :class:`HirNet` with an EMA teacher.
 
-    Args:
-        net: the student network (the teacher is an EMA copy of it).
-        net_config: the keyword arguments ``net`` was built from (plain values; stored in the
-            checkpoint so export rebuilds the network without Hydra).
-        objective: loss weights, temperatures, momenta (defaults :data:`DEFAULT_OBJECTIVE`).
+    Args (conf/model/hir.yaml is the constructor call):
+        net: the student network (the teacher is an EMA copy of it); its ``config`` is stored in
+            the checkpoint so export rebuilds the network without Hydra.
+        objective: loss weights (one per :data:`LOSS_PARTS`), temperatures, momenta (:data:`OBJECTIVE_KEYS`).
         optim: AdamW ``lr``, ``weight_decay``; warm-up share ``warmup``; cosine floor ``min_lr_ratio``.
-        val_k: cut-offs of the validation recall (default (10, 20, 50)).
+        val_k: cut-offs of the validation recall.
+        monitor_k: the cut-off early stopping and the best checkpoint follow (:attr:`monitor`).
         seed: base of the per-epoch torch seed (dropout), so a resumed run repeats an uninterrupted one.
-        data: how contexts were built (``graph`` and ``context`` options), kept for export.
+        data: how contexts were built (``graph`` options, ``context`` sizes), kept for export.
     """
 
-    def __init__(self, net: HirNet, net_config: dict[str, Any], objective: dict[str, Any] | None = None,
-                 optim: dict[str, Any] | None = None, val_k: tuple[int, ...] | list[int] = (10, 20, 50), seed: int = 42,
-                 data: dict[str, Any] | None = None) -> None:
+    def __init__(self, net: HirNet, objective: dict[str, Any], optim: dict[str, Any], val_k: list[int], monitor_k: int,
+                 seed: int, data: dict[str, Any] | None = None) -> None:
         super().__init__()
-        objective = DEFAULT_OBJECTIVE | dict(objective or {})
-        objective["weights"] = DEFAULT_OBJECTIVE["weights"] | dict(objective["weights"])
-        optim = DEFAULT_OPTIM | dict(optim or {})
+        objective, optim = dict(objective), dict(optim)
+        _check_keys("model.objective", objective, OBJECTIVE_KEYS)
+        _check_keys("model.objective.weights", objective["weights"], LOSS_PARTS)
+        _check_keys("model.optim", optim, OPTIM_KEYS)
+        if int(monitor_k) not in [int(k) for k in val_k]:
+            raise HirError(f"model.monitor_k={monitor_k} is not one of model.val_k={list(val_k)}")
         # plain dicts/lists only, so `torch.load(ckpt, weights_only=True)` can read the checkpoint
-        self.save_hyperparameters({"net_config": net_config, "objective": objective, "optim": optim,
-                                   "val_k": [int(k) for k in val_k], "seed": int(seed), "data": dict(data or {})})
+        self.save_hyperparameters({"net_config": net.config, "objective": objective, "optim": optim,
+                                   "val_k": [int(k) for k in val_k], "monitor_k": int(monitor_k), "seed": int(seed),
+                                   "data": dict(data or {})})
         self.net = net
         # prototypes are fitted by online k-means on the teacher's embeddings (see
         # HierarchicalTokenizer.ema_update), not by gradient
@@ -94,10 +84,10 @@ class HirModule(L.LightningModule):
         self.teacher = copy.deepcopy(net).requires_grad_(False)
         self.train(self.training)
         levels = net.tokenizer.levels
-        views = {"eng_to_know": ((0, 1),), "both": ((0, 1), (1, 0))}
-        if objective["cross_view"] not in views:
-            raise HirError(f"model.objective.cross_view={objective['cross_view']!r}; expected one of {sorted(views)}")
-        directions = views[objective["cross_view"]]
+        teaching = {"eng_to_know": ((0, 1),), "both": ((0, 1), (1, 0))}
+        if objective["cross_view"] not in teaching:
+            raise HirError(f"model.objective.cross_view={objective['cross_view']!r}; expected one of {sorted(teaching)}")
+        directions = teaching[objective["cross_view"]]
         self.students = sorted({y for _, y in directions})
         self.distill = DistillLoss(levels, objective["student_temp"], objective["center_momentum"], directions)
         self.align = AlignLoss(net.base_dim, directions=directions)
@@ -111,11 +101,9 @@ class HirModule(L.LightningModule):
         self._catalogue: Tensor | None = None
         self.balance = BalanceLoss(levels, objective["student_temp"])
         self.weights = objective["weights"]
-        unknown = sorted(set(self.weights) - set(DEFAULT_OBJECTIVE["weights"]))
-        if unknown:
-            raise HirError(f"model.objective.weights has unknown parts {unknown}; expected {sorted(DEFAULT_OBJECTIVE['weights'])}")
         self.objective, self.optim = objective, optim
         self.val_k = tuple(int(k) for k in val_k)
+        self.monitor = f"val/recall@{int(monitor_k)}"
         self.seed = int(seed)
         # per-step schedules, filled by on_fit_start (the final values until then)
         self.teacher_temp = np.array([objective["teacher_temp"]])

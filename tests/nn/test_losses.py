@@ -9,9 +9,12 @@ import torch.nn.functional as F
 
 from hir.nn.losses import AlignLoss, BalanceLoss, ContrastiveLoss, DistillLoss
 
+# (teacher view, student view): each view teaches the other
+BOTH_WAYS = ((0, 1), (1, 0))
+
 
 def test_distill_prefers_agreeing_views_and_centres_the_teacher():
-    loss = DistillLoss(levels=(2, 4), student_temp=0.1, center_momentum=0.5)
+    loss = DistillLoss(levels=(2, 4), student_temp=0.1, center_momentum=0.5, directions=BOTH_WAYS)
     teacher = [torch.tensor([[5.0, 0, 0, 0], [0, 0, 0, 5.0]])] * 2
     agree = loss([teacher[0], teacher[0]], teacher, teacher_temp=0.05)
     disagree = loss([teacher[0].flip(0), teacher[0].flip(0)], teacher, teacher_temp=0.05)
@@ -46,7 +49,7 @@ def test_balance_is_zero_when_uniform_and_high_when_collapsed():
 
 
 def test_align_range_and_a_zero_predictor():
-    align = AlignLoss(4)
+    align = AlignLoss(4, directions=BOTH_WAYS)
     z = F.normalize(torch.randn(5, 4), dim=-1)
     value = align([z, z], [z, z])
     assert 0 <= float(value.detach()) <= 4

@@ -11,6 +11,7 @@ from torch.utils.data import DataLoader
 from hir.model import ContextSampler, catalogue, load_graph, validation_set
 from hir.model.spectral import fit_spectral
 from hir.train.datamodule import EpochBatchSampler, TrainBatches
+from tests.train.fixtures import graph_options, spectral_fit
 
 
 def _flat(batch) -> dict[str, torch.Tensor]:
@@ -28,7 +29,7 @@ def _same(a, b) -> None:
 
 
 def _dataset(run: Path, **kw) -> TrainBatches:
-    store = load_graph(run / "graph", run / "content", ("train",))
+    store = load_graph(run / "graph", run / "content", ("train",), **graph_options())
     return TrainBatches(store, None, ContextSampler(store, 4, 2, 2, 2, 2), batch_size=32, pairs=8, seeds_per_epoch=128,
                         seed=3, **kw)
 
@@ -72,7 +73,7 @@ def test_pairs_lead_each_batch_with_their_other_side_hidden(tiny_run: Path):
 
 
 def test_validation_candidates_keep_every_positive_and_mask_the_history(tiny_run: Path):
-    store = load_graph(tiny_run / "graph", tiny_run / "content", ("train",))
+    store = load_graph(tiny_run / "graph", tiny_run / "content", ("train",), **graph_options())
     full = validation_set(store, max_candidates=20, seed=0, protocol="all")
     assert set(np.unique(store.val_pairs[:, 0])) == set(full.users.tolist())
     assert set(store.val_pairs[:, 1].tolist()) <= set(full.cands.tolist())
@@ -93,8 +94,8 @@ def test_validation_candidates_keep_every_positive_and_mask_the_history(tiny_run
 
 
 def test_catalogue_targets_mask_the_users_other_entities_and_leave_out_the_positive(tiny_run: Path):
-    store = load_graph(tiny_run / "graph", tiny_run / "content", ("train",))
-    base = fit_spectral(store, 8).base_for(store)
+    store = load_graph(tiny_run / "graph", tiny_run / "content", ("train",), **graph_options())
+    base = fit_spectral(store, 8, **spectral_fit()).base_for(store)
     cat = catalogue(store, base)
     ds = TrainBatches(store, base, ContextSampler(store, 4, 2, 2, 2, 2), 32, 8, 128, seed=3, catalogue=cat)
     b = ds[(0, 0)]

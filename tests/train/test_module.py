@@ -14,16 +14,20 @@ from hir.model.spectral import fit_spectral
 from hir.nn import HirNet
 from hir.train.datamodule import TrainBatches
 from hir.train.module import HirModule, momentum_schedule, teacher_temp_schedule
+from tests.nn.config import net_kwargs
+from tests.train.fixtures import defaults, graph_options, spectral_fit
 
 
 @pytest.fixture
 def setup(tiny_run: Path):
-    store = load_graph(tiny_run / "graph", tiny_run / "content", ("train",))
-    base = fit_spectral(store, 8).base_for(store)
+    store = load_graph(tiny_run / "graph", tiny_run / "content", ("train",), **graph_options())
+    base = fit_spectral(store, 8, **spectral_fit()).base_for(store)
     torch.manual_seed(0)
-    kw = {**{k: store.spec[k] for k in ("n_types", "n_stages", "content_dim", "n_recency")}, "base_dim": 8,
-          "width": 16, "depth": 1, "heads": 2, "hierarchy": {"levels": [2, 4]}}
-    module = HirModule(HirNet(**kw), kw)
+    sizes = {k: store.spec[k] for k in ("n_types", "n_stages", "content_dim", "n_recency")} | {"base_dim": 8}
+    hierarchy = net_kwargs()["hierarchy"] | {"levels": [2, 4]}
+    model = defaults("model")
+    module = HirModule(HirNet(**net_kwargs(**sizes, width=16, depth=1, heads=2, hierarchy=hierarchy)),
+                       model["objective"], model["optim"], model["val_k"], model["monitor_k"], seed=42)
     module._catalogue = catalogue_vectors(store, base)
     batch = TrainBatches(store, base, ContextSampler(store, 4, 2, 2, 2, 2), 32, 8, None, seed=0,
                          catalogue=catalogue(store, base))[(0, 0)]

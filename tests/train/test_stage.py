@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from hir.train.stage import run
-from tests.train.fixtures import TINY_DATA, TINY_MODEL, compose
+from tests.train.fixtures import TINY_DATA, TINY_MODEL, compose, graph_options
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +40,7 @@ def test_step_zero_is_the_spectral_base_and_export_takes_the_best_point(trained)
     out, _ = trained
     report = json.loads((out / "checkpoints" / "train_metrics.json").read_text())
     # the recorded step-0 recall is what the base alone scores, computed here independently
-    store = load_graph(out / "graph", out / "content", ("train",))
+    store = load_graph(out / "graph", out / "content", ("train",), **graph_options())
     basis = SpectralBasis.load(out / "checkpoints" / "spectral.npz")
     val = validation_set(store, None, 42, "masked_new")
     _, table = select_rank(store, basis, val, [basis.rank])
