@@ -42,7 +42,7 @@ from hir.model.csr import CSR
 proc = psutil.Process()
 rss0 = proc.memory_info().rss
 t0 = time.perf_counter()
-store = load_graph(sys.argv[1], sys.argv[2], ("train",))
+store = load_graph(sys.argv[1], sys.argv[2], ("train",), **json.loads(sys.argv[3]))
 secs = time.perf_counter() - t0
 rss1 = proc.memory_info().rss
 parts = {}
@@ -65,13 +65,17 @@ print(json.dumps({
 
 
 def graph_store(run: Path) -> dict[str, Any]:
-    out = subprocess.run([sys.executable, "-c", PROBE, str(run / "graph"), str(run / "content")], cwd=ROOT,
-                         capture_output=True, text=True, check=True)
+    from omegaconf import OmegaConf
+
+    # the sampling options `hir train` loads the graph with (datamodule.graph)
+    options = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "datamodule" / "default.yaml").graph)
+    out = subprocess.run([sys.executable, "-c", PROBE, str(run / "graph"), str(run / "content"), json.dumps(options)],
+                         cwd=ROOT, capture_output=True, text=True, check=True)
     m = json.loads(out.stdout.strip().splitlines()[-1])
     p = m["parts"]
     pairs = m["eng_entries"] // 2
     eng = sum(v for k, v in p.items() if k.startswith("eng.") and k != "eng.indptr")
-    node_keys = ["node_type", "content", "exposure", "warm", "deep_degree", "eng.indptr", "up.indptr", "down.indptr"]
+    node_keys = ["node_type", "content", "exposure", "warm", "eng.indptr", "up.indptr", "down.indptr"]
     per_node = {k: p[k] / m["n_nodes"] for k in node_keys}
     meta_edges = sum(v for k, v in p.items() if k.startswith(("up.", "down.")) and not k.endswith("indptr"))
     deep = p["deep_pairs"] + p["deep_weight"]

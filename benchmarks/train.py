@@ -82,8 +82,7 @@ def _batches(store, basis, base, c: dict[str, Any], n: int):
 
     d = c["datamodule"]
     ds = TrainBatches(store, base, ContextSampler(store, **d["context"]), d["batch_size"], d["pairs"],
-                      d["seeds_per_epoch"], seed=SEED, catalogue=catalogue(store, base), pair_entities=False,
-                      train_pairs=basis.heldout if len(basis.heldout) else None)
+                      d["seeds_per_epoch"], seed=SEED, catalogue=catalogue(store, base))
     t0 = time.perf_counter()
     batches = [ds[(0, i % len(ds))] for i in range(n)]
     return batches, time.perf_counter() - t0
@@ -212,7 +211,7 @@ def _simple_loss(o: dict[str, Any], levels: tuple[int, ...]):
     guard on every seed's direction. Returns ``loss(z, semantic, batch, catalogue, tokenizer)``."""
     from hir.nn import BalanceLoss, CatalogueLoss
 
-    cat_loss = CatalogueLoss(o["contrastive_temp"], learn_temperature=False)
+    cat_loss = CatalogueLoss(o["catalogue_temp"], learn_temperature=False)
     balance = BalanceLoss(levels, o["student_temp"])
 
     def loss(z, semantic, batch, cat, tokenizer):
@@ -327,7 +326,7 @@ def main() -> None:
         # one spectral fit, shared by every mode (the workers reload it)
         basis_path = Path(tmp) / "spectral.npz"
         _, basis, _, spectral = _store(args.run_dir, _defaults(), args.rank, basis_path, reuse=False)
-        spectral |= {"requested_rank": args.rank, "fixed_rank": True, "heldout_pairs": len(basis.heldout)}
+        spectral |= {"requested_rank": args.rank, "fixed_rank": True}
         print(f"spectral base: rank {basis.rank} in {spectral['seconds']:.1f}s")
         for mode in MODES:
             # one subprocess per model: its peak RSS is its own

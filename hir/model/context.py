@@ -170,7 +170,7 @@ class ContextSampler:
 
     def engagement(self, seeds: np.ndarray, rng: np.random.Generator, exclude: np.ndarray | None = None) -> dict[str, np.ndarray]:
         """Engagement-view contexts: seeds (R,) global ids; exclude (R,) a neighbour to hide per
-        seed (the held-out side of a contrastive pair), -1 for none -> arrays (R, eng_len)."""
+        seed (the held-out side of a training pair), -1 for none -> arrays (R, eng_len)."""
         st = self.store
         eng = self._segment(st.eng, topk_edges(st.eng, seeds, self.k_eng, rng, exclude), ENGAGEMENT)
         up = self._segment(st.up, topk_edges(st.up, seeds, self.k_up, rng), METADATA)

@@ -55,8 +55,7 @@ class SpectralConfig:
 
     rank: an int, or ``"auto"`` = the best of ``ranks`` on the val split (the base alone);
     stage_base: a pair r stages short of the deepest weighs ``stage_base ** -r``; sigma_weight:
-    c of the users' filter ``1 + c s^2``; n_iter: randomised-SVD power iterations; holdout:
-    share of deep pairs left out of the fit (:func:`fit_spectral`).
+    c of the users' filter ``1 + c s^2``; n_iter: randomised-SVD power iterations.
     """
 
     rank: int | str
@@ -64,7 +63,6 @@ class SpectralConfig:
     stage_base: float
     sigma_weight: float
     n_iter: int
-    holdout: float
 
     @property
     def candidate_ranks(self) -> list[int]:
@@ -120,8 +118,7 @@ class SpectralBasis:
     vectors; u: (n_users, K) left singular vectors; sigma: (K,) singular values (descending);
     col_degree: (E,) the columns' weighted degree at fit time; scale_ref: per type id, the
     largest base norm at fit time (the scale logits' reference); sigma_weight: c of the filter;
-    stage_base: the stage weighting of ``R``; heldout: (H, 2) the (user, entity) deep pairs left
-    out of the fit (the transformer's training targets, see :func:`fit_spectral`).
+    stage_base: the stage weighting of ``R``.
     """
 
     cols: np.ndarray
@@ -132,7 +129,6 @@ class SpectralBasis:
     scale_ref: np.ndarray
     sigma_weight: float
     stage_base: float
-    heldout: np.ndarray
 
     @property
     def rank(self) -> int:
@@ -141,12 +137,11 @@ class SpectralBasis:
     def truncate(self, k: int) -> SpectralBasis:
         """The first ``k`` components (the SVD is nested: a prefix is the rank-k solution)."""
         return SpectralBasis(self.cols, self.v[:, :k], self.u[:, :k], self.sigma[:k], self.col_degree,
-                             self.scale_ref, self.sigma_weight, self.stage_base, self.heldout)
+                             self.scale_ref, self.sigma_weight, self.stage_base)
 
     def save(self, path: str | Path) -> None:
         np.savez(path, cols=self.cols, v=self.v, u=self.u, sigma=self.sigma, col_degree=self.col_degree,
-                 scale_ref=self.scale_ref, sigma_weight=self.sigma_weight, stage_base=self.stage_base,
-                 heldout=self.heldout)
+                 scale_ref=self.scale_ref, sigma_weight=self.sigma_weight, stage_base=self.stage_base)
 
     def base_for(self, store: GraphStore) -> SpectralBase:
         """The :class:`SpectralBase` of ``store``'s visible engagement (users folded in from it)."""
@@ -155,15 +150,14 @@ class SpectralBasis:
 
     @classmethod
     def load(cls, path: str | Path) -> SpectralBasis:
+        # (bases written while a `holdout` option existed carry a `heldout` array; it is not read)
         with np.load(path) as f:
             return cls(f["cols"], f["v"], f["u"], f["sigma"], f["col_degree"], f["scale_ref"],
-                       float(f["sigma_weight"]), float(f["stage_base"]),
-                       # bases written before the holdout option have none
-                       f["heldout"] if "heldout" in f.files else np.zeros((0, 2), np.int64))
+                       float(f["sigma_weight"]), float(f["stage_base"]))
 
 
-def fit_spectral(store: GraphStore, rank: int, stage_base: float, sigma_weight: float, n_iter: int, seed: int,
-                 holdout: float = 0.0) -> SpectralBasis:
+def fit_spectral(store: GraphStore, rank: int, stage_base: float, sigma_weight: float, n_iter: int,
+                 seed: int) -> SpectralBasis:
     """Randomised truncated SVD of the store's normalised engagement matrix.
 
     Args:
@@ -172,24 +166,11 @@ def fit_spectral(store: GraphStore, rank: int, stage_base: float, sigma_weight: 
         stage_base: a pair whose deepest stage is r stages short of the deepest weighs stage_base^-r.
         sigma_weight: c in the user filter ``1 + c s^2``.
         n_iter: power iterations of the randomised SVD (accuracy of the trailing components).
-        seed: its random state (and the held-out pairs' draw).
-        holdout: share of the deep-stage pairs left out of the fit. The transformer trains on
-            them: a pair the entity vectors have seen is one they already fit (a rank-512 SVD
-            memorises much of its training pairs), so training on it teaches corrections that
-            do not carry over to unseen pairs. Users are still folded in from every visible pair.
+        seed: its random state.
     """
     from sklearn.utils.extmath import randomized_svd
 
     r = engagement_matrix(store, stage_base)
-    heldout = np.zeros((0, 2), np.int64)
-    if holdout > 0 and len(store.deep_pairs):
-        rng = np.random.default_rng([seed, 11])
-        pick = rng.random(len(store.deep_pairs)) < holdout
-        heldout = store.deep_pairs[pick].astype(np.int64)
-        lo = store.type_range("user")[0]
-        drop = sp.csr_matrix((np.ones(len(heldout)), (heldout[:, 0] - lo, heldout[:, 1])), shape=r.shape)
-        r = (r - r.multiply(drop)).tocsr()
-        r.eliminate_zeros()
     col_deg = np.asarray(r.sum(0)).ravel()
     cols = np.flatnonzero(col_deg > 0)
     if len(cols) == 0:
@@ -202,7 +183,7 @@ def fit_spectral(store: GraphStore, rank: int, stage_base: float, sigma_weight: 
     u, s, vt = randomized_svd(rn, k, n_iter=n_iter, random_state=seed)
     basis = SpectralBasis(cols.astype(np.int64), vt.T.astype(np.float32), u.astype(np.float32), s.astype(np.float32),
                           dc.astype(np.float32), np.ones(len(store.types), np.float32), float(sigma_weight),
-                          float(stage_base), heldout)
+                          float(stage_base))
     base = base_vectors(store, basis)
     norms = np.linalg.norm(base, axis=1)
     ref = np.ones(len(store.types), np.float32)
@@ -211,8 +192,8 @@ def fit_spectral(store: GraphStore, rank: int, stage_base: float, sigma_weight: 
         if sel.any():
             ref[t] = float(norms[sel].max())
     basis.scale_ref = ref
-    log.info("spectral base: rank %d of a %d x %d matrix (%d pairs; %d deep pairs held out for training), "
-             "singular values %.3f .. %.3f", k, r.shape[0], r.shape[1], r.nnz, len(heldout), float(s[0]), float(s[-1]))
+    log.info("spectral base: rank %d of a %d x %d matrix (%d pairs), singular values %.3f .. %.3f",
+             k, r.shape[0], r.shape[1], r.nnz, float(s[0]), float(s[-1]))
     return basis
 
 
@@ -307,7 +288,7 @@ def fit_base(store: GraphStore, val: ValSet | None, config: SpectralConfig, seed
     else:
         ranks = config.candidate_ranks
         basis = fit_spectral(store, max(ranks), float(config.stage_base), float(config.sigma_weight),
-                             int(config.n_iter), seed, float(config.holdout))
+                             int(config.n_iter), seed)
         if len(ranks) > 1:
             best, table = select_rank(store, basis, val, ranks)
             report["val_recall@20_by_rank"] = table

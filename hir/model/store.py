@@ -46,7 +46,6 @@ class GraphStore:
     down: CSR
     deep_pairs: np.ndarray  # (P, 2) int64 (user, entity) visible deep-stage edges, one row per pair
     deep_weight: np.ndarray  # (P,) float64 sampling weight of each pair (its deep-stage event count ** pair_power)
-    deep_degree: np.ndarray  # (n,) float32 sum of deep_weight per entity (its positive sampling weight)
     val_pairs: np.ndarray  # (V, 2) int64 (user, entity) deep-stage edges of the val split
     stage_order: tuple[str, ...]
     deep_stage: str
@@ -108,7 +107,6 @@ def load_graph(
     warm[e.trained] = True
     warm = spread_warm(warm, node_type, src, dst, meta_depth)
     content, layout = load_content(Path(content_dir), types, counts)
-    deep_degree = np.bincount(e.deep_pairs[:, 1], weights=e.deep_weight, minlength=n).astype(np.float32)
     stage_order = tuple(snap.stage_order)
     spec = {
         "n_types": len(types), "n_stages": len(stage_order), "content_dim": layout["dim"], "n_recency": N_RECENCY,
@@ -123,7 +121,7 @@ def load_graph(
     return GraphStore(
         types=types, offsets=offsets, node_type=node_type, content=content, exposure=exposure.astype(np.float32),
         warm=warm, eng=e.eng, up=up, down=members(n, src, dst, exposure), deep_pairs=e.deep_pairs,
-        deep_weight=e.deep_weight, deep_degree=deep_degree, val_pairs=e.val_pairs, stage_order=stage_order,
+        deep_weight=e.deep_weight, val_pairs=e.val_pairs, stage_order=stage_order,
         deep_stage=snap.deep_stage, spec=spec, layout=layout, split_bounds=snap.split_bounds,
         visible_end=visible_end(snap, tuple(visible_splits)),
     )

@@ -2,7 +2,7 @@
 
 - :class:`DistillLoss`   cross-view DINO over the prototype hierarchy (centering + sharpening)
 - :class:`AlignLoss`     BGRL-style cross-view regression of the teacher's embedding
-- :class:`ContrastiveLoss` in-batch softmax on deep-funnel user->entity edges with logQ correction
+- :class:`CatalogueLoss`  a held-out deep-funnel entity ranked among the whole catalogue
 - :class:`BalanceLoss`   mean-entropy collapse guard on prototype usage
 """
 
@@ -93,45 +93,6 @@ class AlignLoss(nn.Module):
             for x, y in self.directions
         ]
         return torch.stack(parts).mean()
-
-
-class ContrastiveLoss(nn.Module):
-    """Sampled softmax over deep-funnel (user, entity) pairs with logQ correction.
-
-    User i's positive is candidate i; every other candidate is a negative (the other pairs'
-    entities and any extra sampled negatives). ``logits[i, j] = u_i·e_j / tau - log q_j``: each
-    candidate's logit is reduced by the log of its sampling rate, so frequently sampled (popular)
-    entities are not over-penalised as negatives (Yi et al., 2019; with extra uniform negatives:
-    mixed negative sampling, Yang et al., 2020). A candidate that is the same entity as the
-    positive is masked (not a negative).
-
-    With ``learn_temperature`` the scale ``1 / tau`` is a parameter (initialised at the given
-    tau, kept in [1, 100]): the embeddings' entity scales ``a`` (:class:`hir.nn.HirNet`) spread
-    over orders of magnitude, and a fixed tau would fix how sharply the softmax can separate them.
-
-    Args:
-        temperature: tau (default 0.1).
-        learn_temperature: learn ``1 / tau`` (default False).
-    """
-
-    def __init__(self, temperature: float = 0.1, learn_temperature: bool = False) -> None:
-        super().__init__()
-        self.temperature = temperature
-        self.log_scale = nn.Parameter(torch.tensor(-math.log(temperature)), requires_grad=learn_temperature)
-
-    @property
-    def scale(self) -> Tensor:
-        return self.log_scale.clamp(0.0, math.log(100.0)).exp()
-
-    def forward(self, users: Tensor, items: Tensor, log_q: Tensor, item_ids: Tensor) -> Tensor:
-        """users: (P, C); items: (M, C), M >= P, the first P the positives; log_q: (M,) log sampling
-        rate of each candidate; item_ids: (M,) global ids (to mask duplicates) -> scalar."""
-        p = users.shape[0]
-        logits = (users @ items.T) * self.scale - log_q[None, :]  # (P, M)
-        same = item_ids[:p, None] == item_ids[None, :]  # (P, M)
-        same[torch.arange(p), torch.arange(p)] = False
-        logits = logits.masked_fill(same, float("-inf"))
-        return F.cross_entropy(logits, torch.arange(p, device=users.device))
 
 
 class CatalogueLoss(nn.Module):

@@ -41,37 +41,29 @@ log = logging.getLogger(__name__)
 class TrainBatches(Dataset):
     """Map-style dataset indexed by ``(epoch, batch_index)`` (see :class:`EpochBatchSampler`).
 
-    Each batch: ``pairs`` deep-funnel (user, entity) train edges (their users and entities are the
-    first 2P seeds, each with the other side hidden from its context; with ``pair_entities=False``
-    only the P users) followed by ``batch_size`` seeds of every entity type from the epoch's seed
-    order. ``cand_index`` (M,) lists the
-    contrastive candidates among the seeds (the P entities first, then extra uniform negatives)
-    and ``log_q`` (M,) their log sampling rates. With a ``catalogue`` (:func:`catalogue`):
+    Each batch: the users of ``pairs`` deep-funnel (user, entity) train edges (the first P seeds,
+    each with its pair's entity hidden from its context) followed by ``batch_size`` seeds of every
+    entity type from the epoch's seed order. With a ``catalogue`` (:func:`hir.model.catalogue`):
     ``cat_target`` (P,) the positives' catalogue rows and ``cat_mask_rows``/``cat_mask_cols`` the
     (pair, catalogue row) entries of each pair user's other deep-stage entities, which the
-    catalogue loss masks; ``seed_base`` gives the pair users' base without their positive.
+    catalogue loss masks; with a ``base``, ``seed_base`` gives the pair users' base without their
+    positive.
     """
 
     def __init__(self, store: GraphStore, base: SpectralBase | None, sampler: ContextSampler, batch_size: int,
                  pairs: int, seeds_per_epoch: int | None, seed: int, rank: int = 0, world: int = 1,
-                 catalogue: np.ndarray | None = None, pair_entities: bool = True,
-                 train_pairs: np.ndarray | None = None) -> None:
+                 catalogue: np.ndarray | None = None) -> None:
         self.store, self.base, self.sampler = store, base, sampler
-        self.pair_entities = pair_entities
         self.catalogue_row = None
         if catalogue is not None:
             self.catalogue_row = np.full(store.n_nodes, -1, np.int64)
             self.catalogue_row[catalogue] = np.arange(len(catalogue))
         self.batch_size, self.seed, self.rank, self.world = batch_size, seed, rank, world
-        # the (user, entity) pairs drawn: every deep pair, or the ones the spectral fit held out
-        self.pair_pool = store.deep_pairs if train_pairs is None else np.asarray(train_pairs, np.int64)
-        self.pairs = pairs if len(self.pair_pool) else 0
+        self.pairs = pairs if len(store.deep_pairs) else 0
         self.n_seeds = min(seeds_per_epoch or store.n_nodes, store.n_nodes)
-        self.target_types = np.unique(store.node_type[store.deep_pairs[:, 1]]) if len(store.deep_pairs) else np.zeros(0, np.int8)
         self._order: tuple[int, np.ndarray] | None = None
-        # pairs are drawn ~ their deep-stage weight (inverse CDF); a pair's rate is its weight / total
-        weight = store.deep_weight if train_pairs is None else _pair_weights(store, self.pair_pool)
-        self._cum = np.cumsum(weight)
+        # pairs are drawn ~ their deep-stage weight (inverse CDF)
+        self._cum = np.cumsum(store.deep_weight)
         self._total = float(self._cum[-1]) if len(self._cum) else 1.0
 
     def draw_pairs(self, rng: np.random.Generator, n: int) -> np.ndarray:
@@ -79,7 +71,7 @@ class TrainBatches(Dataset):
         if n == 0:
             return np.zeros((0, 2), np.int64)
         idx = np.searchsorted(self._cum, rng.random(n) * self._total, side="right")
-        return self.pair_pool[np.minimum(idx, len(self._cum) - 1)]
+        return self.store.deep_pairs[np.minimum(idx, len(self._cum) - 1)]
 
     def __len__(self) -> int:
         """Batches per rank and epoch."""
@@ -98,24 +90,10 @@ class TrainBatches(Dataset):
         rng = np.random.default_rng([self.seed, epoch, g])
         seeds = self.order(epoch)[g * self.batch_size:(g + 1) * self.batch_size]
         pairs = self.draw_pairs(rng, self.pairs)
-        # the pairs' entities are seeds only for the in-batch contrastive part (they are its
-        # candidates); the catalogue part needs the users alone
-        ents = pairs[:, 1] if self.pair_entities else np.zeros(0, np.int64)
-        users_of = pairs[:, 0] if self.pair_entities else np.zeros(0, np.int64)
-        all_seeds = np.concatenate([pairs[:, 0], ents, seeds]).astype(np.int64)
-        exclude = np.concatenate([pairs[:, 1], users_of, np.full(len(seeds), -1)]).astype(np.int64)
+        all_seeds = np.concatenate([pairs[:, 0], seeds]).astype(np.int64)
+        exclude = np.concatenate([pairs[:, 1], np.full(len(seeds), -1)]).astype(np.int64)
         views = {"eng": self.sampler.engagement(all_seeds, rng, exclude), "kno": self.sampler.knowledge(all_seeds, rng)}
-        # contrastive candidates: the pairs' entities (drawn ~ deep degree) and, as extra uniform
-        # negatives, the batch's other seeds of the entity types deep edges point to. logQ of a
-        # candidate = log of its expected count in a batch's candidate set under this mixed sampling
-        st = self.store
         p = len(pairs)
-        if p and self.pair_entities:
-            extra = np.flatnonzero(np.isin(st.node_type[seeds], self.target_types)) + 2 * p
-            cand = np.concatenate([np.arange(p, 2 * p), extra]).astype(np.int64)
-        else:
-            cand = np.zeros(0, np.int64)
-        expected = self.pairs * st.deep_degree[all_seeds[cand]] / self._total + self.batch_size / st.n_nodes
         extra = {}
         if self.base is not None:
             # the pairs' users see their base without the held-out entity (a deep pair: weight 1)
@@ -125,8 +103,7 @@ class TrainBatches(Dataset):
             extra["seed_base"] = seed_base
         if self.catalogue_row is not None and p:
             extra |= self._catalogue_targets(pairs)
-        return to_tensors(st, self.base, views, seeds=all_seeds, cand_index=cand,
-                          log_q=np.log(expected).astype(np.float32), n_pairs=np.asarray(len(pairs)), **extra)
+        return to_tensors(self.store, self.base, views, seeds=all_seeds, n_pairs=np.asarray(p), **extra)
 
     def _catalogue_targets(self, pairs: np.ndarray) -> dict[str, np.ndarray]:
         eng, deepest = self.store.eng, len(self.store.stage_order)
@@ -138,15 +115,6 @@ class TrainBatches(Dataset):
         cols = self.catalogue_row[eng.dst[e[keep]]]
         ok = cols >= 0
         return {"cat_target": self.catalogue_row[pairs[:, 1]], "cat_mask_rows": row_of[keep][ok], "cat_mask_cols": cols[ok]}
-
-
-def _pair_weights(store: GraphStore, pairs: np.ndarray) -> np.ndarray:
-    """The deep-stage sampling weights of a subset of ``store.deep_pairs`` (given as rows)."""
-    n = store.n_nodes
-    keys = store.deep_pairs[:, 0] * n + store.deep_pairs[:, 1]
-    order = np.argsort(keys)
-    pos = order[np.searchsorted(keys[order], pairs[:, 0] * n + pairs[:, 1])]
-    return store.deep_weight[pos]
 
 
 class EpochBatchSampler(Sampler):
@@ -195,14 +163,12 @@ class HirDataModule(L.LightningDataModule):
         seed: base of every random draw.
         spectral_file: where the fitted basis is saved (export reads it beside the checkpoints).
         reuse_spectral: reload the basis from ``spectral_file`` (a resumed run) instead of fitting it.
-        pair_entities: put the pairs' entities into the batch (the in-batch contrastive part).
     """
 
     def __init__(self, graph_dir: str | Path, content_dir: str | Path, graph: dict[str, Any], context: dict[str, int],
                  spectral: SpectralConfig, val_protocol: str, val_candidates: int | None, batch_size: int, pairs: int,
                  seeds_per_epoch: int | None, embed_batch_size: int, num_workers: int, pin_memory: bool,
-                 persistent_workers: bool, seed: int, spectral_file: str | Path, reuse_spectral: bool = False,
-                 pair_entities: bool = False) -> None:
+                 persistent_workers: bool, seed: int, spectral_file: str | Path, reuse_spectral: bool = False) -> None:
         super().__init__()
         self.graph_dir, self.content_dir = Path(graph_dir), Path(content_dir)
         self.graph, self.context, self.spectral = dict(graph), dict(context), spectral
@@ -213,7 +179,6 @@ class HirDataModule(L.LightningDataModule):
         self.num_workers, self.pin_memory = num_workers, pin_memory
         self.persistent_workers = persistent_workers and num_workers > 0
         self.seed = seed
-        self.pair_entities = pair_entities
         self.store: GraphStore | None = None
 
     def setup(self, stage: str | None = None) -> None:
@@ -236,8 +201,6 @@ class HirDataModule(L.LightningDataModule):
                                                     self.reuse_spectral)
         self.base: SpectralBase = self.basis.base_for(self.store)
         self.sampler = ContextSampler(self.store, **self.context)
-        # the pairs training draws (None = every deep pair; the spectral fit's held-out ones)
-        self.train_pairs = self.basis.heldout if len(self.basis.heldout) else None
 
     @property
     def net_sizes(self) -> dict[str, int]:
@@ -264,7 +227,7 @@ class HirDataModule(L.LightningDataModule):
         rank = self.trainer.global_rank if self.trainer else 0
         world = self.trainer.world_size if self.trainer else 1
         ds = TrainBatches(self.store, self.base, self.sampler, self.batch_size, self.pairs, self.seeds_per_epoch,
-                          self.seed, rank, world, self.catalogue, self.pair_entities, self.train_pairs)
+                          self.seed, rank, world, self.catalogue)
         log.info("train: %d batches per epoch per rank (rank %d of %d), %d seeds + %d pairs per batch",
                  len(ds), rank, world, self.batch_size, ds.pairs)
         n = len(ds)

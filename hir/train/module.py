@@ -14,16 +14,16 @@ from torch import Tensor, nn
 
 from hir.errors import HirError
 from hir.model import catalogue_vectors, embed_batch, masked_recall, usage_stats, views
-from hir.nn import AlignLoss, BalanceLoss, CatalogueLoss, ContrastiveLoss, DistillLoss, HirNet
+from hir.nn import AlignLoss, BalanceLoss, CatalogueLoss, DistillLoss, HirNet
 from hir.nn.net import USER_TYPE
 
 log = logging.getLogger(__name__)
 
 # the loss parts a step computes; `objective.weights` names a weight for each
-LOSS_PARTS = ("distill", "align", "contrastive", "catalogue", "balance", "scale")
+LOSS_PARTS = ("distill", "align", "catalogue", "balance", "scale")
 # what `objective` and `optim` hold (conf/model/hir.yaml explains each)
 OBJECTIVE_KEYS = ("weights", "student_temp", "teacher_temp_start", "teacher_temp", "teacher_temp_warmup",
-                  "center_momentum", "contrastive_temp", "learn_temperature", "cross_view", "logq", "momentum",
+                  "center_momentum", "catalogue_temp", "learn_temperature", "cross_view", "momentum",
                   "prototype_decay", "init_nodes")
 OPTIM_KEYS = ("lr", "weight_decay", "warmup", "min_lr_ratio")
 
@@ -91,12 +91,10 @@ class HirModule(L.LightningModule):
         self.students = sorted({y for _, y in directions})
         self.distill = DistillLoss(levels, objective["student_temp"], objective["center_momentum"], directions)
         self.align = AlignLoss(net.base_dim, directions=directions)
-        self.contrastive = ContrastiveLoss(objective["contrastive_temp"], bool(objective["learn_temperature"]))
-        self.catalogue_loss = CatalogueLoss(objective["contrastive_temp"], bool(objective["learn_temperature"]))
+        self.catalogue_loss = CatalogueLoss(objective["catalogue_temp"], bool(objective["learn_temperature"]))
         # a part that is off must not leave trainable parameters DDP would wait for
-        for name, loss in (("contrastive", self.contrastive), ("catalogue", self.catalogue_loss)):
-            if not self.weights_of(objective)[name]:
-                loss.requires_grad_(False)
+        if not float(objective["weights"]["catalogue"]):
+            self.catalogue_loss.requires_grad_(False)
         # (M, C) packed base embeddings of the catalogue (fixed; built at fit start, not saved)
         self._catalogue: Tensor | None = None
         self.balance = BalanceLoss(levels, objective["student_temp"])
@@ -115,10 +113,6 @@ class HirModule(L.LightningModule):
         self.history: list[dict[str, float]] = []
         # seed contexts trained on by this process since it started (throughput)
         self.contexts_seen = 0
-
-    @staticmethod
-    def weights_of(objective: dict[str, Any]) -> dict[str, float]:
-        return {k: float(v) for k, v in objective["weights"].items()}
 
     def train(self, mode: bool = True) -> HirModule:
         super().train(mode)
@@ -176,7 +170,7 @@ class HirModule(L.LightningModule):
         with torch.no_grad():
             t_full = [self.teacher(eng, use_ids=True), self.teacher(kno, use_ids=False)]  # 2 x (B, C)
         # the hierarchy and the cross-view objectives work on the direction; the scale
-        # coordinate (if any) is trained by the contrastive part and matched across views below
+        # coordinate is matched across views below
         student = [self.net.semantic(z) for z in full]  # 2 x (B, C')
         teacher = [self.teacher.semantic(z) for z in t_full]  # 2 x (B, C')
         t_scores = [self.teacher.tokenizer.scores(t) for t in teacher]  # 2 x (B, K)
@@ -205,12 +199,6 @@ class HirModule(L.LightningModule):
         if p and "cat_target" in batch and self._catalogue is not None and len(self._catalogue):
             parts["catalogue"] = self.catalogue_loss(full[0][:p], self._catalogue, batch["cat_target"],
                                                      batch["cat_mask_rows"], batch["cat_mask_cols"])
-        if p and self.weights["contrastive"] > 0 and len(batch["cand_index"]):
-            # pairs are the batch's first 2P seeds (P users, then their entities); candidates are
-            # those entities plus the batch's other seeds of the target types (mixed negatives)
-            cand = batch["cand_index"]
-            log_q = batch["log_q"] * float(self.objective["logq"])
-            parts["contrastive"] = self.contrastive(full[0][:p], full[0][cand], log_q, batch["seeds"][cand])
         for name, value in parts.items():
             if not torch.isfinite(value):
                 raise HirError(

@@ -37,8 +37,8 @@ def setup(tiny_run: Path):
 def test_parts_are_named_and_the_teacher_gets_no_gradient(setup):
     module, batch = setup
     parts = module.loss_parts(batch)
-    # "scale": the knowledge view's entity scale regresses the engagement teacher's; the in-batch
-    # contrastive part is off by default (weight 0), the catalogue part trains the users
+    # "scale": the knowledge view's entity scale regresses the engagement teacher's; the
+    # catalogue part trains the users
     assert set(parts) == {"distill", "align", "balance", "catalogue", "scale"}
     sum(parts.values()).backward()
     # the user correction gets a gradient from the catalogue part
