@@ -69,53 +69,70 @@ def export_meta(embedder: Any, ckpt: Path, ex: ExportConfig, z: Any, codes: list
     return meta | ({"planted_hierarchy": planted} if planted else {})
 
 
-def run(cfg: DictConfig) -> dict[str, Any]:
-    """Export embeddings + tokens for every snapshot entity; returns counts, version, stats."""
+def reusable(meta_path: Path, ckpt: Path, force: bool) -> dict[str, Any] | None:
+    """The existing export's meta.json when it is of checkpoint ``ckpt`` (and not ``force``), else None."""
+    from hir.export.embed import checkpoint_version
+
+    if meta_path.exists() and not force and ckpt.exists():
+        meta = json.loads(meta_path.read_text())
+        if meta.get("model_version") == checkpoint_version(ckpt):
+            return meta
+    return None
+
+
+def embed_snapshot(embedder: Any, ex: ExportConfig, seed: int) -> tuple[Any, dict[str, Any]]:
+    """Every snapshot node's embedding (n_nodes, dim), cold entities with text placed by their
+    content neighbours (:mod:`hir.export.cold`; the boost chosen on the val split), and the
+    placement's report."""
     import numpy as np
-    from hydra.utils import instantiate
 
     from hir.export.cold import place_cold
-    from hir.export.embed import Embedder, checkpoint_version, resolve_checkpoint
+    from hir.model import validation_set
+
+    st = embedder.store
+    z = embedder.embed_snapshot(ex.batch_size, seed)
+    if not np.isfinite(z).all():
+        raise RuntimeError(f"non-finite embeddings from {embedder.checkpoint}: the checkpoint is corrupt or "
+                           "training diverged")
+    valset = validation_set(st, None, seed, "masked_new") if len(st.val_pairs) else None
+    return place_cold(z, st, valset, ex.cold)
+
+
+def run(cfg: DictConfig) -> dict[str, Any]:
+    """Export embeddings + tokens for every snapshot entity; returns counts, version, stats."""
+    from hydra.utils import instantiate
+
+    from hir.export.embed import Embedder, resolve_checkpoint
     from hir.export.supergraph import hierarchy_diagnostics
     from hir.export.tables import keys_and_texts, write_embeddings, write_prototypes
-    from hir.model import validation_set
 
     ex: ExportConfig = instantiate(cfg.export)
     emb_dir, hier_dir = Path(cfg.paths.embeddings_dir), Path(cfg.paths.hierarchy_dir)
     ckpt = resolve_checkpoint(ex.checkpoint, Path(cfg.paths.checkpoint_dir))
-    meta_path = emb_dir / META_FILE
-    if meta_path.exists() and not cfg.force and ckpt.exists():
-        meta = json.loads(meta_path.read_text())
-        if meta.get("model_version") == checkpoint_version(ckpt):
-            log.info("embeddings of model %s exist at %s; reusing them (force=true re-exports)", meta["model_version"], emb_dir)
-            return meta
+    if (meta := reusable(emb_dir / META_FILE, ckpt, bool(cfg.force))) is not None:
+        log.info("embeddings of model %s exist at %s; reusing them (force=true re-exports)", meta["model_version"], emb_dir)
+        return meta
     t0 = time.perf_counter()
     embedder = Embedder(ckpt, cfg.paths.graph_dir, cfg.paths.content_dir, tuple(ex.visible_splits))
-    st = embedder.store
-    z = embedder.embed_snapshot(ex.batch_size, int(cfg.seed))
-    if not np.isfinite(z).all():
-        raise RuntimeError(f"non-finite embeddings from {ckpt}: the checkpoint is corrupt or training diverged")
-    # cold entities with text: placed by their content neighbours (hir.export.cold)
-    valset = validation_set(st, None, int(cfg.seed), "masked_new") if len(st.val_pairs) else None
-    z, cold_report = place_cold(z, st, valset, ex.cold)
+    z, cold_report = embed_snapshot(embedder, ex, int(cfg.seed))
     t_embed = time.perf_counter() - t0
     codes, weights = embedder.tokens(z)
-    top1 = [c[:, 0].astype(np.int64) for c in codes]
-    created, event_ts = datetime.now(UTC), datetime.fromisoformat(st.visible_end)
+    top1 = [c[:, 0].astype("int64") for c in codes]
+    created, event_ts = datetime.now(UTC), datetime.fromisoformat(embedder.store.visible_end)
     emb_dir.mkdir(parents=True, exist_ok=True)
     hier_dir.mkdir(parents=True, exist_ok=True)
-    keys, texts = keys_and_texts(embedder.snapshot, st)
+    keys, texts = keys_and_texts(embedder.snapshot, embedder.store)
     write_embeddings(emb_dir, embedder, keys, z, codes, weights, event_ts, created)
     write_prototypes(hier_dir / "prototypes.parquet", embedder, z, top1, texts, ex.label_members)
-    sg, planted = hierarchy_diagnostics(embedder.snapshot, st.offsets, st.node_type, keys, top1, embedder.levels)
+    sg, planted = hierarchy_diagnostics(embedder.snapshot, embedder.store.offsets, embedder.store.node_type, keys,
+                                        top1, embedder.levels)
     (hier_dir / "supergraph.json").write_text(json.dumps(sg, indent=2))
     meta = export_meta(embedder, ckpt, ex, z, codes, keys, event_ts, created, sg, planted, cold_report,
                        {"embed": round(t_embed, 2), "total": round(time.perf_counter() - t0, 2)})
-    meta_path.write_text(json.dumps(meta, indent=2))
+    (emb_dir / META_FILE).write_text(json.dumps(meta, indent=2))
     log.info("exported %s (cold start %s) as model %s in %.1fs; super-graph density gain %s%s",
              meta["counts"], meta["cold_start"], embedder.version, meta["seconds"]["total"],
              {k: round(v or 0, 1) for k, v in meta["supergraph_gain"].items()},
              f"; planted-hierarchy NMI {planted.get('product', planted.get('all'))}" if planted else "")
     print(f"embeddings: {emb_dir}\nhierarchy: {hier_dir}")
     return meta
-
