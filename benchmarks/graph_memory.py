@@ -2,14 +2,14 @@
 
     python benchmarks/graph_memory.py --run outputs/gowalla/smoke     # a run with graph/ + content/
 
-1. GraphStore (hir/train/graph.py, read, not changed): ``load_graph`` in a subprocess; the
+1. GraphStore (hir/model/store.py, read, not changed): ``load_graph`` in a subprocess; the
    ``nbytes`` of every array it keeps, grouped into per-engagement-pair arrays (the CSR holds
    each visible pair twice, user->entity and entity->user), per-deep-pair arrays, metadata
    edges and per-node arrays; the process RSS before and after the load and its peak (the
    build's transient copies).
 2. A DDP rank: ``hir train trainer=ddp trainer.devices=2`` for one short epoch on the same
    snapshot, each rank's peak RSS polled every 0.2 s. Every rank builds its own full
-   GraphStore (datamodule.py shards the seeds, not the graph), so a rank's memory is the store
+   GraphStore (hir/train/datamodule.py shards the seeds, not the graph), so a rank's memory is the store
    plus the model, optimizer and torch runtime.
 
 Results: benchmarks/results/graph_memory.json. Extrapolations are left to the README, labelled.
@@ -37,11 +37,12 @@ PROBE = r"""
 import json, resource, sys, time
 import numpy as np, psutil
 from dataclasses import fields
-from hir.train.graph import CSR, GraphStore, load_graph
+from hir.model import GraphStore, load_graph
+from hir.model.csr import CSR
 proc = psutil.Process()
 rss0 = proc.memory_info().rss
 t0 = time.perf_counter()
-store = load_graph(sys.argv[1], sys.argv[2], ("train",))
+store = load_graph(sys.argv[1], sys.argv[2], ("train",), **json.loads(sys.argv[3]))
 secs = time.perf_counter() - t0
 rss1 = proc.memory_info().rss
 parts = {}
@@ -64,13 +65,17 @@ print(json.dumps({
 
 
 def graph_store(run: Path) -> dict[str, Any]:
-    out = subprocess.run([sys.executable, "-c", PROBE, str(run / "graph"), str(run / "content")], cwd=ROOT,
-                         capture_output=True, text=True, check=True)
+    from omegaconf import OmegaConf
+
+    # the sampling options `hir train` loads the graph with (datamodule.graph)
+    options = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "datamodule" / "default.yaml").graph)
+    out = subprocess.run([sys.executable, "-c", PROBE, str(run / "graph"), str(run / "content"), json.dumps(options)],
+                         cwd=ROOT, capture_output=True, text=True, check=True)
     m = json.loads(out.stdout.strip().splitlines()[-1])
     p = m["parts"]
     pairs = m["eng_entries"] // 2
     eng = sum(v for k, v in p.items() if k.startswith("eng.") and k != "eng.indptr")
-    node_keys = ["node_type", "content", "exposure", "warm", "deep_degree", "eng.indptr", "up.indptr", "down.indptr"]
+    node_keys = ["node_type", "content", "exposure", "warm", "eng.indptr", "up.indptr", "down.indptr"]
     per_node = {k: p[k] / m["n_nodes"] for k in node_keys}
     meta_edges = sum(v for k, v in p.items() if k.startswith(("up.", "down.")) and not k.endswith("indptr"))
     deep = p["deep_pairs"] + p["deep_weight"]
@@ -103,7 +108,7 @@ def ddp_rank(run: Path, seeds: int, timeout: float) -> dict[str, Any]:
     hir = str(Path(sys.executable).with_name("hir"))
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [hir, "train", "trainer=ddp", "trainer.devices=2", "trainer.accelerator=cpu", "trainer.max_epochs=1",
-               f"model.data.seeds_per_epoch={seeds}", f"paths.graph_dir={run / 'graph'}",
+               f"datamodule.seeds_per_epoch={seeds}", f"paths.graph_dir={run / 'graph'}",
                f"paths.content_dir={run / 'content'}", f"hydra.run.dir={tmp}", "force=true"]
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -45,62 +45,54 @@ SEED = 0
 
 
 def _defaults() -> dict[str, Any]:
+    """conf/model, conf/datamodule and conf/spectral as `hir train` composes them (plain values)."""
     from omegaconf import OmegaConf
 
-    # under `model`, as in the composed config: the file interpolates ${model.graph.stage_base}
-    cfg = OmegaConf.create({"model": OmegaConf.load(ROOT / "conf" / "model" / "hir.yaml")})
-    return OmegaConf.to_container(cfg.model, resolve=True)
+    conf = ROOT / "conf"
+    cfg = OmegaConf.create({
+        "seed": SEED, "paths": {"graph_dir": "", "content_dir": ""},
+        "model": OmegaConf.load(conf / "model" / "hir.yaml"), "datamodule": OmegaConf.load(conf / "datamodule" / "default.yaml"),
+        "spectral": OmegaConf.load(conf / "spectral" / "default.yaml"),
+    })
+    out = OmegaConf.to_container(cfg, resolve=True)
+    for node in (out["model"]["net"], out["spectral"]):
+        node.pop("_target_")
+    return out
 
 
 def _rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def _store(run_dir: Path, m: dict[str, Any], rank: int, basis_path: Path, reuse: bool):
-    """The training snapshot with its spectral base attached (fitted at ``rank`` and saved to
-    ``basis_path``, or reloaded from it with ``reuse``), as `hir train` builds it."""
-    from hir.train.graph import load_graph
-    from hir.train.stage import spectral_base
+def _store(run_dir: Path, c: dict[str, Any], rank: int, basis_path: Path, reuse: bool):
+    """The training snapshot and its spectral base (fitted at ``rank`` and saved to
+    ``basis_path``, or reloaded from it with ``reuse``), as `hir train` builds them."""
+    from hir.model import SpectralConfig, fit_base, load_graph
 
-    store = load_graph(run_dir / "graph", run_dir / "content", ("train",), **m["graph"])
+    store = load_graph(run_dir / "graph", run_dir / "content", ("train",), **c["datamodule"]["graph"])
     # a fixed rank: no validation set needed (only `rank: auto` chooses on it)
-    basis, report = spectral_base(store, {**m["spectral"], "rank": rank}, None, SEED, basis_path, reuse)
-    return store, basis, report
+    basis, report = fit_base(store, None, SpectralConfig(**{**c["spectral"], "rank": rank}), SEED, basis_path, reuse)
+    return store, basis, basis.base_for(store), report
 
 
-def _batches(store, basis, m: dict[str, Any], n: int):
+def _batches(store, basis, base, c: dict[str, Any], n: int):
     """``n`` training batches, exactly as `HirDataModule.train_dataloader` builds them."""
-    from hir.train.context import ContextSampler
-    from hir.train.datamodule import TrainBatches, catalogue
+    from hir.model import ContextSampler, catalogue
+    from hir.train.datamodule import TrainBatches
 
-    d = m["data"]
-    ds = TrainBatches(store, ContextSampler(store, **m["context"]), d["batch_size"], d["pairs"], d["seeds_per_epoch"],
-                      seed=SEED, catalogue=catalogue(store),
-                      pair_entities=float(m["objective"]["weights"].get("contrastive", 0.0)) > 0,
-                      train_pairs=basis.heldout if len(basis.heldout) else None)
+    d = c["datamodule"]
+    ds = TrainBatches(store, base, ContextSampler(store, **d["context"]), d["batch_size"], d["pairs"],
+                      d["seeds_per_epoch"], seed=SEED, catalogue=catalogue(store, base))
     t0 = time.perf_counter()
     batches = [ds[(0, i % len(ds))] for i in range(n)]
     return batches, time.perf_counter() - t0
-
-
-def _catalogue_matrix(store) -> Any:
-    """(M, K + 1) packed base embeddings of the catalogue, as `HirModule.catalogue_matrix`."""
-    import numpy as np
-    import torch
-
-    from hir.nn import HirNet
-    from hir.train.datamodule import catalogue
-
-    ids = catalogue(store)
-    s = torch.nn.functional.normalize(torch.from_numpy(store.base[ids]), dim=-1)
-    return HirNet.pack(s, torch.from_numpy(store.base_logit[ids]), torch.from_numpy(store.node_type[ids].astype(np.int64)))
 
 
 class HGTNet:
     """hir's token encoder for node features, 2 HGTConv layers over the context star graphs, hir's
     engagement-view output rule and tokenizer (for the collapse-guard loss)."""
 
-    def __init__(self, store, net_kw: dict[str, Any], m: dict[str, Any], edge_types: list[tuple[str, str, str]]) -> None:
+    def __init__(self, store, net_kw: dict[str, Any], edge_types: list[tuple[str, str, str]]) -> None:
         import torch
         from torch_geometric.nn import HGTConv
 
@@ -115,7 +107,8 @@ class HGTNet:
             p.requires_grad_(False)
         self.types = list(store.types)
         self.convs = torch.nn.ModuleList(
-            HGTConv(m["width"], m["width"], (self.types, edge_types), heads=m["heads"]) for _ in range(m["depth"])
+            HGTConv(net_kw["width"], net_kw["width"], (self.types, edge_types), heads=net_kw["heads"])
+            for _ in range(net_kw["depth"])
         )
         self.modules = torch.nn.ModuleList([self.hir, self.convs])
         self.tokenizer = self.hir.tokenizer
@@ -212,14 +205,13 @@ def _edge_types(batches, store) -> list[tuple[str, str, str]]:
     return sorted(seen)
 
 
-def _simple_loss(m: dict[str, Any], levels: tuple[int, ...]):
+def _simple_loss(o: dict[str, Any], levels: tuple[int, ...]):
     """The loss of ``hir_encoder`` and ``hgt``: the catalogue softmax of the batch's pair users
     (their embeddings (P, K + 1) against the catalogue's packed bases) + the tokenizer's collapse
     guard on every seed's direction. Returns ``loss(z, semantic, batch, catalogue, tokenizer)``."""
     from hir.nn import BalanceLoss, CatalogueLoss
 
-    o = m["objective"]
-    cat_loss = CatalogueLoss(o["contrastive_temp"], learn_temperature=False)
+    cat_loss = CatalogueLoss(o["catalogue_temp"], learn_temperature=False)
     balance = BalanceLoss(levels, o["student_temp"])
 
     def loss(z, semantic, batch, cat, tokenizer):
@@ -236,15 +228,16 @@ def _simple_loss(m: dict[str, Any], levels: tuple[int, ...]):
 def worker(mode: str, run_dir: Path, steps: int, warmup: int, threads: int, rank: int, basis_path: Path) -> dict[str, Any]:
     import torch
 
+    from hir.model import catalogue_vectors, views
     from hir.nn import HirNet
     from hir.train.module import HirModule
-    from hir.train.stage import net_config
 
     torch.set_num_threads(threads)
     torch.manual_seed(SEED)
-    m = _defaults()
-    store, basis, _ = _store(run_dir, m, rank, basis_path, reuse=True)
-    batches, t_sample = _batches(store, basis, m, steps + warmup)
+    c = _defaults()
+    m = c["model"]
+    store, basis, base, _ = _store(run_dir, c, rank, basis_path, reuse=True)
+    batches, t_sample = _batches(store, basis, base, c, steps + warmup)
     seeds_per_batch = int(batches[0]["seeds"].shape[0])
     out: dict[str, Any] = {"mode": mode, "seed_contexts_per_batch": seeds_per_batch,
                            "pairs_per_batch": int(batches[0]["n_pairs"]), "steps": steps}
@@ -253,22 +246,23 @@ def worker(mode: str, run_dir: Path, steps: int, warmup: int, threads: int, rank
         out["peak_rss_mib"] = _rss_mib()
         return out
     rss_before = _rss_mib()
-    net_kw = net_config(m, store.spec, basis.rank)
-    cat = _catalogue_matrix(store)
+    sizes = {k: store.spec[k] for k in ("n_types", "n_stages", "content_dim", "n_recency")}
+    net_kw = {**m["net"], **sizes, "base_dim": basis.rank}
+    cat = catalogue_vectors(store, base)
     out["catalogue"] = int(cat.shape[0])
     if mode.startswith("hir"):
         net = HirNet(**net_kw)
-        module = HirModule(net, net_kw, m["objective"], m["optim"], seed=SEED)
+        module = HirModule(net, m["objective"], m["optim"], m["val_k"], m["monitor_k"], seed=SEED)
         module._catalogue = cat  # set by on_fit_start under Lightning
         params = [p for p in module.parameters() if p.requires_grad]
         out["parameters"] = sum(p.numel() for p in net.parameters())
-        loss_fn = _simple_loss(m, net.tokenizer.levels)
+        loss_fn = _simple_loss(m["objective"], net.tokenizer.levels)
 
         def step(b):
             if mode == "hir_full":
                 loss = sum(module.weights[k] * v for k, v in module.loss_parts(b).items())
             else:
-                eng, _ = HirModule.views(b)
+                eng, _ = views(b)
                 z = net(eng, use_ids=True)
                 loss = loss_fn(z, net.semantic(z), b, cat, net.tokenizer)
             opt.zero_grad()
@@ -277,7 +271,7 @@ def worker(mode: str, run_dir: Path, steps: int, warmup: int, threads: int, rank
             if mode == "hir_full":
                 module.on_train_batch_end(None, b, 0)
     else:
-        hgt = HGTNet(store, net_kw, m, _edge_types(batches, store))
+        hgt = HGTNet(store, net_kw, _edge_types(batches, store))
         t0 = time.perf_counter()
         graphs = [hgt.prepare(b, store) for b in batches]
         out["graph_prep_s_per_batch"] = (time.perf_counter() - t0) / len(batches)
@@ -286,7 +280,7 @@ def worker(mode: str, run_dir: Path, steps: int, warmup: int, threads: int, rank
         params = [p for p in hgt.parameters() if p.requires_grad]
         out["parameters"] = sum(p.numel() for p in hgt.parameters())
         out["edge_types"] = len(hgt.convs[0].edge_types)
-        loss_fn = _simple_loss(m, hgt.tokenizer.levels)
+        loss_fn = _simple_loss(m["objective"], hgt.tokenizer.levels)
 
         def step(b):
             z = hgt(b, b["graph"])
@@ -331,8 +325,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="hir_train_bench_") as tmp:
         # one spectral fit, shared by every mode (the workers reload it)
         basis_path = Path(tmp) / "spectral.npz"
-        _, basis, spectral = _store(args.run_dir, _defaults(), args.rank, basis_path, reuse=False)
-        spectral |= {"requested_rank": args.rank, "fixed_rank": True, "heldout_pairs": len(basis.heldout)}
+        _, basis, _, spectral = _store(args.run_dir, _defaults(), args.rank, basis_path, reuse=False)
+        spectral |= {"requested_rank": args.rank, "fixed_rank": True}
         print(f"spectral base: rank {basis.rank} in {spectral['seconds']:.1f}s")
         for mode in MODES:
             # one subprocess per model: its peak RSS is its own

@@ -69,9 +69,9 @@ def test_help_and_cfg_show_the_stage_that_runs(tmp_path):
     assert "hir train: one stage of hir" in out.stdout
     assert "\nstage: train\n" in out.stdout and "stage: pipeline" not in out.stdout
     # --cfg after an override (Hydra's flags may stand anywhere too), and its value kept
-    out = run_hir("export", "model.depth=3", "--cfg", "job", "seed=5", cwd=tmp_path)
+    out = run_hir("export", "model.net.depth=3", "--cfg", "job", "seed=5", cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.startswith("stage: export\n") and "\n  depth: 3\n" in out.stdout and "\nseed: 5\n" in out.stdout
+    assert out.stdout.startswith("stage: export\n") and "\n    depth: 3\n" in out.stdout and "\nseed: 5\n" in out.stdout
 
 
 def test_optuna_sweep_prepares_once_and_finds_the_data(tmp_path):

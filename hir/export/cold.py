@@ -24,18 +24,42 @@ user 0.0707 -> 0.0885, item-cold 0.0 -> 0.086, full ranking 0.1533 -> 0.1509.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import polars as pl
 
+from hir.model import masked_recall
+
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class ColdPlacement:
+    """How export places cold entities with text (``export.cold``, conf/export/default.yaml).
+
+    method: ``content_knn`` (the module doc) or ``knowledge`` (the knowledge view alone); k:
+    neighbours per cold entity; beta: weight of its own knowledge-view direction; boosts: scale
+    multipliers tried on val; tolerance: the boost with the best val cold recall among those
+    within this share of the best overall recall.
+    """
+
+    method: str
+    k: int
+    beta: float
+    boosts: list[float]
+    tolerance: float
+
+    def __post_init__(self) -> None:
+        if self.method not in ("content_knn", "knowledge"):
+            raise ValueError(f"export.cold.method={self.method!r}; expected content_knn or knowledge")
 
 
 def text_vectors(store: Any, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
     """(hi - lo, d) unit text vectors of the nodes ``lo:hi`` from the store's content rows (text
-    block first, has-text flag last; see :func:`hir.train.graph.load_content`) and has (hi - lo,)."""
+    block first, has-text flag last; see :mod:`hir.model.content`) and has (hi - lo,)."""
     text = store.content[lo:hi, :store.layout["text_dim"]].astype(np.float32)
     norms = np.linalg.norm(text, axis=1, keepdims=True)
     has = (store.content[lo:hi, -1] > 0) & (norms[:, 0] > 0)
@@ -81,25 +105,21 @@ def placed(z: np.ndarray, rows: np.ndarray, dirs: np.ndarray, mean_a: np.ndarray
     return out
 
 
-def place_cold(z: np.ndarray, store: Any, valset: Any, cfg: dict[str, Any]) -> tuple[np.ndarray, dict[str, Any]]:
+def place_cold(z: np.ndarray, store: Any, valset: Any, cfg: ColdPlacement) -> tuple[np.ndarray, dict[str, Any]]:
     """Every non-user type's cold entities with text placed by their neighbours (module doc).
 
     Args:
         z: (n_nodes, K + 1) exported embeddings (global ids).
-        store: the export's :class:`hir.train.graph.GraphStore` (``warm``, ``type_range``).
-        valset: :func:`hir.train.valset.validation_set` of the store (masked new-to-user), or None.
-        cfg: ``method`` (content_knn | knowledge), ``k``, ``beta``, ``boosts``, ``tolerance``.
+        store: the export's :class:`hir.model.GraphStore` (``warm``, ``type_range``).
+        valset: :func:`hir.model.validation_set` of the store (masked new-to-user), or None.
+        cfg: the placement (:class:`ColdPlacement`).
 
     Returns:
         the new embeddings and a report (rows placed per type, the chosen boost, the val table).
     """
-    from hir.train.spectral import masked_recall
-
-    report: dict[str, Any] = {"method": cfg["method"], "k": int(cfg["k"]), "beta": float(cfg["beta"])}
-    if cfg["method"] == "knowledge":
+    report: dict[str, Any] = {"method": cfg.method, "k": int(cfg.k), "beta": float(cfg.beta)}
+    if cfg.method == "knowledge":
         return z, report
-    if cfg["method"] != "content_knn":
-        raise ValueError(f"model.export.cold.method={cfg['method']!r}; expected content_knn or knowledge")
     plans = []
     for t in store.types:
         lo, hi = store.type_range(t)
@@ -112,10 +132,10 @@ def place_cold(z: np.ndarray, store: Any, valset: Any, cfg: dict[str, Any]) -> t
         if len(cold) == 0 or len(warm) == 0:
             continue
         zt = z[lo:hi]
-        dirs, mean_a = neighbour_placement(zt[cold], text[cold], zt[warm], text[warm], int(cfg["k"]), float(cfg["beta"]))
+        dirs, mean_a = neighbour_placement(zt[cold], text[cold], zt[warm], text[warm], int(cfg.k), float(cfg.beta))
         plans.append((lo + cold, dirs, mean_a))
         report.setdefault("placed", {})[t] = len(cold)
-    boosts = [float(b) for b in cfg["boosts"]]
+    boosts = [float(b) for b in cfg.boosts]
     if not plans:
         return z, report | {"boost": None}
     rows = np.concatenate([p[0] for p in plans])
@@ -133,14 +153,14 @@ def place_cold(z: np.ndarray, store: Any, valset: Any, cfg: dict[str, Any]) -> t
         # the boost that retrieves cold entities best among those within `tolerance` of the best
         # overall recall (a dataset whose new entities are rarely engaged keeps a low boost)
         top = max(v["all"] for v in table.values())
-        ok = [b for b in boosts if table[b]["all"] >= (1 - float(cfg["tolerance"])) * top]
+        ok = [b for b in boosts if table[b]["all"] >= (1 - float(cfg.tolerance)) * top]
         boost = max(ok, key=lambda b: (table[b]["cold"], table[b]["all"], -b))
         report["val_recall@20_by_boost"] = {str(b): v for b, v in table.items()}
     else:
         report["note"] = "no validation positive is a cold entity: the first boost is kept"
     report["boost"] = boost
     log.info("cold start: %s entities placed by their %d content neighbours (boost %.2g; val recall@20 by boost %s)",
-             report["placed"], int(cfg["k"]), boost, table or "not measured")
+             report["placed"], int(cfg.k), boost, table or "not measured")
     return placed(z, rows, dirs, mean_a, boost), report
 
 

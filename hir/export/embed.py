@@ -11,6 +11,7 @@ entities from content alone (``hir refresh``).
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -18,17 +19,22 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import polars as pl
 import torch
 
+from hir.data.snapshot import Snapshot, load_snapshot
 from hir.errors import InputError
+from hir.model import (
+    SPECTRAL_FILE,
+    ContextSampler,
+    EmbedBatches,
+    SpectralBasis,
+    content_rows,
+    embed_batch,
+    load_graph,
+)
+from hir.model.context import topk_edges
 from hir.nn import HirNet
 from hir.nn.buckets import METADATA, SELF
-from hir.train.context import ContextSampler, topk_edges
-from hir.train.datamodule import EmbedBatches
-from hir.train.graph import content_rows, load_graph
-from hir.train.module import embed_batch
-from hir.train.spectral import SPECTRAL_FILE, SpectralBasis, attach_base
 
 log = logging.getLogger(__name__)
 
@@ -40,13 +46,24 @@ def load_checkpoint(path: str | Path) -> tuple[HirNet, dict[str, Any]]:
     """
     path = Path(path)
     if not path.exists():
-        raise InputError(f"checkpoint {path} does not exist; run `hir train` first (or set model.export.checkpoint)")
+        raise InputError(f"checkpoint {path} does not exist; run `hir train` first (or set export.checkpoint)")
     ckpt = torch.load(path, map_location="cpu", weights_only=True)
     hp = ckpt["hyper_parameters"]
     net = HirNet(**hp["net_config"])
     state = {k.removeprefix("teacher."): v for k, v in ckpt["state_dict"].items() if k.startswith("teacher.")}
     net.load_state_dict(state)
     return net.eval(), hp
+
+
+def resolve_checkpoint(choice: str, ckpt_dir: Path) -> Path:
+    """``export.checkpoint``: ``best`` (the best validation point `hir train` recorded in
+    ``train_metrics.json``), ``last``, or a path."""
+    if choice == "best":
+        metrics = ckpt_dir / "train_metrics.json"
+        if not metrics.exists():
+            raise InputError(f"{metrics} does not exist; run `hir train` first (or set export.checkpoint=PATH)")
+        return Path(json.loads(metrics.read_text())["best_checkpoint"])
+    return ckpt_dir / "last.ckpt" if choice == "last" else Path(choice)
 
 
 def checkpoint_version(path: str | Path) -> str:
@@ -65,23 +82,24 @@ class Embedder:
 
     Args:
         checkpoint: path of a ``hir train`` checkpoint.
-        graph_dir, content_dir: the snapshot (prepare's ``graph/``, enrich's ``content/``).
+        snapshot, content_dir: the snapshot (prepare's ``graph/``, or its opened
+            :class:`~hir.data.snapshot.Snapshot`) and enrich's ``content/``.
         visible_splits: engagement the contexts may see (default train + val: everything before
             the test period).
     """
 
-    def __init__(self, checkpoint: str | Path, graph_dir: str | Path, content_dir: str | Path,
+    def __init__(self, checkpoint: str | Path, snapshot: Snapshot | str | Path, content_dir: str | Path,
                  visible_splits: Sequence[str] = ("train", "val")) -> None:
         self.checkpoint = Path(checkpoint)
         self.net, self.hp = load_checkpoint(checkpoint)
         data = self.hp.get("data", {})
-        self.graph_dir = Path(graph_dir)
-        self.store = load_graph(graph_dir, content_dir, tuple(visible_splits), **data.get("graph", {}))
+        self.snapshot = snapshot if isinstance(snapshot, Snapshot) else load_snapshot(snapshot)
+        self.store = load_graph(self.snapshot, content_dir, tuple(visible_splits), **data.get("graph", {}))
         sizes = {k: self.store.spec[k] for k in ("n_types", "n_stages", "content_dim", "n_recency")}
         if sizes != {k: self.hp["net_config"].get(k) for k in sizes}:
             raise InputError(
                 f"checkpoint {checkpoint} was trained on a snapshot with {self.hp['net_config']} but "
-                f"{graph_dir} + {content_dir} give {sizes}; export with the snapshot it was trained on"
+                f"{self.snapshot.dir} + {content_dir} give {sizes}; export with the snapshot it was trained on"
             )
         # the spectral basis sits beside the checkpoint; users are folded in from the engagement
         # visible now (which may be more than training saw)
@@ -92,7 +110,7 @@ class Embedder:
         if self.basis.rank != self.net.base_dim:
             raise InputError(f"{spectral} has rank {self.basis.rank} but {checkpoint} was trained on rank "
                              f"{self.net.base_dim}: the two files come from different runs")
-        attach_base(self.store, self.basis)
+        self.base = self.basis.base_for(self.store)
         self.sampler = ContextSampler(self.store, **data.get("context", {}))
         self.version = checkpoint_version(checkpoint)
         self._key_index: dict[str, dict[str, int]] = {}
@@ -109,7 +127,7 @@ class Embedder:
     def embed_nodes(self, nodes: np.ndarray, batch_size: int = 2048, seed: int = 0) -> np.ndarray:
         """Global node ids (n,) -> (n, dim) float32 unit embeddings: nodes with train engagement
         through the engagement view, the rest (cold start) through the knowledge view."""
-        ds = EmbedBatches(self.store, self.sampler, np.asarray(nodes, np.int64), batch_size, seed)
+        ds = EmbedBatches(self.store, self.base, self.sampler, np.asarray(nodes, np.int64), batch_size, seed)
         out = np.zeros((len(nodes), self.dim), np.float32)
         pos = 0
         for i in range(len(ds)):
@@ -150,9 +168,7 @@ class Embedder:
     def node_ids(self, etype: str, keys: Sequence[str]) -> np.ndarray:
         """Entity keys of a type -> global node ids (-1 for keys not in the snapshot)."""
         if etype not in self._key_index:
-            path = self.graph_dir / "nodes" / f"{etype}.parquet"
-            df = pl.read_parquet(path, columns=["node_id", "key"]) if path.exists() else pl.DataFrame({"node_id": [], "key": []})
-            self._key_index[etype] = dict(zip(df["key"].cast(pl.String).to_list(), df["node_id"].to_list()))
+            self._key_index[etype] = self.snapshot.key_index(etype)
         index = self._key_index[etype]
         local = np.array([index.get(str(k), -1) for k in keys], dtype=np.int64)
         return np.where(local >= 0, self.store.global_ids(etype, np.maximum(local, 0)), -1)

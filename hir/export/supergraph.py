@@ -4,25 +4,25 @@ planted hierarchy, how well the exported tokens recover it (NMI)."""
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import polars as pl
 from sklearn.metrics import normalized_mutual_info_score
 
-from hir.data.schema import ENTITY_TYPES, engage_relation
+from hir.data.schema import ENTITY_TYPES
+from hir.data.snapshot import Snapshot
 
 log = logging.getLogger(__name__)
 
 
-def engagement_pairs(graph_dir: Path, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def engagement_pairs(snapshot: Snapshot, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Distinct (user, entity) pairs over every split and stage: (user ids, global entity ids)."""
     users, ents = [], []
     for ti, t in enumerate(ENTITY_TYPES):
-        path = graph_dir / "edges" / f"{engage_relation(t)}.parquet"
-        if path.exists():
-            e = pl.read_parquet(path, columns=["src_id", "dst_id"]).unique()
+        scan = snapshot.engagement(t)
+        if scan is not None:
+            e = scan.select("src_id", "dst_id").unique().collect()
             users.append(e["src_id"].to_numpy())
             ents.append(e["dst_id"].to_numpy() + offsets[ti])
     if not users:
@@ -71,18 +71,18 @@ def supergraph_stats(users: np.ndarray, entities: np.ndarray, n_users: int, n_en
     return out
 
 
-def planted_recovery(graph_dir: Path, keys: dict[str, list[str]], offsets: np.ndarray,
+def planted_recovery(snapshot: Snapshot, keys: dict[str, list[str]], offsets: np.ndarray,
                      top1: list[np.ndarray]) -> dict[str, Any] | None:
     """NMI between a planted hierarchy (``graph/*truth.parquet``: entity_type, key, coarse, fine,
     weight) and the top-1 token at every level, over all entities with a truth row (an entity
     with a mixture, e.g. a user, counts its heaviest interest) and over products alone."""
-    files = sorted(graph_dir.glob("*truth.parquet"))
-    if not files:
+    found = snapshot.truth()
+    if found is None:
         return None
-    truth = pl.read_parquet(files[0])
+    name, truth = found
     need = {"entity_type", "key", "coarse", "fine"}
     if not need <= set(truth.columns):
-        log.warning("%s lacks columns %s; skipping hierarchy recovery", files[0], sorted(need - set(truth.columns)))
+        log.warning("%s lacks columns %s; skipping hierarchy recovery", name, sorted(need - set(truth.columns)))
         return None
     if "weight" in truth.columns:
         truth = truth.sort("weight", descending=True)
@@ -103,7 +103,7 @@ def planted_recovery(graph_dir: Path, keys: dict[str, list[str]], offsets: np.nd
     if not rows:
         return None
     rows_a, coarse_a, fine_a, etypes_a = np.array(rows), np.array(coarse), np.array(fine), np.array(etypes)
-    out: dict[str, Any] = {"truth_file": files[0].name, "entities": len(rows)}
+    out: dict[str, Any] = {"truth_file": name, "entities": len(rows)}
     for scope, sel in (("all", np.ones(len(rows), bool)), ("product", etypes_a == "product")):
         if not sel.any():
             continue
@@ -113,3 +113,15 @@ def planted_recovery(graph_dir: Path, keys: dict[str, list[str]], offsets: np.nd
         }
         out[scope]["n"] = int(sel.sum())
     return out
+
+
+def hierarchy_diagnostics(snapshot: Snapshot, offsets: np.ndarray, node_type: np.ndarray, keys: dict[str, list[str]],
+                          top1: list[np.ndarray], levels: tuple[int, ...]) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The export's hierarchy diagnostics: :func:`supergraph_stats` of every user -> entity pair of
+    the snapshot against the engaged entity types, and :func:`planted_recovery` (None without a
+    planted hierarchy). top1: per level, (n_nodes,) every node's top-1 token."""
+    users, ents = engagement_pairs(snapshot, offsets)
+    engaged = np.unique(node_type[ents]) if len(ents) else np.zeros(0, np.int64)
+    n_ent = int(np.isin(node_type, engaged).sum())
+    sg = supergraph_stats(users, ents, int(offsets[1] - offsets[0]), n_ent, top1, levels)
+    return sg, planted_recovery(snapshot, keys, offsets, top1)

@@ -3,7 +3,7 @@
 from hir.nn.attention import BiasedSelfAttention
 from hir.nn.buckets import BucketVocab
 from hir.nn.hierarchy import HierarchicalTokenizer
-from hir.nn.losses import AlignLoss, BalanceLoss, CatalogueLoss, ContrastiveLoss, DistillLoss
+from hir.nn.losses import AlignLoss, BalanceLoss, CatalogueLoss, DistillLoss
 from hir.nn.net import HirNet
 from hir.nn.transformer import GraphTransformer
 
@@ -13,7 +13,6 @@ __all__ = [
     "BiasedSelfAttention",
     "BucketVocab",
     "CatalogueLoss",
-    "ContrastiveLoss",
     "DistillLoss",
     "GraphTransformer",
     "HierarchicalTokenizer",

@@ -18,7 +18,7 @@ class TokenEncoder(nn.Module):
 
     ``h = drop(W_b b_hat) + type_emb + role_emb(relation, hop) + stage_emb + W_c content +
     W_n numeric``, where ``b_hat`` is the token's unit *spectral base* vector (its collaborative
-    identity, :mod:`hir.train.spectral`; zero for a node without one). The base term is dropped
+    identity, :mod:`hir.model.spectral`; zero for a node without one). The base term is dropped
     per token with probability ``base_dropout`` during training and always absent in the
     knowledge view, so content and graph context must carry the representation too.
 
@@ -28,12 +28,12 @@ class TokenEncoder(nn.Module):
         n_stages: funnel stages (stage 0 = none).
         content_dim: width of a node's content row (text vector, attribute blocks, has-text flag).
         base_dim: width K of the spectral base rows.
-        base_dropout: per-token base dropout while training (default 0.3).
-        use_content: add the content projection (default True; False = the ids-only ablation).
+        base_dropout: per-token base dropout while training.
+        use_content: add the content projection (False = the ids-only ablation).
     """
 
     def __init__(self, dim: int, n_types: int, n_stages: int, content_dim: int, base_dim: int,
-                 base_dropout: float = 0.3, use_content: bool = True) -> None:
+                 base_dropout: float, use_content: bool) -> None:
         super().__init__()
         self.dim, self.base_dim, self.base_dropout = dim, base_dim, base_dropout
         self.use_content = bool(use_content)

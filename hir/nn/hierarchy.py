@@ -75,16 +75,16 @@ class HierarchicalTokenizer(nn.Module):
 
     Args:
         dim: embedding width.
-        levels: prototypes per level, coarse first, strictly increasing, each dividing the next
-            (default (16, 128)).
-        top_k: tokens kept per level (default 4).
-        tau: temperature of the assignment (default 0.05).
+        levels: prototypes per level, coarse first, strictly increasing, each dividing the next.
+        top_k: tokens kept per level.
+        tau: temperature of the assignment.
         radius: residual bound as a share of the parent's nearest-neighbour distance; must be
-            < 0.25 for the round-trip guarantee (default 0.2).
+            < 0.25 for the round-trip guarantee.
+
+    The values `hir train` uses are in conf/model/hir.yaml (``model.net.hierarchy``).
     """
 
-    def __init__(self, dim: int, levels: tuple[int, ...] = (16, 128), top_k: int = 4, tau: float = 0.05,
-                 radius: float = 0.2) -> None:
+    def __init__(self, dim: int, levels: tuple[int, ...], top_k: int, tau: float, radius: float) -> None:
         super().__init__()
         levels = tuple(int(k) for k in levels)
         if not levels or levels[0] < 2:

@@ -2,7 +2,7 @@
 
 - :class:`DistillLoss`   cross-view DINO over the prototype hierarchy (centering + sharpening)
 - :class:`AlignLoss`     BGRL-style cross-view regression of the teacher's embedding
-- :class:`ContrastiveLoss` in-batch softmax on deep-funnel user->entity edges with logQ correction
+- :class:`CatalogueLoss`  a held-out deep-funnel entity ranked among the whole catalogue
 - :class:`BalanceLoss`   mean-entropy collapse guard on prototype usage
 """
 
@@ -31,13 +31,13 @@ class DistillLoss(nn.Module):
 
     Args:
         levels: prototypes per level, coarse first.
-        student_temp: tau_s (default 0.1).
-        center_momentum: EMA momentum of the centre (default 0.9).
-        directions: (teacher view, student view) pairs taught (default both ways).
+        student_temp: tau_s.
+        center_momentum: EMA momentum of the centre.
+        directions: (teacher view, student view) pairs taught.
     """
 
-    def __init__(self, levels: tuple[int, ...], student_temp: float = 0.1, center_momentum: float = 0.9,
-                 directions: tuple[tuple[int, int], ...] = ((0, 1), (1, 0))) -> None:
+    def __init__(self, levels: tuple[int, ...], student_temp: float, center_momentum: float,
+                 directions: tuple[tuple[int, int], ...]) -> None:
         super().__init__()
         self.levels, self.student_temp, self.center_momentum = tuple(levels), student_temp, center_momentum
         self.directions = tuple(tuple(d) for d in directions)
@@ -76,12 +76,11 @@ class AlignLoss(nn.Module):
 
     Args:
         dim: embedding width.
+        directions: (teacher view, student view) pairs.
         hidden: predictor hidden width (default 2 * dim).
-        directions: (teacher view, student view) pairs (default both ways).
     """
 
-    def __init__(self, dim: int, hidden: int | None = None,
-                 directions: tuple[tuple[int, int], ...] = ((0, 1), (1, 0))) -> None:
+    def __init__(self, dim: int, directions: tuple[tuple[int, int], ...], hidden: int | None = None) -> None:
         super().__init__()
         hidden = hidden or 2 * dim
         self.directions = tuple(tuple(d) for d in directions)
@@ -96,45 +95,6 @@ class AlignLoss(nn.Module):
         return torch.stack(parts).mean()
 
 
-class ContrastiveLoss(nn.Module):
-    """Sampled softmax over deep-funnel (user, entity) pairs with logQ correction.
-
-    User i's positive is candidate i; every other candidate is a negative (the other pairs'
-    entities and any extra sampled negatives). ``logits[i, j] = u_i·e_j / tau - log q_j``: each
-    candidate's logit is reduced by the log of its sampling rate, so frequently sampled (popular)
-    entities are not over-penalised as negatives (Yi et al., 2019; with extra uniform negatives:
-    mixed negative sampling, Yang et al., 2020). A candidate that is the same entity as the
-    positive is masked (not a negative).
-
-    With ``learn_temperature`` the scale ``1 / tau`` is a parameter (initialised at the given
-    tau, kept in [1, 100]): the embeddings' entity scales ``a`` (:class:`hir.nn.HirNet`) spread
-    over orders of magnitude, and a fixed tau would fix how sharply the softmax can separate them.
-
-    Args:
-        temperature: tau (default 0.1).
-        learn_temperature: learn ``1 / tau`` (default False).
-    """
-
-    def __init__(self, temperature: float = 0.1, learn_temperature: bool = False) -> None:
-        super().__init__()
-        self.temperature = temperature
-        self.log_scale = nn.Parameter(torch.tensor(-math.log(temperature)), requires_grad=learn_temperature)
-
-    @property
-    def scale(self) -> Tensor:
-        return self.log_scale.clamp(0.0, math.log(100.0)).exp()
-
-    def forward(self, users: Tensor, items: Tensor, log_q: Tensor, item_ids: Tensor) -> Tensor:
-        """users: (P, C); items: (M, C), M >= P, the first P the positives; log_q: (M,) log sampling
-        rate of each candidate; item_ids: (M,) global ids (to mask duplicates) -> scalar."""
-        p = users.shape[0]
-        logits = (users @ items.T) * self.scale - log_q[None, :]  # (P, M)
-        same = item_ids[:p, None] == item_ids[None, :]  # (P, M)
-        same[torch.arange(p), torch.arange(p)] = False
-        logits = logits.masked_fill(same, float("-inf"))
-        return F.cross_entropy(logits, torch.arange(p, device=users.device))
-
-
 class CatalogueLoss(nn.Module):
     """Softmax of a held-out positive over the whole catalogue, the user's other entities masked.
 
@@ -146,11 +106,11 @@ class CatalogueLoss(nn.Module):
     learned scale (initialised at ``1 / temperature``, kept in [1, 100]).
 
     Args:
-        temperature: initial tau (default 0.05).
-        learn_temperature: learn ``s`` (default True).
+        temperature: initial tau.
+        learn_temperature: learn ``s``.
     """
 
-    def __init__(self, temperature: float = 0.05, learn_temperature: bool = True) -> None:
+    def __init__(self, temperature: float, learn_temperature: bool) -> None:
         super().__init__()
         self.log_scale = nn.Parameter(torch.tensor(-math.log(temperature)), requires_grad=learn_temperature)
 
@@ -172,10 +132,10 @@ class BalanceLoss(nn.Module):
 
     Args:
         levels: prototypes per level, coarse first.
-        temperature: temperature of the student distribution (default 0.1).
+        temperature: temperature of the student distribution.
     """
 
-    def __init__(self, levels: tuple[int, ...], temperature: float = 0.1) -> None:
+    def __init__(self, levels: tuple[int, ...], temperature: float) -> None:
         super().__init__()
         self.levels, self.temperature = tuple(levels), temperature
 

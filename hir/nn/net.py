@@ -13,7 +13,7 @@ from hir.nn.features import TokenEncoder
 from hir.nn.hierarchy import HierarchicalTokenizer
 from hir.nn.transformer import GraphTransformer
 
-DEFAULT_BIAS: dict[str, Any] = {"table": True, "exposure": True, "lam_init": 0.1, "buckets": {}}
+# the options of the attention bias terms (``bias``)
 USER_TYPE = 0  # hir.data.schema.ENTITY_TYPES[0]: users are the query side of the space
 
 
@@ -22,7 +22,7 @@ class HirNet(nn.Module):
     hierarchical tokenizer on top.
 
     A context (B, N) is embedded by :class:`TokenEncoder` (each token carries its unit spectral
-    base vector ``b_hat``, :mod:`hir.train.spectral`); the level-0 interest prototypes are
+    base vector ``b_hat``, :mod:`hir.model.spectral`); the level-0 interest prototypes are
     appended as M shared *primitive* tokens (the global, long-range view every context attends
     to); :class:`GraphTransformer` runs attention with score
 
@@ -55,53 +55,67 @@ class HirNet(nn.Module):
     that users never weigh. The hierarchy works on the direction ``s`` alone (:meth:`semantic`),
     so tokens describe what an entity is about, not how popular it is.
 
-    Args:
+    Args (keyword only; the values `hir train` uses are in conf/model/hir.yaml, ``model.net``, and
+    the sizes come from the snapshot):
         n_types: entity types of the snapshot.
         n_stages: funnel stages of the snapshot.
         content_dim: width of the content rows fed by the sampler.
         base_dim: width K of the spectral base (the embedding has K + 1 coordinates).
-        n_recency: recency buckets (default 4).
-        width: transformer width C (default 64).
-        depth: transformer blocks (default 2).
-        heads: attention heads (default 4).
-        mlp_ratio: MLP width / C (default 4).
-        dropout: dropout in blocks (default 0.1).
-        base_dropout: per-token base dropout while training (default 0.3; see :class:`TokenEncoder`).
-        attention_backend: ``hir_kernels`` backend (default "auto").
+        n_recency: recency buckets.
+        width: transformer width C.
+        depth: transformer blocks.
+        heads: attention heads.
+        mlp_ratio: MLP width / C.
+        dropout: dropout in blocks.
+        base_dropout: per-token base dropout while training (see :class:`TokenEncoder`).
+        attention_backend: ``hir_kernels`` backend ("auto": Triton on CUDA, PyTorch on CPU).
         bias: the attention bias terms switched on (``table``, ``exposure``, ... -> bool; any term
-            of :mod:`hir.nn.attention`) with their options (``lam_init``), and ``buckets``
-            (component -> bool, see :class:`BucketVocab`). Default: everything on.
+            registered in :mod:`hir.nn.attention`) with their options (``lam_init``), and
+            ``buckets`` (component -> bool, see :class:`BucketVocab`).
         hierarchy: keyword arguments of :class:`HierarchicalTokenizer` (levels, top_k, tau, radius).
-        primitive_tokens: append the level-0 prototypes as context tokens (default True).
-        transformer: use the transformer's correction (default True). False = the engagement
-            view is the spectral base alone (the ablation "no transformer").
-        content: feed the content rows (text, attributes) to the tokens (default True). False =
-            ids only (the ablation "no content"): the knowledge view sees types, roles and
-            counts alone.
+        primitive_tokens: append the level-0 prototypes as context tokens.
+        transformer: use the transformer's correction. False = the engagement view is the
+            spectral base alone (the ablation "no transformer").
+        content: feed the content rows (text, attributes) to the tokens. False = ids only (the
+            ablation "no content"): the knowledge view sees types, roles and counts alone.
+
+    ``config`` holds these arguments as plain values: ``HirNet(**net.config)`` rebuilds the network
+    (checkpoints store it).
     """
 
     def __init__(
         self,
+        *,
         n_types: int,
         n_stages: int,
         content_dim: int,
         base_dim: int,
-        n_recency: int = 4,
-        width: int = 64,
-        depth: int = 2,
-        heads: int = 4,
-        mlp_ratio: float = 4.0,
-        dropout: float = 0.1,
-        base_dropout: float = 0.3,
-        attention_backend: str = "auto",
-        bias: dict[str, Any] | None = None,
-        hierarchy: dict[str, Any] | None = None,
-        primitive_tokens: bool = True,
-        transformer: bool = True,
-        content: bool = True,
+        n_recency: int,
+        width: int,
+        depth: int,
+        heads: int,
+        mlp_ratio: float,
+        dropout: float,
+        base_dropout: float,
+        attention_backend: str,
+        bias: dict[str, Any],
+        hierarchy: dict[str, Any],
+        primitive_tokens: bool,
+        transformer: bool,
+        content: bool,
     ) -> None:
         super().__init__()
-        bias = DEFAULT_BIAS | dict(bias or {})  # BiasedSelfAttention checks the term names and options
+        if "buckets" not in bias:
+            raise ValueError(f"bias options {sorted(bias)} lack 'buckets' (conf/model/hir.yaml, model.net.bias); "
+                             "the attention layer checks the term names and options")
+        self.config: dict[str, Any] = {
+            "n_types": int(n_types), "n_stages": int(n_stages), "content_dim": int(content_dim),
+            "base_dim": int(base_dim), "n_recency": int(n_recency), "width": int(width), "depth": int(depth),
+            "heads": int(heads), "mlp_ratio": float(mlp_ratio), "dropout": float(dropout),
+            "base_dropout": float(base_dropout), "attention_backend": str(attention_backend), "bias": dict(bias),
+            "hierarchy": dict(hierarchy), "primitive_tokens": bool(primitive_tokens),
+            "transformer": bool(transformer), "content": bool(content),
+        }
         self.n_types, self.width, self.base_dim = n_types, width, int(base_dim)
         self.dim = self.base_dim + 1  # the universal embedding's width
         self.use_transformer = bool(transformer)
@@ -118,7 +132,7 @@ class HirNet(nn.Module):
         self.know_head = nn.Linear(width, self.base_dim)
         self.know_scale = nn.Linear(width, 1)
         self.know_offset = nn.Parameter(torch.zeros(n_types))
-        self.tokenizer = HierarchicalTokenizer(self.base_dim, **dict(hierarchy or {}))
+        self.tokenizer = HierarchicalTokenizer(self.base_dim, **dict(hierarchy))
         self.primitive = nn.Linear(self.base_dim, width) if primitive_tokens else None
         self.reset_parameters()
 

@@ -22,7 +22,6 @@ Every problem is an :class:`~hir.errors.InputError` naming the file, the column,
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -32,6 +31,7 @@ import polars as pl
 
 from hir.data import quality as q
 from hir.data.schema import ENTITY_TYPES, METADATA_RELATIONS, TS
+from hir.data.snapshot import Snapshot
 from hir.errors import InputError
 
 ROW = "_row"
@@ -103,37 +103,19 @@ def read_file(path: Path) -> pl.DataFrame:
     return frame.with_row_index(ROW, offset=1)
 
 
-@dataclass
-class Snapshot:
-    """What the delta is checked against: the snapshot the live model was trained on."""
-
-    graph_dir: Path
-    stage_order: list[str]
-    node_columns: dict[str, dict[str, pl.DataType]]
-
-    @classmethod
-    def load(cls, graph_dir: Path) -> Snapshot:
-        meta_path = graph_dir / "meta.json"
-        if not meta_path.exists():
-            raise InputError(f"{meta_path} does not exist: the snapshot of the live version is gone; restore it, or "
-                             "point refresh.run_dir at the run that exported the live version")
-        meta = json.loads(meta_path.read_text())
-        cols = {t: dict(pl.read_parquet_schema(graph_dir / "nodes" / f"{t}.parquet"))
-                for t in meta["nodes"] if (graph_dir / "nodes" / f"{t}.parquet").exists()}
-        return cls(graph_dir, list(meta.get("stage_order") or []), cols)
-
-    def keys(self, etype: str) -> pl.Series:
-        return pl.read_parquet(self.graph_dir / "nodes" / f"{etype}.parquet", columns=["key"])["key"].cast(pl.String)
+def _node_columns(snap: Snapshot, etype: str) -> dict[str, pl.DataType]:
+    """Column -> dtype of the snapshot's ``etype`` nodes (empty when it has none)."""
+    return snap.node_schema(etype) if snap.has_nodes(etype) else {}
 
 
 def _column_errors(frame: pl.DataFrame, path: Path, types: list[str], snap: Snapshot) -> None:
     """Unknown columns, unknown attributes of a type, and link columns a type cannot have."""
     known = {"entity_id", "entity_type", "text", "timestamp", *EVENT_COLUMNS, ROW}
     link_cols = {d for t in types for d in LINKS.get(t, {})}
-    attrs = {c for t in types for c in snap.node_columns.get(t, {}) if c.startswith("attr_")}
+    attrs = {c for t in types for c in _node_columns(snap, t) if c.startswith("attr_")}
     unknown = [c for c in frame.columns if c not in known | link_cols | attrs]
     if unknown:
-        attr_help = {t: sorted(c for c in snap.node_columns.get(t, {}) if c.startswith("attr_")) for t in types}
+        attr_help = {t: sorted(c for c in _node_columns(snap, t) if c.startswith("attr_")) for t in types}
         raise InputError(
             f"hir refresh: {path} has columns {unknown} that no entity type of the file takes. Columns: entity_id, "
             f"entity_type, text, timestamp, user_id, stage; attributes per type {attr_help}; links per type "
@@ -155,7 +137,8 @@ def _types(frame: pl.DataFrame, path: Path, default: str, served: list[str], sna
     if bad.height:
         raise InputError(f"hir refresh: {path} column entity_type has {sorted(set(bad['entity_type']))} at "
                          f"{_rows(bad)}; expected one of {list(ENTITY_TYPES)}")
-    unserved = frame.filter(~pl.col("entity_type").is_in(served) | ~pl.col("entity_type").is_in(list(snap.node_columns)))
+    in_snapshot = [t for t in ENTITY_TYPES if snap.has_nodes(t)]
+    unserved = frame.filter(~pl.col("entity_type").is_in(served) | ~pl.col("entity_type").is_in(in_snapshot))
     if unserved.height:
         raise InputError(f"hir refresh: {path} has {sorted(set(unserved['entity_type']))} entities at {_rows(unserved)}, "
                          f"but the live version serves {sorted(served)} (a type must be in the snapshot and published)")
@@ -182,7 +165,7 @@ def _timestamps(frame: pl.DataFrame, path: Path) -> pl.DataFrame:
 def _attributes(frame: pl.DataFrame, etype: str, path: Path, snap: Snapshot) -> pl.DataFrame:
     """The type's attr columns with the snapshot's dtypes (numbers stay numbers)."""
     out = []
-    for col, dtype in snap.node_columns[etype].items():
+    for col, dtype in _node_columns(snap, etype).items():
         if not col.startswith("attr_") or col not in frame.columns:
             continue
         s = frame[col]
@@ -259,7 +242,7 @@ def _links(rows: pl.DataFrame, etype: str, path: Path, snap: Snapshot) -> dict[s
         col = col.filter(pl.col("_to").is_not_null() & (pl.col("_to") != ""))
         if not col.height:
             continue
-        if dst not in snap.node_columns:
+        if not snap.has_nodes(dst):
             raise InputError(f"hir refresh: {path} column {dst} links {etype} entities to {dst}s, but the snapshot has "
                              f"no {dst} entities; drop the column")
         unknown = col.filter(~pl.col("_to").is_in(snap.keys(dst).implode()))

@@ -33,10 +33,11 @@ from typing import Any
 import polars as pl
 from omegaconf import DictConfig
 
+from hir.data.snapshot import Snapshot, load_snapshot
 from hir.errors import HirError, InputError
 from hir.progress import progress_steps
 from hir.publish import feast_store, milvus_store
-from hir.publish.delta import Delta, Snapshot, describe, first_seen, read_delta
+from hir.publish.delta import Delta, describe, first_seen, read_delta
 from hir.publish.stage import recover
 from hir.serving import now_iso, read_state, store_lock, sync_manifests, write_state
 from hir.validate.binding import sha256
@@ -91,6 +92,15 @@ def model_source(cfg: DictConfig, manifest: dict[str, Any]) -> dict[str, Path]:
         raise HirError(f"the model of the live version {manifest['version']!r} cannot be loaded: {', '.join(gone)} "
                        "missing. Restore them, or set refresh.run_dir=<the run dir that exported it>")
     return out
+
+
+def live_snapshot(graph_dir: Path) -> Snapshot:
+    """The snapshot the live version was trained on (what a delta is checked against)."""
+    try:
+        return load_snapshot(graph_dir)
+    except InputError as err:
+        raise InputError(f"the snapshot of the live version is gone or incomplete ({err}); restore it, or point "
+                         "refresh.run_dir at the run that exported the live version") from err
 
 
 def validate_rows(frames: dict[str, pl.DataFrame], manifest: dict[str, Any], store_dir: Path, vcfg: DictConfig,
@@ -242,8 +252,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         recover(cfg, state)
         manifest = state["versions"][state["live"]]["manifest"]
         source = model_source(cfg, manifest)
-        delta = read_delta(path, str(cfg.refresh.entity_type), list(manifest["feast"]["feature_views"]),
-                           Snapshot.load(source["graph_dir"]))
+        snapshot = live_snapshot(source["graph_dir"])
+        delta = read_delta(path, str(cfg.refresh.entity_type), list(manifest["feast"]["feature_views"]), snapshot)
         new, known = new_entities(delta, manifest, store_dir)
         if known:
             log.info("%s: %s already served by %r; skipped", path, known, manifest["version"])
@@ -251,7 +261,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             msg = f"{path}: no entity that the live version {manifest['version']!r} does not serve ({known} known)"
             log.info("%s", msg)
             return {"version": manifest["version"], "rows": {}, "skipped": known}
-        frames = embed(cfg, source, delta, new, manifest)
+        frames = embed(cfg, source, snapshot, delta, new, manifest)
         events = _write_events(delta, store_dir, state)
         record = refresh_rows(cfg, frames, str(path), state,
                               {"delta": describe(delta), "skipped_known": known, "events_file": events})
@@ -281,7 +291,7 @@ def _cutoff(manifest: dict[str, Any], etype: str) -> datetime | None:
     return pl.read_parquet(path, columns=["event_timestamp"])["event_timestamp"].min()
 
 
-def embed(cfg: DictConfig, source: dict[str, Path], delta: Delta, new: dict[str, pl.DataFrame],
+def embed(cfg: DictConfig, source: dict[str, Path], snapshot: Snapshot, delta: Delta, new: dict[str, pl.DataFrame],
           manifest: dict[str, Any]) -> dict[str, pl.DataFrame]:
     """Contract-format rows (docs/contracts.md, embeddings/<type>.parquet) for the new entities:
     content vectors with the enrich stage's fitted encoders, then the live version's model through
@@ -294,9 +304,9 @@ def embed(cfg: DictConfig, source: dict[str, Path], delta: Delta, new: dict[str,
     from hir.export.embed import Embedder
 
     emb_meta_path = Path(manifest.get("source", {}).get("embeddings_dir", "")) / "meta.json"
-    visible = tuple(json.loads(emb_meta_path.read_text()).get("visible_splits") or cfg.model.export.visible_splits) \
-        if emb_meta_path.exists() else tuple(cfg.model.export.visible_splits)
-    embedder = Embedder(source["checkpoint"], source["graph_dir"], source["content_dir"], visible)
+    visible = tuple(json.loads(emb_meta_path.read_text()).get("visible_splits") or cfg.export.visible_splits) \
+        if emb_meta_path.exists() else tuple(cfg.export.visible_splits)
+    embedder = Embedder(source["checkpoint"], snapshot, source["content_dir"], visible)
     if embedder.version != manifest["version"]:
         raise HirError(
             f"checkpoint {source['checkpoint']} is model {embedder.version!r} but the live version is "

@@ -1,5 +1,5 @@
-"""Callbacks for `hir train` beyond Lightning's own: the step-0 validation point (built in) and
-fault injection (add it under ``callbacks:`` in the config)."""
+"""Callbacks for `hir train` beyond Lightning's own: the step-0 validation point (built in), the
+choice of the checkpoint export uses, and fault injection (add it under ``callbacks:`` in the config)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Callback, TQDMProgressBar
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint, TQDMProgressBar
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +67,22 @@ class InitialValidation(Callback):
             # the keys export reads (hir.export.embed.load_checkpoint), nothing of the loops
             torch.save({"state_dict": pl_module.state_dict(), "hyper_parameters": dict(pl_module.hparams),
                         "hir_history": list(pl_module.history)}, self.dirpath / INIT_CHECKPOINT)
+
+
+def best_checkpoint(history: list[dict[str, float]], monitor: str, ckpt_dir: Path, best_cb: ModelCheckpoint) -> dict[str, Any]:
+    """The validation point export should use: the best of the step-0 point (``init.ckpt``, the
+    spectral base) and the epochs (``best.ckpt``, ``best_cb``'s), by ``monitor``; ties go to the
+    earlier one. Returns its ``checkpoint``, ``epoch``, ``step``, ``score`` and the step-0
+    ``base_score`` with the ``gain_over_base``."""
+    points = [h for h in history if monitor in h]
+    if not points:
+        return {"checkpoint": str(ckpt_dir / "last.ckpt"), "epoch": -1, "score": float("nan")}
+    top = max(points, key=lambda h: (h[monitor], -h["step"]))
+    init = next((h for h in points if h["epoch"] == -1), None)
+    path = ckpt_dir / INIT_CHECKPOINT if top["epoch"] == -1 else Path(best_cb.best_model_path or ckpt_dir / "last.ckpt")
+    return {"checkpoint": str(path), "epoch": int(top["epoch"]), "step": int(top["step"]), "score": float(top[monitor]),
+            "base_score": float(init[monitor]) if init else None,
+            "gain_over_base": float(top[monitor] - init[monitor]) if init else None}
 
 
 class ProgressBar(TQDMProgressBar):

@@ -11,76 +11,59 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import lightning as L
 import numpy as np
-import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from hir.train.context import ContextSampler
-from hir.train.graph import GraphStore
-from hir.train.spectral import leave_one_out
-from hir.train.valset import ValSet, validation_set
+from hir.data.snapshot import load_snapshot
+from hir.errors import HirError
+from hir.model import (
+    ContextSampler,
+    EmbedBatches,
+    GraphStore,
+    SpectralBase,
+    SpectralBasis,
+    SpectralConfig,
+    ValSet,
+    catalogue,
+    fit_base,
+    load_graph,
+    to_tensors,
+    validation_set,
+)
 
 log = logging.getLogger(__name__)
-
-
-def to_tensors(store: GraphStore, views: dict[str, dict[str, np.ndarray]], **extra: np.ndarray) -> dict[str, Any]:
-    """Numpy views -> tensors, with one shared content matrix.
-
-    Each distinct node of the batch gets one content row (``content`` (U, D) float16) and, when
-    the store has a spectral base, one base row (``base`` (U, K) float32, ``base_logit`` (U,));
-    each view gets ``row`` (R, N) int64 pointing into them (-1 for padding).
-    """
-    nodes = np.concatenate([v["node"].ravel() for v in views.values()]) if views else np.zeros(0, np.int64)
-    uniq = np.unique(nodes[nodes >= 0])
-    out: dict[str, Any] = {"content": torch.from_numpy(store.content[uniq])}
-    if store.base is not None:
-        out["base"] = torch.from_numpy(store.base[uniq])
-        out["base_logit"] = torch.from_numpy(store.base_logit[uniq])
-    for name, v in views.items():
-        t = {k: torch.from_numpy(np.ascontiguousarray(a)) for k, a in v.items()}
-        t["row"] = torch.from_numpy(np.where(v["node"] >= 0, np.searchsorted(uniq, v["node"]), -1))
-        out[name] = t
-    out.update({k: torch.from_numpy(np.ascontiguousarray(a)) for k, a in extra.items()})
-    return out
 
 
 class TrainBatches(Dataset):
     """Map-style dataset indexed by ``(epoch, batch_index)`` (see :class:`EpochBatchSampler`).
 
-    Each batch: ``pairs`` deep-funnel (user, entity) train edges (their users and entities are the
-    first 2P seeds, each with the other side hidden from its context; with ``pair_entities=False``
-    only the P users) followed by ``batch_size`` seeds of every entity type from the epoch's seed
-    order. ``cand_index`` (M,) lists the
-    contrastive candidates among the seeds (the P entities first, then extra uniform negatives)
-    and ``log_q`` (M,) their log sampling rates. With a ``catalogue`` (:func:`catalogue`):
+    Each batch: the users of ``pairs`` deep-funnel (user, entity) train edges (the first P seeds,
+    each with its pair's entity hidden from its context) followed by ``batch_size`` seeds of every
+    entity type from the epoch's seed order. With a ``catalogue`` (:func:`hir.model.catalogue`):
     ``cat_target`` (P,) the positives' catalogue rows and ``cat_mask_rows``/``cat_mask_cols`` the
     (pair, catalogue row) entries of each pair user's other deep-stage entities, which the
-    catalogue loss masks; ``seed_base`` gives the pair users' base without their positive.
+    catalogue loss masks; with a ``base``, ``seed_base`` gives the pair users' base without their
+    positive.
     """
 
-    def __init__(self, store: GraphStore, sampler: ContextSampler, batch_size: int, pairs: int,
-                 seeds_per_epoch: int | None, seed: int, rank: int = 0, world: int = 1,
-                 catalogue: np.ndarray | None = None, pair_entities: bool = True,
-                 train_pairs: np.ndarray | None = None) -> None:
-        self.store, self.sampler = store, sampler
-        self.pair_entities = pair_entities
+    def __init__(self, store: GraphStore, base: SpectralBase | None, sampler: ContextSampler, batch_size: int,
+                 pairs: int, seeds_per_epoch: int | None, seed: int, rank: int = 0, world: int = 1,
+                 catalogue: np.ndarray | None = None) -> None:
+        self.store, self.base, self.sampler = store, base, sampler
         self.catalogue_row = None
         if catalogue is not None:
             self.catalogue_row = np.full(store.n_nodes, -1, np.int64)
             self.catalogue_row[catalogue] = np.arange(len(catalogue))
         self.batch_size, self.seed, self.rank, self.world = batch_size, seed, rank, world
-        # the (user, entity) pairs drawn: every deep pair, or the ones the spectral fit held out
-        self.pair_pool = store.deep_pairs if train_pairs is None else np.asarray(train_pairs, np.int64)
-        self.pairs = pairs if len(self.pair_pool) else 0
+        self.pairs = pairs if len(store.deep_pairs) else 0
         self.n_seeds = min(seeds_per_epoch or store.n_nodes, store.n_nodes)
-        self.target_types = np.unique(store.node_type[store.deep_pairs[:, 1]]) if len(store.deep_pairs) else np.zeros(0, np.int8)
         self._order: tuple[int, np.ndarray] | None = None
-        # pairs are drawn ~ their deep-stage weight (inverse CDF); a pair's rate is its weight / total
-        weight = store.deep_weight if train_pairs is None else _pair_weights(store, self.pair_pool)
-        self._cum = np.cumsum(weight)
+        # pairs are drawn ~ their deep-stage weight (inverse CDF)
+        self._cum = np.cumsum(store.deep_weight)
         self._total = float(self._cum[-1]) if len(self._cum) else 1.0
 
     def draw_pairs(self, rng: np.random.Generator, n: int) -> np.ndarray:
@@ -88,7 +71,7 @@ class TrainBatches(Dataset):
         if n == 0:
             return np.zeros((0, 2), np.int64)
         idx = np.searchsorted(self._cum, rng.random(n) * self._total, side="right")
-        return self.pair_pool[np.minimum(idx, len(self._cum) - 1)]
+        return self.store.deep_pairs[np.minimum(idx, len(self._cum) - 1)]
 
     def __len__(self) -> int:
         """Batches per rank and epoch."""
@@ -107,37 +90,20 @@ class TrainBatches(Dataset):
         rng = np.random.default_rng([self.seed, epoch, g])
         seeds = self.order(epoch)[g * self.batch_size:(g + 1) * self.batch_size]
         pairs = self.draw_pairs(rng, self.pairs)
-        # the pairs' entities are seeds only for the in-batch contrastive part (they are its
-        # candidates); the catalogue part needs the users alone
-        ents = pairs[:, 1] if self.pair_entities else np.zeros(0, np.int64)
-        users_of = pairs[:, 0] if self.pair_entities else np.zeros(0, np.int64)
-        all_seeds = np.concatenate([pairs[:, 0], ents, seeds]).astype(np.int64)
-        exclude = np.concatenate([pairs[:, 1], users_of, np.full(len(seeds), -1)]).astype(np.int64)
+        all_seeds = np.concatenate([pairs[:, 0], seeds]).astype(np.int64)
+        exclude = np.concatenate([pairs[:, 1], np.full(len(seeds), -1)]).astype(np.int64)
         views = {"eng": self.sampler.engagement(all_seeds, rng, exclude), "kno": self.sampler.knowledge(all_seeds, rng)}
-        # contrastive candidates: the pairs' entities (drawn ~ deep degree) and, as extra uniform
-        # negatives, the batch's other seeds of the entity types deep edges point to. logQ of a
-        # candidate = log of its expected count in a batch's candidate set under this mixed sampling
-        st = self.store
         p = len(pairs)
-        if p and self.pair_entities:
-            extra = np.flatnonzero(np.isin(st.node_type[seeds], self.target_types)) + 2 * p
-            cand = np.concatenate([np.arange(p, 2 * p), extra]).astype(np.int64)
-        else:
-            cand = np.zeros(0, np.int64)
-        expected = self.pairs * st.deep_degree[all_seeds[cand]] / self._total + self.batch_size / st.n_nodes
         extra = {}
-        if st.base is not None:
+        if self.base is not None:
             # the pairs' users see their base without the held-out entity (a deep pair: weight 1)
-            seed_base = st.base[all_seeds].copy()
+            seed_base = self.base.vectors[all_seeds].copy()
             if p:
-                seed_base[:p] = leave_one_out(st, pairs[:, 0], pairs[:, 1], np.ones(p))
+                seed_base[:p] = self.base.leave_one_out(pairs[:, 0], pairs[:, 1], np.ones(p))
             extra["seed_base"] = seed_base
         if self.catalogue_row is not None and p:
             extra |= self._catalogue_targets(pairs)
-        out = to_tensors(st, views, seeds=all_seeds, cand_index=cand, log_q=np.log(expected).astype(np.float32),
-                         n_pairs=np.asarray(len(pairs)), **extra)
-        return out
-
+        return to_tensors(self.store, self.base, views, seeds=all_seeds, n_pairs=np.asarray(p), **extra)
 
     def _catalogue_targets(self, pairs: np.ndarray) -> dict[str, np.ndarray]:
         eng, deepest = self.store.eng, len(self.store.stage_order)
@@ -149,25 +115,6 @@ class TrainBatches(Dataset):
         cols = self.catalogue_row[eng.dst[e[keep]]]
         ok = cols >= 0
         return {"cat_target": self.catalogue_row[pairs[:, 1]], "cat_mask_rows": row_of[keep][ok], "cat_mask_cols": cols[ok]}
-
-
-def _pair_weights(store: GraphStore, pairs: np.ndarray) -> np.ndarray:
-    """The deep-stage sampling weights of a subset of ``store.deep_pairs`` (given as rows)."""
-    n = store.n_nodes
-    keys = store.deep_pairs[:, 0] * n + store.deep_pairs[:, 1]
-    order = np.argsort(keys)
-    pos = order[np.searchsorted(keys[order], pairs[:, 0] * n + pairs[:, 1])]
-    return store.deep_weight[pos]
-
-
-def catalogue(store: GraphStore) -> np.ndarray:
-    """(M,) global ids of the catalogue the user-side loss ranks: every entity of the types
-    deep-stage edges point to that has a spectral base."""
-    if store.base is None or len(store.deep_pairs) == 0:
-        return np.zeros(0, np.int64)
-    types = np.unique(store.node_type[store.deep_pairs[:, 1]])
-    has = np.linalg.norm(store.base, axis=1) > 0
-    return np.flatnonzero(np.isin(store.node_type, types) & has).astype(np.int64)
 
 
 class EpochBatchSampler(Sampler):
@@ -193,62 +140,84 @@ class EpochBatchSampler(Sampler):
         return self.n_batches
 
 
-class EmbedBatches(Dataset):
-    """Fixed batches of nodes to embed: warm nodes through the engagement view, cold ones (no
-    train engagement) through the knowledge view. Deterministic per batch index."""
-
-    def __init__(self, store: GraphStore, sampler: ContextSampler, nodes: np.ndarray, batch_size: int, seed: int) -> None:
-        self.store, self.sampler, self.nodes, self.batch_size, self.seed = store, sampler, nodes, batch_size, seed
-
-    def __len__(self) -> int:
-        return -(-len(self.nodes) // self.batch_size)
-
-    def __getitem__(self, i: int) -> dict[str, Any]:
-        nodes = self.nodes[i * self.batch_size:(i + 1) * self.batch_size]
-        rng = np.random.default_rng([self.seed, 1 << 20, i])
-        warm = self.store.warm[nodes]
-        views = {"eng": self.sampler.engagement(nodes[warm], rng), "kno": self.sampler.knowledge(nodes[~warm], rng)}
-        return to_tensors(self.store, views, eng_nodes=nodes[warm], kno_nodes=nodes[~warm])
-
-
 class HirDataModule(L.LightningDataModule):
-    """Contexts for training, node batches for validation.
+    """The training data of `hir train`: the snapshot's train-visible graph, its spectral base,
+    the validation task, and context batches (training seeds sharded by rank).
 
-    Args:
-        store: the loaded snapshot (training-visible edges only).
-        context: :class:`ContextSampler` sizes.
-        batch_size: seeds per batch (default 256).
-        pairs: deep-funnel pairs per batch for the contrastive loss (default 64).
-        seeds_per_epoch: seeds per epoch (default all nodes).
-        embed_batch_size: nodes per validation batch (default 1024).
-        val_candidates: cap on recall@K candidates (default all).
-        val_protocol: ``masked_new`` or ``all`` (see :mod:`hir.train.valset`).
-        pair_entities: put the pairs' entities into the batch (the in-batch contrastive part).
+    :meth:`setup` builds them once per process; `hir train` calls it before building the
+    network, whose sizes come from the snapshot and the base's rank (:attr:`net_sizes`).
+
+    Args (conf/datamodule/default.yaml is the constructor call; `hir train` adds ``spectral_file``
+    and ``reuse_spectral``):
+        graph_dir, content_dir: the snapshot (prepare's ``graph/``, enrich's ``content/``).
+        graph: keyword arguments of :func:`hir.model.load_graph` (edge sampling weights).
+        context: :class:`hir.model.ContextSampler` sizes.
+        spectral: how the base is fitted (:class:`hir.model.SpectralConfig`).
+        val_protocol: ``masked_new`` or ``all`` (see :mod:`hir.model.valset`).
+        val_candidates: cap on recall@K candidates (None = all).
+        batch_size: seeds per batch.
+        pairs: deep-funnel (user, entity) pairs per batch (the catalogue loss).
+        seeds_per_epoch: seeds per epoch (None = all nodes).
+        embed_batch_size: nodes per validation batch.
         num_workers, pin_memory, persistent_workers: DataLoader settings.
         seed: base of every random draw.
+        spectral_file: where the fitted basis is saved (export reads it beside the checkpoints).
+        reuse_spectral: reload the basis from ``spectral_file`` (a resumed run) instead of fitting it.
     """
 
-    def __init__(self, store: GraphStore, context: dict[str, int] | None = None, batch_size: int = 256, pairs: int = 64,
-                 seeds_per_epoch: int | None = None, embed_batch_size: int = 1024, val_candidates: int | None = None,
-                 num_workers: int = 0, pin_memory: bool = False, persistent_workers: bool = True, seed: int = 42,
-                 val_protocol: str = "masked_new", pair_entities: bool = True) -> None:
+    def __init__(self, graph_dir: str | Path, content_dir: str | Path, graph: dict[str, Any], context: dict[str, int],
+                 spectral: SpectralConfig, val_protocol: str, val_candidates: int | None, batch_size: int, pairs: int,
+                 seeds_per_epoch: int | None, embed_batch_size: int, num_workers: int, pin_memory: bool,
+                 persistent_workers: bool, seed: int, spectral_file: str | Path, reuse_spectral: bool = False) -> None:
         super().__init__()
-        self.store = store
-        self.sampler = ContextSampler(store, **(context or {}))
+        self.graph_dir, self.content_dir = Path(graph_dir), Path(content_dir)
+        self.graph, self.context, self.spectral = dict(graph), dict(context), spectral
+        self.spectral_file, self.reuse_spectral = Path(spectral_file), bool(reuse_spectral)
+        self.val_protocol, self.val_candidates = val_protocol, val_candidates
         self.batch_size, self.pairs, self.seeds_per_epoch = batch_size, pairs, seeds_per_epoch
-        self.embed_batch_size, self.val_candidates = embed_batch_size, val_candidates
+        self.embed_batch_size = embed_batch_size
         self.num_workers, self.pin_memory = num_workers, pin_memory
         self.persistent_workers = persistent_workers and num_workers > 0
         self.seed = seed
-        self.val: ValSet = validation_set(store, val_candidates, seed, val_protocol)
-        self.pair_entities = pair_entities
-        # the pairs training draws (None = every deep pair; set from the spectral fit's held-out ones)
-        self.train_pairs: np.ndarray | None = None
+        self.store: GraphStore | None = None
+
+    def setup(self, stage: str | None = None) -> None:
+        """Load the train-visible graph, build the validation set, fit (or reload) the spectral
+        basis and take its base; a second call does nothing."""
+        if self.store is not None:
+            return
+        snap = load_snapshot(self.graph_dir)
+        self.store = load_graph(snap, self.content_dir, ("train",), **self.graph)
+        self.val: ValSet = validation_set(self.store, self.val_candidates, self.seed, self.val_protocol)
+        if not len(self.val):
+            raise HirError(
+                f"{self.graph_dir}: the val split of dataset {snap.dataset!r} has no deep-stage "
+                f"({self.store.deep_stage!r}) pairs {'new to their user ' if self.val_protocol == 'masked_new' else ''}"
+                "to validate on; give the val split more data (data.split.val_fraction, or data.split.val_start) "
+                "or use datamodule.val_protocol=all"
+            )
+        self.basis: SpectralBasis
+        self.basis, self.spectral_report = fit_base(self.store, self.val, self.spectral, self.seed, self.spectral_file,
+                                                    self.reuse_spectral)
+        self.base: SpectralBase = self.basis.base_for(self.store)
+        self.sampler = ContextSampler(self.store, **self.context)
+
+    @property
+    def net_sizes(self) -> dict[str, int]:
+        """The network's sizes this data fixes: types, stages, content width, recency buckets, base rank."""
+        sizes = {k: int(self.store.spec[k]) for k in ("n_types", "n_stages", "content_dim", "n_recency")}
+        return sizes | {"base_dim": self.base.rank}
+
+    @property
+    def recipe(self) -> dict[str, dict[str, Any]]:
+        """How contexts were built (``graph`` options, ``context`` sizes): kept in checkpoints, so
+        export rebuilds the same inputs."""
+        return {"graph": dict(self.graph), "context": self.sampler.sizes}
 
     @property
     def catalogue(self) -> np.ndarray:
-        """The user-side loss's catalogue (:func:`catalogue`; empty before a base is attached)."""
-        return catalogue(self.store)
+        """The user-side loss's catalogue (:func:`hir.model.catalogue`)."""
+        return catalogue(self.store, self.base)
 
     def _loader(self, dataset: Dataset, sampler: Sampler | None = None) -> DataLoader:
         return DataLoader(dataset, batch_size=None, sampler=sampler, shuffle=False, num_workers=self.num_workers,
@@ -257,8 +226,8 @@ class HirDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         rank = self.trainer.global_rank if self.trainer else 0
         world = self.trainer.world_size if self.trainer else 1
-        ds = TrainBatches(self.store, self.sampler, self.batch_size, self.pairs, self.seeds_per_epoch, self.seed, rank, world,
-                          self.catalogue, self.pair_entities, self.train_pairs)
+        ds = TrainBatches(self.store, self.base, self.sampler, self.batch_size, self.pairs, self.seeds_per_epoch,
+                          self.seed, rank, world, self.catalogue)
         log.info("train: %d batches per epoch per rank (rank %d of %d), %d seeds + %d pairs per batch",
                  len(ds), rank, world, self.batch_size, ds.pairs)
         n = len(ds)
@@ -274,9 +243,10 @@ class HirDataModule(L.LightningDataModule):
         """A seeded random sample of ``n`` nodes to embed (prototype initialisation)."""
         rng = np.random.default_rng([self.seed, 3])
         nodes = np.sort(rng.choice(self.store.n_nodes, min(n, self.store.n_nodes), replace=False))
-        return DataLoader(EmbedBatches(self.store, self.sampler, nodes, self.embed_batch_size, self.seed), batch_size=None)
+        return DataLoader(EmbedBatches(self.store, self.base, self.sampler, nodes, self.embed_batch_size, self.seed),
+                          batch_size=None)
 
     def val_dataloader(self) -> DataLoader:
         # every rank embeds everything (no sharding): recall@K needs all candidates on one rank
         nodes = np.concatenate([self.val.users, self.val.cands])
-        return self._loader(EmbedBatches(self.store, self.sampler, nodes, self.embed_batch_size, self.seed))
+        return self._loader(EmbedBatches(self.store, self.base, self.sampler, nodes, self.embed_batch_size, self.seed))

@@ -13,40 +13,26 @@ import torch
 from torch import Tensor, nn
 
 from hir.errors import HirError
-from hir.nn import AlignLoss, BalanceLoss, CatalogueLoss, ContrastiveLoss, DistillLoss, HirNet
+from hir.model import catalogue_vectors, embed_batch, masked_recall, usage_stats, views
+from hir.nn import AlignLoss, BalanceLoss, CatalogueLoss, DistillLoss, HirNet
 from hir.nn.net import USER_TYPE
-from hir.train.metrics import usage_stats
-from hir.train.spectral import masked_recall
 
 log = logging.getLogger(__name__)
 
-DEFAULT_OBJECTIVE: dict[str, Any] = {
-    # weight of each loss part in the total
-    "weights": {"distill": 1.0, "align": 1.0, "contrastive": 0.0, "catalogue": 1.0, "balance": 1.0, "scale": 1.0},
-    "student_temp": 0.1,
-    # teacher temperature: linear warm-up from `teacher_temp_start` over `teacher_temp_warmup` of training
-    "teacher_temp_start": 0.04,
-    "teacher_temp": 0.07,
-    "teacher_temp_warmup": 0.3,
-    "center_momentum": 0.9,
-    "contrastive_temp": 0.1,
-    # learn the contrastive softmax's scale 1/tau (from contrastive_temp)
-    "learn_temperature": True,
-    # which view teaches which (distill, align, balance): eng_to_know = the engagement-view
-    # teacher teaches the knowledge-view student (content learns the collaborative space, for cold
-    # start); both = also the reverse (the knowledge teacher pulls engagement embeddings)
-    "cross_view": "eng_to_know",
-    # strength of the logQ popularity correction of the contrastive loss (1 = full, 0 = off)
-    "logq": 1.0,
-    # EMA momentum of the teacher: cosine from `momentum` to 1 over training. Short CPU runs
-    # (a few hundred steps) need a short averaging window: 0.99 leaves the teacher at its init
-    "momentum": 0.9,
-    # online k-means decay of the prototypes (per step)
-    "prototype_decay": 0.9,
-    # nodes embedded for the k-means initialisation of the prototypes
-    "init_nodes": 4096,
-}
-DEFAULT_OPTIM: dict[str, Any] = {"lr": 2e-3, "weight_decay": 0.01, "warmup": 0.05, "min_lr_ratio": 0.1}
+# the loss parts a step computes; `objective.weights` names a weight for each
+LOSS_PARTS = ("distill", "align", "catalogue", "balance", "scale")
+# what `objective` and `optim` hold (conf/model/hir.yaml explains each)
+OBJECTIVE_KEYS = ("weights", "student_temp", "teacher_temp_start", "teacher_temp", "teacher_temp_warmup",
+                  "center_momentum", "catalogue_temp", "learn_temperature", "cross_view", "momentum",
+                  "prototype_decay", "init_nodes")
+OPTIM_KEYS = ("lr", "weight_decay", "warmup", "min_lr_ratio")
+
+
+def _check_keys(what: str, given: dict[str, Any], expected: tuple[str, ...]) -> None:
+    missing, unknown = sorted(set(expected) - set(given)), sorted(set(given) - set(expected))
+    if missing or unknown:
+        raise HirError(f"{what} has unknown keys {unknown} and lacks {missing}; expected exactly {list(expected)} "
+                       "(conf/model/hir.yaml)")
 
 
 def teacher_temp_schedule(total: int, start: float, end: float, warmup: float) -> np.ndarray:
@@ -61,45 +47,33 @@ def momentum_schedule(total: int, base: float) -> np.ndarray:
     return 1 - (1 - base) * (np.cos(np.pi * t) + 1) / 2
 
 
-@torch.no_grad()
-def embed_batch(net: HirNet, batch: dict[str, Any]) -> tuple[Tensor, Tensor]:
-    """An :class:`~hir.train.datamodule.EmbedBatches` batch -> (node ids (n,), embeddings (n, C)):
-    warm nodes through the engagement view first, then cold ones through the knowledge view."""
-    eng, kno = HirModule.views(batch)
-    out_nodes, out_z = [], []
-    for view, nodes, use_ids in ((eng, batch["eng_nodes"], True), (kno, batch["kno_nodes"], False)):
-        if len(nodes):
-            out_nodes.append(nodes)
-            out_z.append(net(view, use_ids=use_ids))
-    if not out_nodes:
-        return torch.zeros(0, dtype=torch.long), torch.zeros(0, net.dim)
-    return torch.cat(out_nodes), torch.cat(out_z)
-
-
 class HirModule(L.LightningModule):
     """Cross-view self-distillation of :class:`HirNet` with an EMA teacher.
 
-    Args:
-        net: the student network (the teacher is an EMA copy of it).
-        net_config: the keyword arguments ``net`` was built from (plain values; stored in the
-            checkpoint so export rebuilds the network without Hydra).
-        objective: loss weights, temperatures, momenta (defaults :data:`DEFAULT_OBJECTIVE`).
+    Args (conf/model/hir.yaml is the constructor call):
+        net: the student network (the teacher is an EMA copy of it); its ``config`` is stored in
+            the checkpoint so export rebuilds the network without Hydra.
+        objective: loss weights (one per :data:`LOSS_PARTS`), temperatures, momenta (:data:`OBJECTIVE_KEYS`).
         optim: AdamW ``lr``, ``weight_decay``; warm-up share ``warmup``; cosine floor ``min_lr_ratio``.
-        val_k: cut-offs of the validation recall (default (10, 20, 50)).
+        val_k: cut-offs of the validation recall.
+        monitor_k: the cut-off early stopping and the best checkpoint follow (:attr:`monitor`).
         seed: base of the per-epoch torch seed (dropout), so a resumed run repeats an uninterrupted one.
-        data: how contexts were built (``graph`` and ``context`` options), kept for export.
+        data: how contexts were built (``graph`` options, ``context`` sizes), kept for export.
     """
 
-    def __init__(self, net: HirNet, net_config: dict[str, Any], objective: dict[str, Any] | None = None,
-                 optim: dict[str, Any] | None = None, val_k: tuple[int, ...] | list[int] = (10, 20, 50), seed: int = 42,
-                 data: dict[str, Any] | None = None) -> None:
+    def __init__(self, net: HirNet, objective: dict[str, Any], optim: dict[str, Any], val_k: list[int], monitor_k: int,
+                 seed: int, data: dict[str, Any] | None = None) -> None:
         super().__init__()
-        objective = DEFAULT_OBJECTIVE | dict(objective or {})
-        objective["weights"] = DEFAULT_OBJECTIVE["weights"] | dict(objective["weights"])
-        optim = DEFAULT_OPTIM | dict(optim or {})
+        objective, optim = dict(objective), dict(optim)
+        _check_keys("model.objective", objective, OBJECTIVE_KEYS)
+        _check_keys("model.objective.weights", objective["weights"], LOSS_PARTS)
+        _check_keys("model.optim", optim, OPTIM_KEYS)
+        if int(monitor_k) not in [int(k) for k in val_k]:
+            raise HirError(f"model.monitor_k={monitor_k} is not one of model.val_k={list(val_k)}")
         # plain dicts/lists only, so `torch.load(ckpt, weights_only=True)` can read the checkpoint
-        self.save_hyperparameters({"net_config": net_config, "objective": objective, "optim": optim,
-                                   "val_k": [int(k) for k in val_k], "seed": int(seed), "data": dict(data or {})})
+        self.save_hyperparameters({"net_config": net.config, "objective": objective, "optim": optim,
+                                   "val_k": [int(k) for k in val_k], "monitor_k": int(monitor_k), "seed": int(seed),
+                                   "data": dict(data or {})})
         self.net = net
         # prototypes are fitted by online k-means on the teacher's embeddings (see
         # HierarchicalTokenizer.ema_update), not by gradient
@@ -110,28 +84,24 @@ class HirModule(L.LightningModule):
         self.teacher = copy.deepcopy(net).requires_grad_(False)
         self.train(self.training)
         levels = net.tokenizer.levels
-        views = {"eng_to_know": ((0, 1),), "both": ((0, 1), (1, 0))}
-        if objective["cross_view"] not in views:
-            raise HirError(f"model.objective.cross_view={objective['cross_view']!r}; expected one of {sorted(views)}")
-        directions = views[objective["cross_view"]]
+        teaching = {"eng_to_know": ((0, 1),), "both": ((0, 1), (1, 0))}
+        if objective["cross_view"] not in teaching:
+            raise HirError(f"model.objective.cross_view={objective['cross_view']!r}; expected one of {sorted(teaching)}")
+        directions = teaching[objective["cross_view"]]
         self.students = sorted({y for _, y in directions})
         self.distill = DistillLoss(levels, objective["student_temp"], objective["center_momentum"], directions)
         self.align = AlignLoss(net.base_dim, directions=directions)
-        self.contrastive = ContrastiveLoss(objective["contrastive_temp"], bool(objective["learn_temperature"]))
-        self.catalogue_loss = CatalogueLoss(objective["contrastive_temp"], bool(objective["learn_temperature"]))
+        self.catalogue_loss = CatalogueLoss(objective["catalogue_temp"], bool(objective["learn_temperature"]))
         # a part that is off must not leave trainable parameters DDP would wait for
-        for name, loss in (("contrastive", self.contrastive), ("catalogue", self.catalogue_loss)):
-            if not self.weights_of(objective)[name]:
-                loss.requires_grad_(False)
+        if not float(objective["weights"]["catalogue"]):
+            self.catalogue_loss.requires_grad_(False)
         # (M, C) packed base embeddings of the catalogue (fixed; built at fit start, not saved)
         self._catalogue: Tensor | None = None
         self.balance = BalanceLoss(levels, objective["student_temp"])
         self.weights = objective["weights"]
-        unknown = sorted(set(self.weights) - set(DEFAULT_OBJECTIVE["weights"]))
-        if unknown:
-            raise HirError(f"model.objective.weights has unknown parts {unknown}; expected {sorted(DEFAULT_OBJECTIVE['weights'])}")
         self.objective, self.optim = objective, optim
         self.val_k = tuple(int(k) for k in val_k)
+        self.monitor = f"val/recall@{int(monitor_k)}"
         self.seed = int(seed)
         # per-step schedules, filled by on_fit_start (the final values until then)
         self.teacher_temp = np.array([objective["teacher_temp"]])
@@ -143,10 +113,6 @@ class HirModule(L.LightningModule):
         self.history: list[dict[str, float]] = []
         # seed contexts trained on by this process since it started (throughput)
         self.contexts_seen = 0
-
-    @staticmethod
-    def weights_of(objective: dict[str, Any]) -> dict[str, float]:
-        return {k: float(v) for k, v in objective["weights"].items()}
 
     def train(self, mode: bool = True) -> HirModule:
         super().train(mode)
@@ -165,15 +131,9 @@ class HirModule(L.LightningModule):
 
     @torch.no_grad()
     def catalogue_matrix(self) -> Tensor:
-        """(M, C) packed base embeddings of the datamodule's catalogue (the entities' engagement
-        view, which the transformer does not change: see :class:`hir.nn.HirNet`)."""
-        from hir.train.datamodule import catalogue
-
-        store = self.trainer.datamodule.store
-        ids = catalogue(store)
-        s = torch.nn.functional.normalize(torch.from_numpy(store.base[ids]), dim=-1)
-        z = HirNet.pack(s, torch.from_numpy(store.base_logit[ids]), torch.from_numpy(store.node_type[ids].astype(np.int64)))
-        return z.to(self.device)
+        """(M, C) packed base embeddings of the datamodule's catalogue (:func:`hir.model.catalogue_vectors`)."""
+        dm = self.trainer.datamodule
+        return catalogue_vectors(dm.store, dm.base).to(self.device)
 
     @torch.no_grad()
     def _init_prototypes(self) -> None:
@@ -203,21 +163,14 @@ class HirModule(L.LightningModule):
         torch.manual_seed(self.seed * 1_000_003 + self.global_step * 101 + self.global_rank)
 
     # -- training ----------------------------------------------------------------------------
-    @staticmethod
-    def views(batch: dict[str, Any]) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-        """The batch's (engagement, knowledge) views, each with the shared content rows (and the
-        engagement view with the spectral base rows)."""
-        base = {k: batch[k] for k in ("base", "base_logit", "seed_base") if k in batch}
-        return {**batch["eng"], "content": batch["content"], **base}, {**batch["kno"], "content": batch["content"]}
-
     def loss_parts(self, batch: dict[str, Any]) -> dict[str, Tensor]:
         """The named, unweighted loss parts of one batch (raises on a non-finite part)."""
-        eng, kno = self.views(batch)
+        eng, kno = views(batch)
         full = [self.net(eng, use_ids=True), self.net(kno, use_ids=False)]  # 2 x (B, C)
         with torch.no_grad():
             t_full = [self.teacher(eng, use_ids=True), self.teacher(kno, use_ids=False)]  # 2 x (B, C)
         # the hierarchy and the cross-view objectives work on the direction; the scale
-        # coordinate (if any) is trained by the contrastive part and matched across views below
+        # coordinate is matched across views below
         student = [self.net.semantic(z) for z in full]  # 2 x (B, C')
         teacher = [self.teacher.semantic(z) for z in t_full]  # 2 x (B, C')
         t_scores = [self.teacher.tokenizer.scores(t) for t in teacher]  # 2 x (B, K)
@@ -246,12 +199,6 @@ class HirModule(L.LightningModule):
         if p and "cat_target" in batch and self._catalogue is not None and len(self._catalogue):
             parts["catalogue"] = self.catalogue_loss(full[0][:p], self._catalogue, batch["cat_target"],
                                                      batch["cat_mask_rows"], batch["cat_mask_cols"])
-        if p and self.weights["contrastive"] > 0 and len(batch["cand_index"]):
-            # pairs are the batch's first 2P seeds (P users, then their entities); candidates are
-            # those entities plus the batch's other seeds of the target types (mixed negatives)
-            cand = batch["cand_index"]
-            log_q = batch["log_q"] * float(self.objective["logq"])
-            parts["contrastive"] = self.contrastive(full[0][:p], full[0][cand], log_q, batch["seeds"][cand])
         for name, value in parts.items():
             if not torch.isfinite(value):
                 raise HirError(
@@ -288,7 +235,7 @@ class HirModule(L.LightningModule):
     # -- validation --------------------------------------------------------------------------
     @torch.no_grad()
     def embed(self, batch: dict[str, Any], net: HirNet | None = None) -> tuple[Tensor, Tensor]:
-        """An embedding batch -> (nodes, (n, C)) with the teacher (default); see :func:`embed_batch`."""
+        """An embedding batch -> (nodes, (n, C)) with the teacher (default); see :func:`hir.model.embed_batch`."""
         return embed_batch(net or self.teacher, batch)
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:

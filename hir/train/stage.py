@@ -3,7 +3,7 @@
     hir train                                   # CPU, conf/trainer/cpu.yaml
     hir train trainer=ddp trainer.devices=2     # multi-process (gloo on CPU, nccl on GPU)
     hir train ++ckpt_path=last                  # resume after a crash from checkpoints/last.ckpt
-    hir train model.bias.exposure=false         # ablate a bias term
+    hir train model.net.bias.exposure=false     # ablate a bias term
 """
 
 from __future__ import annotations
@@ -11,15 +11,11 @@ from __future__ import annotations
 import json
 import logging
 import os
-import sys
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
-
-from hir.errors import HirError
+from omegaconf import DictConfig
 
 # Idle OpenMP threads sleep instead of spinning. The model runs many small ops; with spinning
 # threads, two intra-op threads on a busy 2-core machine measured 10x slower per step (4.2 vs
@@ -31,206 +27,42 @@ log = logging.getLogger(__name__)
 METRICS_FILE = "train_metrics.json"
 
 
-def best_checkpoint(history: list[dict[str, float]], monitor: str, ckpt_dir: Path, best_cb: Any) -> dict[str, Any]:
-    """The validation point export should use: the best of the step-0 point (``init.ckpt``, the
-    spectral base) and the epochs (``best.ckpt``), by ``monitor``; ties go to the earlier one."""
-    from hir.train.callbacks import INIT_CHECKPOINT
-
-    points = [h for h in history if monitor in h]
-    if not points:
-        return {"checkpoint": str(ckpt_dir / "last.ckpt"), "epoch": -1, "score": float("nan")}
-    top = max(points, key=lambda h: (h[monitor], -h["step"]))
-    init = next((h for h in points if h["epoch"] == -1), None)
-    path = ckpt_dir / INIT_CHECKPOINT if top["epoch"] == -1 else Path(best_cb.best_model_path or ckpt_dir / "last.ckpt")
-    return {"checkpoint": str(path), "epoch": int(top["epoch"]), "step": int(top["step"]), "score": float(top[monitor]),
-            "base_score": float(init[monitor]) if init else None,
-            "gain_over_base": float(top[monitor] - init[monitor]) if init else None}
-
-
-NET_KEYS = ("width", "depth", "heads", "mlp_ratio", "dropout", "base_dropout", "attention_backend",
-            "bias", "hierarchy", "primitive_tokens", "transformer", "content")
-
-
-def net_config(cfg_model: DictConfig | dict, spec: dict[str, Any], base_dim: int) -> dict[str, Any]:
-    """The plain keyword arguments of :class:`hir.nn.HirNet`: snapshot sizes, the spectral rank
-    and ``model.*`` (:data:`NET_KEYS`)."""
-    m = cfg_model if isinstance(cfg_model, dict) else OmegaConf.to_container(cfg_model, resolve=True)
-    sizes = {k: spec[k] for k in ("n_types", "n_stages", "content_dim", "n_recency")}
-    return {**sizes, "base_dim": int(base_dim), **{k: m[k] for k in NET_KEYS}}
-
-
-def spectral_base(store: Any, cfg_spectral: dict[str, Any], valset: Any, seed: int, path: Path,
-                  reuse: bool) -> tuple[Any, dict[str, Any]]:
-    """Fit (or, resuming, reload) the spectral basis, choose its rank on the validation set when
-    ``rank: auto``, attach the base to ``store`` and save the basis to ``path``.
-
-    Returns the (truncated) basis and a report: the rank, the val recall@20 of each rank tried,
-    seconds.
-    """
-    from hir.train.spectral import SpectralBasis, attach_base, fit_spectral, select_rank
-
-    t0 = time.perf_counter()
-    report: dict[str, Any] = {}
-    if reuse and path.exists():
-        basis = SpectralBasis.load(path)
-        report["reused"] = str(path)
-    else:
-        rank = cfg_spectral["rank"]
-        ranks = sorted(int(r) for r in cfg_spectral["ranks"]) if rank == "auto" else [int(rank)]
-        basis = fit_spectral(store, max(ranks), float(cfg_spectral["stage_base"]), float(cfg_spectral["sigma_weight"]),
-                             int(cfg_spectral["n_iter"]), seed, float(cfg_spectral["holdout"]))
-        if len(ranks) > 1:
-            best, table = select_rank(store, basis, valset, ranks)
-            report["val_recall@20_by_rank"] = table
-            basis = basis.truncate(best)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        basis.save(path)
-    attach_base(store, basis)
-    report |= {"rank": basis.rank, "seconds": round(time.perf_counter() - t0, 2)}
-    log.info("spectral base: rank %d%s in %.1fs", basis.rank,
-             f" (val recall@20 by rank {report['val_recall@20_by_rank']})" if "val_recall@20_by_rank" in report else "",
-             report["seconds"])
-    return basis, report
-
-
-def _container(node: Any) -> Any:
-    return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
-
-
-def _ddp_relaunch_argv(cfg: DictConfig) -> None:
-    """Make Lightning's DDP re-launch of this command (one process per extra device) run ``hir train``.
-
-    The ``hir`` command rewrites ``sys.argv`` for Hydra (``["hir <stage>", *overrides, "stage=..."]``),
-    which is not a runnable command line; Lightning re-runs ``sys.argv`` for ranks > 0 (adding the
-    Hydra run dir). Restore an executable form, always for the train stage (also under ``hir
-    pipeline``: the other ranks only train).
-    """
-    from hydra.core.hydra_config import HydraConfig
-
-    if not HydraConfig.initialized() or "LOCAL_RANK" in os.environ:
-        return
-    exe = Path(sys.executable).with_name("hir")
-    rest = [a for a in sys.argv[1:] if not a.startswith("stage=")]
-    sys.argv = [str(exe), "train", *rest]
-
-
-def _is_ddp(cfg: DictConfig) -> bool:
-    strategy = cfg.trainer.get("strategy")
-    return isinstance(strategy, str) and strategy.startswith("ddp")
-
-
 def run(cfg: DictConfig) -> dict[str, Any]:
     """Train on ``paths.graph_dir`` + ``paths.content_dir``; returns the final metrics
     (``val/recall@K``, per-level prototype usage/entropy, last losses)."""
     ckpt_dir = Path(cfg.paths.checkpoint_dir)
     metrics_path = ckpt_dir / METRICS_FILE
-    ckpt_path = cfg.get("ckpt_path")
-    if metrics_path.exists() and not cfg.force and not ckpt_path:
+    if metrics_path.exists() and not cfg.force and not cfg.get("ckpt_path"):
         log.info("trained model exists at %s; reusing it (force=true retrains)", ckpt_dir)
         return json.loads(metrics_path.read_text())["metrics"]
 
     import lightning as L
-    import torch
     from hydra.utils import instantiate
-    from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
-    from lightning.pytorch.loggers import CSVLogger
 
-    from hir.nn import HirNet
-    from hir.train.callbacks import InitialValidation, ProgressBar
-    from hir.train.datamodule import HirDataModule
-    from hir.train.graph import load_graph
-    from hir.train.module import HirModule
-    from hir.train.spectral import SPECTRAL_FILE
-    from hir_kernels import attention_backend
+    from hir.model import SPECTRAL_FILE
+    from hir.train.trainer import build_trainer, fit_report, log_setup, prepare_process
 
-    # the teacher is in eval mode on purpose (no dropout, full ids): not worth a warning per fit
-    warnings.filterwarnings("ignore", message=r".*module\(s\) in eval mode at the start of training.*")
-    if _is_ddp(cfg):
-        _ddp_relaunch_argv(cfg)
-    if ckpt_path is None and cfg.force and ckpt_dir.exists():
-        for old in ckpt_dir.glob("*.ckpt"):
-            old.unlink()
-    m = cfg.model
+    prepare_process(cfg, ckpt_dir)
     t0 = time.perf_counter()
-    store = load_graph(cfg.paths.graph_dir, cfg.paths.content_dir, ("train",), **_container(m.graph))
-    t_load = time.perf_counter() - t0
+    # the snapshot, its val set and spectral base: the network's sizes come from them
+    dm = instantiate(cfg.datamodule, spectral_file=str(ckpt_dir / SPECTRAL_FILE), reuse_spectral=bool(cfg.get("ckpt_path")))
+    dm.setup("fit")
+    t_data = time.perf_counter() - t0
     L.seed_everything(cfg.seed, workers=True, verbose=False)
-    dm_kw = _container(m.data)
-    dm = HirDataModule(store, _container(m.context), seed=cfg.seed, val_protocol=str(m.val_protocol),
-                       pair_entities=float(m.objective.weights.get("contrastive", 0.0)) > 0, **dm_kw)
-    if not len(dm.val):
-        raise HirError(
-            f"{cfg.paths.graph_dir}: the val split of dataset {cfg.data.name!r} has no deep-stage "
-            f"({store.deep_stage!r}) pairs {'new to their user ' if m.val_protocol == 'masked_new' else ''}"
-            "to validate on; give the val split more data (data.split.val_fraction, or data.split.val_start) "
-            "or use model.val_protocol=all"
-        )
-    basis, spectral = spectral_base(store, _container(m.spectral), dm.val, int(cfg.seed), ckpt_dir / SPECTRAL_FILE,
-                                    reuse=bool(ckpt_path))
-    if len(basis.heldout):
-        # the transformer learns on the pairs the base never saw (see fit_spectral)
-        dm.train_pairs = basis.heldout
-    net_kw = net_config(m, store.spec, basis.rank)
-    net = HirNet(**net_kw)
-    module = HirModule(net, net_kw, _container(m.objective), _container(m.optim), list(m.val_k), cfg.seed,
-                       data={"graph": _container(m.graph), "context": _container(m.context)})
-    n_params = sum(p.numel() for p in net.parameters())
-    monitor = f"val/recall@{int(m.monitor_k)}"
-    best_cb = ModelCheckpoint(dirpath=str(ckpt_dir), filename="best", monitor=monitor, mode="max", save_top_k=1,
-                              auto_insert_metric_name=False, enable_version_counter=False)
-    # last.ckpt after every epoch, improved or not: what `ckpt_path=last` resumes from
-    last_cb = ModelCheckpoint(dirpath=str(ckpt_dir), filename="last", monitor=None, save_top_k=1, every_n_epochs=1,
-                              save_on_train_epoch_end=True, auto_insert_metric_name=False, enable_version_counter=False)
-    init_cb = InitialValidation(ckpt_dir, monitor)
-    callbacks = [init_cb, best_cb, last_cb]
-    if cfg.trainer.get("enable_progress_bar", True):
-        callbacks.append(ProgressBar())
-    callbacks += [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
-    logger = instantiate(cfg.logger) if cfg.get("logger") else CSVLogger(save_dir=cfg.paths.output_dir, name="logs", version="train")
-    # seeds are sharded by the datamodule itself (deterministic per rank); Lightning must not
-    # re-shard. The train loader is rebuilt every epoch: a resumed run's first iterator is otherwise
-    # created before the checkpoint's loop state is restored, i.e. with the wrong epoch.
-    trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=logger, use_distributed_sampler=False,
-                                     reload_dataloaders_every_n_epochs=1)
-    backend = attention_backend(trainer.strategy.root_device.type, m.attention_backend)
-    if trainer.is_global_zero:
-        log.info("model: %d parameters, embedding dim %d (spectral rank %d + 1), width %d, %d layers x %d heads, "
-                 "levels %s; attention backend %s (config %r); contexts %d engagement / %d knowledge tokens + %d "
-                 "primitives; %d val users (%s)",
-                 n_params, net.dim, basis.rank, m.width, m.depth, m.heads, list(m.hierarchy.levels), backend,
-                 m.attention_backend, dm.sampler.eng_len, dm.sampler.know_len,
-                 m.hierarchy.levels[0] if m.primitive_tokens else 0, len(dm.val), dm.val.protocol)
+    module = instantiate(cfg.model, net=dm.net_sizes, data=dm.recipe)
+    trainer, best_cb = build_trainer(cfg, ckpt_dir, module.monitor)
+    log_setup(trainer, module, dm)
     t1 = time.perf_counter()
-    trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path, weights_only=True)
-    t_fit = time.perf_counter() - t1
-    metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if torch.is_tensor(v) and v.numel() == 1}
+    trainer.fit(module, datamodule=dm, ckpt_path=cfg.get("ckpt_path"), weights_only=True)
+    seconds = {"load_graph": round(t_data - dm.spectral_report["seconds"], 2), "spectral": dm.spectral_report["seconds"],
+               "fit": round(time.perf_counter() - t1, 2)}
+    report = fit_report(cfg, trainer, module, dm, best_cb, ckpt_dir, seconds)
     if trainer.is_global_zero:
-        best = best_checkpoint(module.history, monitor, ckpt_dir, best_cb)
-        early = next((c for c in trainer.callbacks if isinstance(c, EarlyStopping)), None)
-        stopped_by = ("early_stopping" if early is not None and early.stopped_epoch > 0 else
-                      "max_time" if trainer.max_epochs and trainer.current_epoch < trainer.max_epochs else "max_epochs")
-        report = {
-            "metrics": metrics,
-            "history": module.history,
-            "epochs": trainer.current_epoch,
-            "global_step": trainer.global_step,
-            "parameters": n_params,
-            "attention_backend": backend,
-            "world_size": trainer.world_size,
-            "spectral": spectral,
-            "monitor": monitor,
-            "best": best,
-            "stopped_by": stopped_by,
-            "seconds": {"load_graph": round(t_load, 2), "spectral": spectral["seconds"], "fit": round(t_fit, 2)},
-            "contexts_per_s": round(module.contexts_seen / max(t_fit, 1e-9), 1),
-            "best_checkpoint": best["checkpoint"],
-            "last_checkpoint": str(ckpt_dir / "last.ckpt"),
-            "config": {"model": _container(m), "trainer": _container(cfg.trainer)},
-        }
         ckpt_dir.mkdir(parents=True, exist_ok=True)
         metrics_path.write_text(json.dumps(report, indent=2))
+        best = report["best"]
         log.info("trained in %.1fs (%d steps, stopped by %s); best %s = %.4f at epoch %d (%s; the spectral base "
-                 "alone: %s)", t_fit, trainer.global_step, stopped_by, monitor, best["score"], best["epoch"],
-                 best["checkpoint"], best.get("base_score"))
+                 "alone: %s)", seconds["fit"], trainer.global_step, report["stopped_by"], module.monitor, best["score"],
+                 best["epoch"], best["checkpoint"], best.get("base_score"))
         print(f"checkpoints: {ckpt_dir}")
-    return metrics
+    return report["metrics"]

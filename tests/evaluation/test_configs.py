@@ -43,7 +43,7 @@ def test_ablation_experiment(compose: Callable) -> None:
         plain = hydra_compose("config", overrides=["experiment=ablation_bias"])
     assert OmegaConf.to_container(plain.publish, resolve=False)["store_dir"].startswith("${hir_serving_dir:")
     # the swept keys exist in the model config (a renamed key would make every cell identical)
-    for key in ("model.bias.table", "model.bias.exposure", "model.objective.weights.distill"):
+    for key in ("model.net.bias.table", "model.net.bias.exposure", "model.objective.weights.distill"):
         assert OmegaConf.select(cfg, key) is not None, key
 
 

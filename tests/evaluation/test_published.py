@@ -13,7 +13,7 @@ import pytest
 from tests.conftest import REES46
 from tests.evaluation.fixtures import write_content, write_export
 
-MODEL = ["model.spectral.rank=16", "model.hierarchy.levels=[4,16]", "model.hierarchy.top_k=2"]
+MODEL = ["spectral.rank=16", "model.net.hierarchy.levels=[4,16]", "model.net.hierarchy.top_k=2"]
 FAST = [
     "eval.ranker.max_steps=60", "eval.ranker.eval_every=20", "eval.bootstrap.resamples=20",
     "eval.lightgcn.max_epochs=2", "eval.lightgcn.steps_per_epoch=3", "eval.itemknn_neighbours=20",

@@ -9,6 +9,7 @@ import torch
 from hir.export.labels import label_prototypes, top_members, words
 from hir.export.supergraph import supergraph_stats
 from hir.nn.hierarchy import HierarchicalTokenizer
+from tests.nn.config import tokenizer_kwargs
 
 
 def test_labels_pick_distinctive_member_words():
@@ -22,7 +23,7 @@ def test_labels_pick_distinctive_member_words():
 
 def test_top_members_are_the_most_probable_per_prototype():
     torch.manual_seed(0)
-    tok = HierarchicalTokenizer(dim=4, levels=(2, 4))
+    tok = HierarchicalTokenizer(dim=4, **tokenizer_kwargs(levels=(2, 4)))
     z = tok.decode(torch.arange(4)[:, None], level=1).detach().numpy()  # each fine prototype's own vector
     best = top_members(tok, np.repeat(z, 2, axis=0), np.arange(8), m=2, chunk=3)
     assert best[1].shape == (4, 2)

@@ -7,12 +7,13 @@ import torch
 import torch.nn.functional as F
 
 from hir.nn.hierarchy import HierarchicalTokenizer, level_log_probs
+from tests.nn.config import tokenizer_kwargs
 
 
 @pytest.mark.parametrize("levels", [(4, 8), (3, 12, 48), (16, 128)])
 def test_round_trip_per_level(levels):
     torch.manual_seed(0)
-    tok = HierarchicalTokenizer(dim=16, levels=levels, top_k=2)
+    tok = HierarchicalTokenizer(dim=16, **tokenizer_kwargs(levels=levels, top_k=2))
     for lvl, k in enumerate(levels):
         codes = torch.arange(k)[:, None]  # every prototype of the level
         vec = tok.decode(codes, level=lvl)  # (K, dim)
@@ -23,7 +24,7 @@ def test_round_trip_per_level(levels):
 def test_round_trip_survives_training_steps():
     """The bound is a parametrisation, not an init property: it holds after arbitrary updates."""
     torch.manual_seed(1)
-    tok = HierarchicalTokenizer(dim=8, levels=(4, 16, 64))
+    tok = HierarchicalTokenizer(dim=8, **tokenizer_kwargs(levels=(4, 16, 64)))
     opt = torch.optim.SGD(tok.parameters(), lr=0.5)
     for _ in range(50):
         x = F.normalize(torch.randn(32, 8), dim=-1)
@@ -40,7 +41,7 @@ def test_round_trip_survives_training_steps():
 
 def test_parent_probability_is_sum_of_children():
     torch.manual_seed(0)
-    tok = HierarchicalTokenizer(dim=8, levels=(2, 6, 12))
+    tok = HierarchicalTokenizer(dim=8, **tokenizer_kwargs(levels=(2, 6, 12)))
     lp = tok.log_probs(F.normalize(torch.randn(5, 8), dim=-1))
     for lvl in range(1, 3):
         child = lp[lvl].exp()
@@ -53,7 +54,7 @@ def test_parent_probability_is_sum_of_children():
 
 def test_contract_shapes_and_weights():
     torch.manual_seed(0)
-    tok = HierarchicalTokenizer(dim=8, levels=(2, 8), top_k=4)
+    tok = HierarchicalTokenizer(dim=8, **tokenizer_kwargs(levels=(2, 8), top_k=4))
     codes, weights, aux = tok(F.normalize(torch.randn(7, 8), dim=-1))
     assert [c.shape for c in codes] == [(7, 2), (7, 4)]  # top_k capped by the level size
     for c, w in zip(codes, weights):
@@ -75,8 +76,8 @@ def test_level_log_probs_aggregates_contiguous_children():
 
 def test_bad_levels_are_rejected():
     with pytest.raises(ValueError, match="strict multiple"):
-        HierarchicalTokenizer(8, levels=(4, 6))
+        HierarchicalTokenizer(8, **tokenizer_kwargs(levels=(4, 6)))
     with pytest.raises(ValueError, match="strict multiple"):
-        HierarchicalTokenizer(8, levels=(4, 4))
+        HierarchicalTokenizer(8, **tokenizer_kwargs(levels=(4, 4)))
     with pytest.raises(ValueError, match="radius"):
-        HierarchicalTokenizer(8, levels=(4, 8), radius=0.3)
+        HierarchicalTokenizer(8, **tokenizer_kwargs(levels=(4, 8), radius=0.3))

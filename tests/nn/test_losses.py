@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 import torch.nn.functional as F
 
-from hir.nn.losses import AlignLoss, BalanceLoss, ContrastiveLoss, DistillLoss
+from hir.nn.losses import AlignLoss, BalanceLoss, CatalogueLoss, DistillLoss
+
+# (teacher view, student view): each view teaches the other
+BOTH_WAYS = ((0, 1), (1, 0))
 
 
 def test_distill_prefers_agreeing_views_and_centres_the_teacher():
-    loss = DistillLoss(levels=(2, 4), student_temp=0.1, center_momentum=0.5)
+    loss = DistillLoss(levels=(2, 4), student_temp=0.1, center_momentum=0.5, directions=BOTH_WAYS)
     teacher = [torch.tensor([[5.0, 0, 0, 0], [0, 0, 0, 5.0]])] * 2
     agree = loss([teacher[0], teacher[0]], teacher, teacher_temp=0.05)
     disagree = loss([teacher[0].flip(0), teacher[0].flip(0)], teacher, teacher_temp=0.05)
@@ -24,17 +28,18 @@ def test_distill_prefers_agreeing_views_and_centres_the_teacher():
     assert torch.equal(loss.center, before)  # no centre update outside training
 
 
-def test_contrastive_logq_correction_and_duplicates():
-    users = F.normalize(torch.tensor([[1.0, 0.1], [0.1, 1.0], [1.0, 0.0]]), dim=-1)
-    items = users.clone()
-    ids = torch.tensor([10, 11, 12])
-    flat = ContrastiveLoss(0.1)(users, items, torch.zeros(3), ids)
-    # a very popular item 12 (high sampling probability) is discounted as a negative
-    corrected = ContrastiveLoss(0.1)(users, items, torch.log(torch.tensor([0.01, 0.01, 0.9])), ids)
-    assert corrected != flat
-    # the same entity twice in a batch is not its own negative
-    dup = ContrastiveLoss(0.1)(users[[0, 2]], items[[0, 0]], torch.zeros(2), torch.tensor([10, 10]))
-    assert torch.isclose(dup, torch.tensor(0.0), atol=1e-6)
+def test_catalogue_ranks_the_positive_with_the_users_other_entities_masked():
+    users = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    cat = F.normalize(torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.9, 0.3]]), dim=-1)
+    target = torch.tensor([2, 1])
+    none = torch.zeros(0, dtype=torch.long)
+    loss = CatalogueLoss(0.05, learn_temperature=False)
+    plain = loss(users, cat, target, none, none)
+    # user 0 already had row 0 (scored above its positive): masked, it no longer competes
+    masked = loss(users, cat, target, torch.tensor([0]), torch.tensor([0]))
+    assert masked < plain
+    assert not loss.log_scale.requires_grad and float(loss.scale) == pytest.approx(20.0)
+    assert float(CatalogueLoss(1e-4, learn_temperature=True).scale) == pytest.approx(100.0)  # kept in [1, 100]
 
 
 def test_balance_is_zero_when_uniform_and_high_when_collapsed():
@@ -46,7 +51,7 @@ def test_balance_is_zero_when_uniform_and_high_when_collapsed():
 
 
 def test_align_range_and_a_zero_predictor():
-    align = AlignLoss(4)
+    align = AlignLoss(4, directions=BOTH_WAYS)
     z = F.normalize(torch.randn(5, 4), dim=-1)
     value = align([z, z], [z, z])
     assert 0 <= float(value.detach()) <= 4

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from hir.nn import HirNet
 from hir.nn.buckets import ENGAGEMENT, METADATA, SELF
 from hir.nn.hierarchy import HierarchicalTokenizer
+from tests.nn.config import net_kwargs, tokenizer_kwargs
 
 
 def _view(b: int = 6, n: int = 5, content_dim: int = 7, base_dim: int = 16) -> dict[str, torch.Tensor]:
@@ -29,8 +30,8 @@ def _view(b: int = 6, n: int = 5, content_dim: int = 7, base_dim: int = 16) -> d
 
 def _net(**kw) -> HirNet:
     torch.manual_seed(0)
-    return HirNet(n_types=5, n_stages=2, content_dim=7, base_dim=16, width=16, depth=2, heads=2,
-                  hierarchy={"levels": [2, 4]}, **kw)
+    return HirNet(**net_kwargs(n_types=5, n_stages=2, content_dim=7, base_dim=16, n_recency=4, width=16, depth=2,
+                               heads=2, hierarchy=tokenizer_kwargs(levels=[2, 4]), **kw))
 
 
 def test_forward_gives_unit_embeddings_for_both_views():
@@ -107,14 +108,14 @@ def test_gradients_reach_bias_tables_and_lambda():
 
 
 def test_bias_switches_remove_parameters():
-    net = _net(bias={"table": False, "exposure": False})
+    net = _net(bias=net_kwargs()["bias"] | {"table": False, "exposure": False})
     assert all(b.attn.table is None and b.attn.lam is None for b in net.transformer.blocks)
     assert net(_view()).shape == (6, 17)
 
 
 def test_online_kmeans_moves_prototypes_to_their_members_and_restarts_dead_ones():
     torch.manual_seed(0)
-    tok = HierarchicalTokenizer(dim=2, levels=(2, 4), radius=0.2)
+    tok = HierarchicalTokenizer(dim=2, **tokenizer_kwargs(levels=(2, 4), radius=0.2))
     x = F.normalize(torch.tensor([[1.0, 0.05], [1.0, -0.05], [-1.0, 0.05], [-1.0, -0.05]]), dim=-1).repeat(8, 1)
     for step in range(60):
         tok.ema_update(x, decay=0.5, generator=torch.Generator().manual_seed(step))
@@ -133,6 +134,6 @@ def test_init_from_data_puts_coarse_prototypes_on_clusters():
     g = torch.Generator().manual_seed(0)
     centres = F.normalize(torch.randn(3, 8, generator=g), dim=-1)
     x = (centres.repeat_interleave(50, 0) + 0.02 * torch.randn(150, 8, generator=g))
-    tok = HierarchicalTokenizer(dim=8, levels=(3, 6))
+    tok = HierarchicalTokenizer(dim=8, **tokenizer_kwargs(levels=(3, 6)))
     tok.init_from_data(x, generator=torch.Generator().manual_seed(1))
     assert torch.cdist(centres, tok.vectors()[0]).min(dim=1).values.max() < 0.05

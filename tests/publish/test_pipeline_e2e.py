@@ -22,7 +22,7 @@ NEW = [f"99000000{i}" for i in range(4)]
 def test_pipeline_publishes_and_refresh_serves_new_products(tmp_path: Path) -> None:
     run, store = tmp_path / "run", tmp_path / "store"
     common = [f"hydra.run.dir={run}", f"paths.cache_dir={tmp_path}/.cache", f"publish.store_dir={store}",
-              "data=rees46", "trainer.max_epochs=1", "model.data.seeds_per_epoch=2048"]
+              "data=rees46", "trainer.max_epochs=1", "datamodule.seeds_per_epoch=2048"]
     proc = run_hir("pipeline", "pipeline.stages=[prepare,enrich,train,export,validate,publish]", *common,
                    cwd=tmp_path, timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

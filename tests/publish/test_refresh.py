@@ -16,10 +16,11 @@ import pandas as pd
 import polars as pl
 import pytest
 
+from hir.data.snapshot import load_snapshot
 from hir.errors import InputError
 from hir.publish import refresh
 from hir.publish import stage as publish
-from hir.publish.delta import Snapshot, read_delta
+from hir.publish.delta import read_delta
 from hir.serving import read_state
 from hir.validate import stage as validate
 from hir.validate.binding import sha256
@@ -46,7 +47,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
     publish.run(cfg)
     store_dir = Path(cfg.publish.store_dir)
     manifest = read_state(store_dir)["versions"]["v1"]["manifest"]
-    return SimpleNamespace(cfg=cfg, run=run, store_dir=store_dir, snap=Snapshot.load(run / "graph"),
+    return SimpleNamespace(cfg=cfg, run=run, store_dir=store_dir, snap=load_snapshot(run / "graph"),
                            served=list(manifest["feast"]["feature_views"]))
 
 

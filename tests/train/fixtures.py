@@ -4,9 +4,11 @@ encoder (hashed bag of words), so no sentence model is loaded."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import zlib
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -21,10 +23,10 @@ TINY_DATA = [
 ]
 # a model small enough to train two epochs in a few seconds
 TINY_MODEL = [
-    "model.spectral.rank=16", "model.width=16", "model.depth=1", "model.heads=2", "model.hierarchy.levels=[2,4,8]",
-    "model.hierarchy.top_k=2", "model.data.batch_size=48", "model.data.pairs=16", "model.data.seeds_per_epoch=192",
-    "model.data.embed_batch_size=256", "model.data.val_candidates=null", "model.objective.init_nodes=256",
-    "model.export.batch_size=256", "trainer.max_epochs=2", "trainer.log_every_n_steps=1", "trainer.enable_progress_bar=false",
+    "spectral.rank=16", "model.net.width=16", "model.net.depth=1", "model.net.heads=2", "model.net.hierarchy.levels=[2,4,8]",
+    "model.net.hierarchy.top_k=2", "datamodule.batch_size=48", "datamodule.pairs=16", "datamodule.seeds_per_epoch=192",
+    "datamodule.embed_batch_size=256", "datamodule.val_candidates=null", "model.objective.init_nodes=256",
+    "export.batch_size=256", "trainer.max_epochs=2", "trainer.log_every_n_steps=1", "trainer.enable_progress_bar=false",
 ]
 
 
@@ -39,6 +41,37 @@ def compose(out: Path, *overrides: str, stage: str = "train"):
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         return hydra_compose("config", overrides=[f"stage={stage}", f"paths.output_dir={out}",
                                                   f"paths.cache_dir={out}/.cache", *overrides])
+
+
+@functools.cache
+def _defaults() -> dict[str, Any]:
+    from omegaconf import OmegaConf
+
+    cfg = compose(Path("/nonexistent"), stage="train")  # only read: nothing is written there
+    return {k: OmegaConf.to_container(cfg[k], resolve=True) for k in ("model", "datamodule", "spectral")}
+
+
+def defaults(group: str) -> dict[str, Any]:
+    """The YAML defaults of ``model``, ``datamodule`` or ``spectral`` as plain values (a copy)."""
+    import copy
+
+    return copy.deepcopy(_defaults()[group])
+
+
+def graph_options(**overrides: Any) -> dict[str, Any]:
+    """``datamodule.graph``: the keyword arguments of :func:`hir.model.load_graph`."""
+    return defaults("datamodule")["graph"] | overrides
+
+
+def context_sizes(**overrides: int) -> dict[str, int]:
+    """``datamodule.context``: the sizes of :class:`hir.model.ContextSampler`."""
+    return defaults("datamodule")["context"] | overrides
+
+
+def spectral_fit(**overrides: Any) -> dict[str, Any]:
+    """``spectral`` as keyword arguments of :func:`hir.model.spectral.fit_spectral` after the rank."""
+    spec = defaults("spectral")
+    return {k: spec[k] for k in ("stage_base", "sigma_weight", "n_iter")} | {"seed": 0} | overrides
 
 
 def hashed_text_vectors(texts: list[str | None], dim: int = TEXT_DIM) -> np.ndarray:

@@ -24,7 +24,7 @@ def test_ablation_sweep_runs_every_arm(tiny_run: Path, tmp_path: Path) -> None:
         shutil.copytree(tiny_run / sub, shared / sub)
     sweep = tmp_path / "mr"
     res = run_hir("pipeline", "experiment=ablation", *TINY_DATA, *TINY_MODEL, "trainer.max_epochs=1",
-                  "model.data.seeds_per_epoch=48", "model.spectral.rank=8", "eval.ranker.max_steps=20", "eval.ranker.eval_every=10",
+                  "datamodule.seeds_per_epoch=48", "spectral.rank=8", "eval.ranker.max_steps=20", "eval.ranker.eval_every=10",
                   "eval.bootstrap.resamples=10", "hydra.sweeper.params.seed=0", f"hydra.run.dir={shared}",
                   f"hydra.sweep.dir={sweep}", f"paths.cache_dir={tmp_path}/.cache", "-m", cwd=tmp_path, timeout=900)
     log = res.stdout + res.stderr

@@ -8,15 +8,14 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from hir.train.context import ContextSampler
-from hir.train.datamodule import EpochBatchSampler, TrainBatches, catalogue
-from hir.train.graph import load_graph
-from hir.train.spectral import attach_base, fit_spectral
-from hir.train.valset import validation_set
+from hir.model import ContextSampler, catalogue, load_graph, validation_set
+from hir.model.spectral import fit_spectral
+from hir.train.datamodule import EpochBatchSampler, TrainBatches
+from tests.train.fixtures import graph_options, spectral_fit
 
 
 def _flat(batch) -> dict[str, torch.Tensor]:
-    out = {"content": batch["content"], "seeds": batch["seeds"], "log_q": batch["log_q"], "cand_index": batch["cand_index"]}
+    out = {"content": batch["content"], "seeds": batch["seeds"]}
     for view in ("eng", "kno"):
         out.update({f"{view}.{k}": v for k, v in batch[view].items()})
     return out
@@ -30,8 +29,8 @@ def _same(a, b) -> None:
 
 
 def _dataset(run: Path, **kw) -> TrainBatches:
-    store = load_graph(run / "graph", run / "content", ("train",))
-    return TrainBatches(store, ContextSampler(store, 4, 2, 2, 2, 2), batch_size=32, pairs=8, seeds_per_epoch=128,
+    store = load_graph(run / "graph", run / "content", ("train",), **graph_options())
+    return TrainBatches(store, None, ContextSampler(store, 4, 2, 2, 2, 2), batch_size=32, pairs=8, seeds_per_epoch=128,
                         seed=3, **kw)
 
 
@@ -53,28 +52,34 @@ def test_ranks_get_disjoint_shards_of_one_order(tiny_run: Path):
     single = _dataset(tiny_run)
     r0, r1 = _dataset(tiny_run, rank=0, world=2), _dataset(tiny_run, rank=1, world=2)
     assert len(r0) == len(r1) == 2
-    seeds = lambda ds, i: ds[(0, i)]["seeds"][16:].numpy()  # noqa: E731 - the non-pair seeds
+    seeds = lambda ds, i: ds[(0, i)]["seeds"][8:].numpy()  # noqa: E731 - the non-pair seeds
     got = [seeds(r0, 0), seeds(r1, 0), seeds(r0, 1), seeds(r1, 1)]
     for g, i in zip(got, range(4)):
         np.testing.assert_array_equal(g, seeds(single, i))  # global batch g*W + r
     assert len(np.unique(np.concatenate(got))) == 128
 
 
-def test_pairs_lead_each_batch_with_their_other_side_hidden(tiny_run: Path):
+def _pairs(ds: TrainBatches, epoch: int, batch: int) -> np.ndarray:
+    """The (user, entity) pairs of a batch: the first draw of its generator (seed, epoch, batch)."""
+    return ds.draw_pairs(np.random.default_rng([ds.seed, epoch, batch]), ds.pairs)
+
+
+def test_pair_users_lead_each_batch_with_their_entity_hidden(tiny_run: Path):
     ds = _dataset(tiny_run)
     b = ds[(0, 0)]
     p = int(b["n_pairs"])
-    users, items = b["seeds"][:p], b["seeds"][p:2 * p]
-    pairs = {tuple(x) for x in ds.store.deep_pairs.tolist()}
-    assert all((int(u), int(i)) in pairs for u, i in zip(users, items))
+    pairs = _pairs(ds, 0, 0)
+    assert p == len(pairs) == 8
+    assert {tuple(x) for x in pairs.tolist()} <= {tuple(x) for x in ds.store.deep_pairs.tolist()}
+    np.testing.assert_array_equal(b["seeds"][:p].numpy(), pairs[:, 0])
+    np.testing.assert_array_equal(b["seeds"][p:].numpy(), ds.order(0)[:32])
     eng = b["eng"]["node"]
     for r in range(p):
-        assert int(items[r]) not in eng[r].tolist()
-        assert int(users[r]) not in eng[p + r].tolist()
+        assert int(pairs[r, 1]) not in eng[r].tolist()
 
 
 def test_validation_candidates_keep_every_positive_and_mask_the_history(tiny_run: Path):
-    store = load_graph(tiny_run / "graph", tiny_run / "content", ("train",))
+    store = load_graph(tiny_run / "graph", tiny_run / "content", ("train",), **graph_options())
     full = validation_set(store, max_candidates=20, seed=0, protocol="all")
     assert set(np.unique(store.val_pairs[:, 0])) == set(full.users.tolist())
     assert set(store.val_pairs[:, 1].tolist()) <= set(full.cands.tolist())
@@ -95,13 +100,14 @@ def test_validation_candidates_keep_every_positive_and_mask_the_history(tiny_run
 
 
 def test_catalogue_targets_mask_the_users_other_entities_and_leave_out_the_positive(tiny_run: Path):
-    store = load_graph(tiny_run / "graph", tiny_run / "content", ("train",))
-    attach_base(store, fit_spectral(store, 8))
-    cat = catalogue(store)
-    ds = TrainBatches(store, ContextSampler(store, 4, 2, 2, 2, 2), 32, 8, 128, seed=3, catalogue=cat)
+    store = load_graph(tiny_run / "graph", tiny_run / "content", ("train",), **graph_options())
+    base = fit_spectral(store, 8, **spectral_fit()).base_for(store)
+    cat = catalogue(store, base)
+    ds = TrainBatches(store, base, ContextSampler(store, 4, 2, 2, 2, 2), 32, 8, 128, seed=3, catalogue=cat)
     b = ds[(0, 0)]
     p = int(b["n_pairs"])
-    users, items = b["seeds"][:p].numpy(), b["seeds"][p:2 * p].numpy()
+    users, items = _pairs(ds, 0, 0).T
+    np.testing.assert_array_equal(b["seeds"][:p].numpy(), users)
     np.testing.assert_array_equal(cat[b["cat_target"].numpy()], items)
     deep = len(store.stage_order)
     for r in range(p):
@@ -111,17 +117,5 @@ def test_catalogue_targets_mask_the_users_other_entities_and_leave_out_the_posit
         assert got == others and int(items[r]) not in got
     # the pair users' base omits their positive; everyone else's is the stored base
     seed_base = b["seed_base"].numpy()
-    np.testing.assert_allclose(seed_base[p:], store.base[b["seeds"][p:].numpy()])
-    assert not np.allclose(seed_base[:p], store.base[users])
-
-
-def test_without_pair_entities_the_batch_holds_the_pair_users_then_the_seeds(tiny_run: Path):
-    with_ents = _dataset(tiny_run)[(0, 1)]
-    users_only = _dataset(tiny_run, pair_entities=False)[(0, 1)]
-    p = int(users_only["n_pairs"])
-    np.testing.assert_array_equal(users_only["seeds"][:p], with_ents["seeds"][:p])
-    np.testing.assert_array_equal(users_only["seeds"][p:], with_ents["seeds"][2 * p:])
-    assert len(users_only["cand_index"]) == 0
-    # the users' contexts still hide their pair's entity
-    for r in range(p):
-        assert int(with_ents["seeds"][p + r]) not in users_only["eng"]["node"][r].tolist()
+    np.testing.assert_allclose(seed_base[p:], base.vectors[b["seeds"][p:].numpy()])
+    assert not np.allclose(seed_base[:p], base.vectors[users])

@@ -25,10 +25,10 @@ SMALL_DATA = [
     "data.adapter.conversion={view: 0.6, click: 0.5, cart: 0.6, purchase: 0.8}",
 ]
 SMALL_MODEL = [
-    "model.spectral.ranks=[8,16,32]", "model.width=16", "model.depth=1", "model.heads=2",
-    "model.hierarchy.levels=[4,8,16]", "model.hierarchy.top_k=2", "model.data.batch_size=64", "model.data.pairs=64",
-    "model.data.seeds_per_epoch=640", "model.data.embed_batch_size=512", "model.data.val_candidates=null",
-    "model.objective.init_nodes=512", "model.export.batch_size=512", "trainer.max_epochs=3",
+    "spectral.ranks=[8,16,32]", "model.net.width=16", "model.net.depth=1", "model.net.heads=2",
+    "model.net.hierarchy.levels=[4,8,16]", "model.net.hierarchy.top_k=2", "datamodule.batch_size=64", "datamodule.pairs=64",
+    "datamodule.seeds_per_epoch=640", "datamodule.embed_batch_size=512", "datamodule.val_candidates=null",
+    "model.objective.init_nodes=512", "export.batch_size=512", "trainer.max_epochs=3",
     "trainer.enable_progress_bar=false",
 ]
 

@@ -9,38 +9,36 @@ import pytest
 import torch
 
 from hir.errors import HirError
+from hir.model import ContextSampler, catalogue, catalogue_vectors, load_graph
+from hir.model.spectral import fit_spectral
 from hir.nn import HirNet
-from hir.train.context import ContextSampler
-from hir.train.datamodule import TrainBatches, catalogue
-from hir.train.graph import load_graph
+from hir.train.datamodule import TrainBatches
 from hir.train.module import HirModule, momentum_schedule, teacher_temp_schedule
-from hir.train.spectral import attach_base, fit_spectral
+from tests.nn.config import net_kwargs
+from tests.train.fixtures import defaults, graph_options, spectral_fit
 
 
 @pytest.fixture
 def setup(tiny_run: Path):
-    store = load_graph(tiny_run / "graph", tiny_run / "content", ("train",))
-    attach_base(store, fit_spectral(store, 8))
+    store = load_graph(tiny_run / "graph", tiny_run / "content", ("train",), **graph_options())
+    base = fit_spectral(store, 8, **spectral_fit()).base_for(store)
     torch.manual_seed(0)
-    kw = {**{k: store.spec[k] for k in ("n_types", "n_stages", "content_dim", "n_recency")}, "base_dim": 8,
-          "width": 16, "depth": 1, "heads": 2, "hierarchy": {"levels": [2, 4]}}
-    module = HirModule(HirNet(**kw), kw)
-    cat = catalogue(store)
-    module._catalogue = _packed(store, cat)
-    batch = TrainBatches(store, ContextSampler(store, 4, 2, 2, 2, 2), 32, 8, None, seed=0, catalogue=cat)[(0, 0)]
+    sizes = {k: store.spec[k] for k in ("n_types", "n_stages", "content_dim", "n_recency")} | {"base_dim": 8}
+    hierarchy = net_kwargs()["hierarchy"] | {"levels": [2, 4]}
+    model = defaults("model")
+    module = HirModule(HirNet(**net_kwargs(**sizes, width=16, depth=1, heads=2, hierarchy=hierarchy)),
+                       model["objective"], model["optim"], model["val_k"], model["monitor_k"], seed=42)
+    module._catalogue = catalogue_vectors(store, base)
+    batch = TrainBatches(store, base, ContextSampler(store, 4, 2, 2, 2, 2), 32, 8, None, seed=0,
+                         catalogue=catalogue(store, base))[(0, 0)]
     return module, batch
-
-
-def _packed(store, ids: np.ndarray) -> torch.Tensor:
-    s = torch.nn.functional.normalize(torch.from_numpy(store.base[ids]), dim=-1)
-    return HirNet.pack(s, torch.from_numpy(store.base_logit[ids]), torch.from_numpy(store.node_type[ids].astype(np.int64)))
 
 
 def test_parts_are_named_and_the_teacher_gets_no_gradient(setup):
     module, batch = setup
     parts = module.loss_parts(batch)
-    # "scale": the knowledge view's entity scale regresses the engagement teacher's; the in-batch
-    # contrastive part is off by default (weight 0), the catalogue part trains the users
+    # "scale": the knowledge view's entity scale regresses the engagement teacher's; the
+    # catalogue part trains the users
     assert set(parts) == {"distill", "align", "balance", "catalogue", "scale"}
     sum(parts.values()).backward()
     # the user correction gets a gradient from the catalogue part

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from hir.train.stage import run
-from tests.train.fixtures import TINY_DATA, TINY_MODEL, compose
+from tests.train.fixtures import TINY_DATA, TINY_MODEL, compose, graph_options
 
 
 @pytest.fixture(scope="module")
@@ -34,14 +34,13 @@ def test_train_returns_and_writes_metrics(trained):
 
 
 def test_step_zero_is_the_spectral_base_and_export_takes_the_best_point(trained):
-    from hir.train.graph import load_graph
-    from hir.train.spectral import SpectralBasis, select_rank
-    from hir.train.valset import validation_set
+    from hir.model import SpectralBasis, load_graph, validation_set
+    from hir.model.spectral import select_rank
 
     out, _ = trained
     report = json.loads((out / "checkpoints" / "train_metrics.json").read_text())
     # the recorded step-0 recall is what the base alone scores, computed here independently
-    store = load_graph(out / "graph", out / "content", ("train",))
+    store = load_graph(out / "graph", out / "content", ("train",), **graph_options())
     basis = SpectralBasis.load(out / "checkpoints" / "spectral.npz")
     val = validation_set(store, None, 42, "masked_new")
     _, table = select_rank(store, basis, val, [basis.rank])

@@ -3,7 +3,7 @@
 Engagement view of seed s, in this token order (segments padded with -1 to a fixed width):
 
     [s] + engagement neighbours (k_eng, weighted draw without replacement: stage weight x
-    recency decay x log count, see ``graph.py``) + metadata up (k_up: category, ancestors,
+    recency decay x log count, see :mod:`hir.model.engagement`) + metadata up (k_up: category, ancestors,
     advertiser) + metadata down (k_down: a category's products, an advertiser's campaigns)
     + second hop (k_hop2: one weighted draw from each of the top neighbours' engagement rows,
     e.g. other buyers of my products, other products of my buyers)
@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from hir.model.csr import CSR
+from hir.model.store import GraphStore
 from hir.nn.buckets import ENGAGEMENT, METADATA, SELF
-from hir.train.graph import CSR, GraphStore
 
 VIEW_KEYS = ("node", "type", "relation", "hop", "stage", "recency", "count", "age", "exposure")
 
@@ -99,19 +100,25 @@ def _dedupe(nodes: np.ndarray) -> np.ndarray:
 class ContextSampler:
     """Builds engagement-view and knowledge-view contexts for batches of seeds.
 
-    Args:
+    Args (the sizes `hir train` uses are ``datamodule.context``, conf/datamodule/default.yaml):
         store: the loaded snapshot.
-        engagement: engagement neighbours per context (default 16).
-        meta_up: metadata ancestors per context (default 4).
-        meta_down: metadata members per context (default 4).
-        hop2: second-hop entities per context (default 8).
-        know_down: metadata members per knowledge-view context (default 8).
+        engagement: engagement neighbours per context.
+        meta_up: metadata ancestors per context.
+        meta_down: metadata members per context.
+        hop2: second-hop entities per context.
+        know_down: metadata members per knowledge-view context.
     """
 
-    def __init__(self, store: GraphStore, engagement: int = 16, meta_up: int = 4, meta_down: int = 4,
-                 hop2: int = 8, know_down: int = 8) -> None:
+    def __init__(self, store: GraphStore, engagement: int, meta_up: int, meta_down: int, hop2: int,
+                 know_down: int) -> None:
         self.store = store
         self.k_eng, self.k_up, self.k_down, self.k_hop2, self.k_know_down = engagement, meta_up, meta_down, hop2, know_down
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        """The constructor's sizes (recorded in checkpoints, so export samples the same contexts)."""
+        return {"engagement": self.k_eng, "meta_up": self.k_up, "meta_down": self.k_down, "hop2": self.k_hop2,
+                "know_down": self.k_know_down}
 
     @property
     def eng_len(self) -> int:
@@ -163,7 +170,7 @@ class ContextSampler:
 
     def engagement(self, seeds: np.ndarray, rng: np.random.Generator, exclude: np.ndarray | None = None) -> dict[str, np.ndarray]:
         """Engagement-view contexts: seeds (R,) global ids; exclude (R,) a neighbour to hide per
-        seed (the held-out side of a contrastive pair), -1 for none -> arrays (R, eng_len)."""
+        seed (the held-out side of a training pair), -1 for none -> arrays (R, eng_len)."""
         st = self.store
         eng = self._segment(st.eng, topk_edges(st.eng, seeds, self.k_eng, rng, exclude), ENGAGEMENT)
         up = self._segment(st.up, topk_edges(st.up, seeds, self.k_up, rng), METADATA)

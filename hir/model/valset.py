@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hir.errors import HirError
-from hir.train.graph import GraphStore
+from hir.model.store import GraphStore
 
 PROTOCOLS = ("masked_new", "all")
 
@@ -38,14 +38,14 @@ def _pair_keys(users: np.ndarray, ents: np.ndarray, n: int) -> np.ndarray:
     return users.astype(np.int64) * n + ents.astype(np.int64)
 
 
-def validation_set(store: GraphStore, max_candidates: int | None, seed: int, protocol: str = "masked_new") -> ValSet:
+def validation_set(store: GraphStore, max_candidates: int | None, seed: int, protocol: str) -> ValSet:
     """Build the :class:`ValSet` of a training store (see the module doc).
 
     Candidates are every entity of the types deep-stage edges point to; with ``max_candidates``
     a seeded random subset of them, always including the positives.
     """
     if protocol not in PROTOCOLS:
-        raise HirError(f"model.val_protocol={protocol!r}; expected one of {list(PROTOCOLS)}")
+        raise HirError(f"datamodule.val_protocol={protocol!r}; expected one of {list(PROTOCOLS)}")
     empty = ValSet(np.zeros(0, np.int64), np.zeros(0, np.int64), [], [], protocol)
     if len(store.val_pairs) == 0:
         return empty

@@ -10,10 +10,10 @@ import numpy as np
 import polars as pl
 import pytest
 
+from hir.model import ContextSampler, load_graph
+from hir.model.context import topk_edges
 from hir.nn.buckets import ENGAGEMENT, METADATA, SELF
-from hir.train.context import ContextSampler, topk_edges
-from hir.train.graph import load_graph
-from tests.train.fixtures import write_content
+from tests.train.fixtures import graph_options, write_content
 
 T0 = datetime(2024, 1, 1, tzinfo=UTC)
 TS = pl.Datetime("us", "UTC")
@@ -71,8 +71,8 @@ def _gid(store, etype: str, i: int) -> int:
 
 
 def test_only_train_edges_are_visible(hand_graph: Path):
-    store = load_graph(hand_graph / "graph", hand_graph / "content", ("train",))
-    s = ContextSampler(store, engagement=8, meta_up=0, meta_down=0, hop2=0)
+    store = load_graph(hand_graph / "graph", hand_graph / "content", ("train",), **graph_options())
+    s = ContextSampler(store, engagement=8, meta_up=0, meta_down=0, hop2=0, know_down=8)
     u0 = _gid(store, "user", 0)
     view = s.engagement(np.array([u0]), np.random.default_rng(0))
     eng = view["node"][0][view["relation"][0] == ENGAGEMENT]
@@ -86,7 +86,7 @@ def test_only_train_edges_are_visible(hand_graph: Path):
 
 
 def test_deep_and_recent_edges_are_drawn_first(hand_graph: Path):
-    store = load_graph(hand_graph / "graph", hand_graph / "content", ("train",))
+    store = load_graph(hand_graph / "graph", hand_graph / "content", ("train",), **graph_options())
     u0 = np.array([_gid(store, "user", 0)] * 2000)
     picks = store.eng.dst[topk_edges(store.eng, u0, 1, np.random.default_rng(0))[:, 0]]
     share = (picks == _gid(store, "product", 0)).mean()
@@ -95,8 +95,8 @@ def test_deep_and_recent_edges_are_drawn_first(hand_graph: Path):
 
 
 def test_exclusion_hides_the_held_out_side(hand_graph: Path):
-    store = load_graph(hand_graph / "graph", hand_graph / "content", ("train",))
-    s = ContextSampler(store, engagement=8, meta_up=0, meta_down=0, hop2=4)
+    store = load_graph(hand_graph / "graph", hand_graph / "content", ("train",), **graph_options())
+    s = ContextSampler(store, engagement=8, meta_up=0, meta_down=0, hop2=4, know_down=8)
     u0, p0 = _gid(store, "user", 0), _gid(store, "product", 0)
     view = s.engagement(np.array([u0, p0]), np.random.default_rng(1), exclude=np.array([p0, u0]))
     assert p0 not in view["node"][0].tolist()
@@ -104,7 +104,7 @@ def test_exclusion_hides_the_held_out_side(hand_graph: Path):
 
 
 def test_metadata_up_reaches_ancestors_and_knowledge_view_has_no_engagement(hand_graph: Path):
-    store = load_graph(hand_graph / "graph", hand_graph / "content", ("train",))
+    store = load_graph(hand_graph / "graph", hand_graph / "content", ("train",), **graph_options())
     s = ContextSampler(store, engagement=4, meta_up=4, meta_down=4, hop2=2, know_down=4)
     p0 = _gid(store, "product", 0)
     view = s.knowledge(np.array([p0]), np.random.default_rng(0))
@@ -115,8 +115,8 @@ def test_metadata_up_reaches_ancestors_and_knowledge_view_has_no_engagement(hand
 
 
 def test_second_hop_goes_through_shared_neighbours(hand_graph: Path):
-    store = load_graph(hand_graph / "graph", hand_graph / "content", ("train",))
-    s = ContextSampler(store, engagement=1, meta_up=0, meta_down=0, hop2=4)
+    store = load_graph(hand_graph / "graph", hand_graph / "content", ("train",), **graph_options())
+    s = ContextSampler(store, engagement=1, meta_up=0, meta_down=0, hop2=4, know_down=8)
     p0, u1 = _gid(store, "product", 0), _gid(store, "user", 1)
     view = s.engagement(np.array([u1]), np.random.default_rng(0))
     hop2 = view["node"][0][view["hop"][0] == 2]
@@ -126,8 +126,8 @@ def test_second_hop_goes_through_shared_neighbours(hand_graph: Path):
 
 
 def test_same_generator_same_context(hand_graph: Path):
-    store = load_graph(hand_graph / "graph", hand_graph / "content", ("train",))
-    s = ContextSampler(store, engagement=2, meta_up=1, meta_down=2, hop2=2)
+    store = load_graph(hand_graph / "graph", hand_graph / "content", ("train",), **graph_options())
+    s = ContextSampler(store, engagement=2, meta_up=1, meta_down=2, hop2=2, know_down=8)
     seeds = np.arange(store.n_nodes)
     a = s.engagement(seeds, np.random.default_rng(5))
     b = s.engagement(seeds, np.random.default_rng(5))
@@ -138,7 +138,7 @@ def test_same_generator_same_context(hand_graph: Path):
 
 
 def test_cold_and_warm(hand_graph: Path):
-    store = load_graph(hand_graph / "graph", hand_graph / "content", ("train",))
+    store = load_graph(hand_graph / "graph", hand_graph / "content", ("train",), **graph_options())
     warm = {(t, i) for t in store.types for i in range(*store.type_range(t)) if store.warm[i]}
     assert store.warm[_gid(store, "product", 0)] and store.warm[_gid(store, "category", 1)]  # linked to warm products
     assert len(warm) == store.n_nodes  # every product has a train edge; categories/advertiser are linked
@@ -146,7 +146,7 @@ def test_cold_and_warm(hand_graph: Path):
 
 def test_a_relation_without_edges_gives_padding(hand_graph: Path):
     # a dataset without a taxonomy (online_retail) has empty metadata adjacency
-    store = load_graph(hand_graph / "graph", hand_graph / "content", ("train",))
+    store = load_graph(hand_graph / "graph", hand_graph / "content", ("train",), **graph_options())
     empty = type(store.up).build(store.n_nodes, np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0))
     store.up = store.down = empty
     sampler = ContextSampler(store, 4, 2, 2, 2, 2)

@@ -25,14 +25,17 @@ noisy directions.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
 
-from hir.train.graph import GraphStore
-from hir.train.valset import ValSet
+from hir.model.metrics import masked_recall
+from hir.model.store import GraphStore
+from hir.model.valset import ValSet
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +47,54 @@ SPECTRAL_FILE = "spectral.npz"
 R_MAX = 0.95
 # floor of r: an entity whose base is (almost) zero still gets a finite logit
 R_MIN = 1e-4
+
+
+@dataclass
+class SpectralConfig:
+    """How `hir train` fits the base (conf/spectral).
+
+    rank: an int, or ``"auto"`` = the best of ``ranks`` on the val split (the base alone);
+    stage_base: a pair r stages short of the deepest weighs ``stage_base ** -r``; sigma_weight:
+    c of the users' filter ``1 + c s^2``; n_iter: randomised-SVD power iterations.
+    """
+
+    rank: int | str
+    ranks: list[int]
+    stage_base: float
+    sigma_weight: float
+    n_iter: int
+
+    @property
+    def candidate_ranks(self) -> list[int]:
+        """The ranks tried: ``ranks`` with ``rank: auto``, else ``[rank]``."""
+        return sorted(int(r) for r in self.ranks) if self.rank == "auto" else [int(self.rank)]
+
+
+@dataclass
+class SpectralBase:
+    """The base of one store's visible engagement (:meth:`SpectralBasis.base_for`).
+
+    vectors: (n, K) float32 per node (zero rows: none, cold start); logit: (n,) float32 scale
+    logit of each node's base norm (:func:`scale_logits`); degree: (n,) float32 column degree
+    (entities); filter: (K,) float32 the users' spectral filter ``1 + c s^2``.
+    """
+
+    vectors: np.ndarray
+    logit: np.ndarray
+    degree: np.ndarray
+    filter: np.ndarray
+
+    @property
+    def rank(self) -> int:
+        return int(self.vectors.shape[1])
+
+    def leave_one_out(self, users: np.ndarray, entities: np.ndarray, weight: np.ndarray) -> np.ndarray:
+        """Users' base vectors without one engaged entity each: (P,) users, (P,) entities, (P,)
+        the pair's weight in ``R`` -> (P, K) ``b_u - w d_e^-1 b_e (1 + c s^2)`` (exact: removes the
+        entity's term of the user's fold-in). Training targets a held-out entity with the user's
+        base computed as if the pair were unseen, as at test time, where the positives are new."""
+        d = np.maximum(self.degree[entities], 1e-12)[:, None]
+        return self.vectors[users] - (weight[:, None] / d) * self.vectors[entities] * self.filter[None, :]
 
 
 def engagement_matrix(store: GraphStore, stage_base: float) -> sp.csr_matrix:
@@ -67,8 +118,7 @@ class SpectralBasis:
     vectors; u: (n_users, K) left singular vectors; sigma: (K,) singular values (descending);
     col_degree: (E,) the columns' weighted degree at fit time; scale_ref: per type id, the
     largest base norm at fit time (the scale logits' reference); sigma_weight: c of the filter;
-    stage_base: the stage weighting of ``R``; heldout: (H, 2) the (user, entity) deep pairs left
-    out of the fit (the transformer's training targets, see :func:`fit_spectral`).
+    stage_base: the stage weighting of ``R``.
     """
 
     cols: np.ndarray
@@ -79,7 +129,6 @@ class SpectralBasis:
     scale_ref: np.ndarray
     sigma_weight: float
     stage_base: float
-    heldout: np.ndarray
 
     @property
     def rank(self) -> int:
@@ -88,24 +137,27 @@ class SpectralBasis:
     def truncate(self, k: int) -> SpectralBasis:
         """The first ``k`` components (the SVD is nested: a prefix is the rank-k solution)."""
         return SpectralBasis(self.cols, self.v[:, :k], self.u[:, :k], self.sigma[:k], self.col_degree,
-                             self.scale_ref, self.sigma_weight, self.stage_base, self.heldout)
+                             self.scale_ref, self.sigma_weight, self.stage_base)
 
     def save(self, path: str | Path) -> None:
         np.savez(path, cols=self.cols, v=self.v, u=self.u, sigma=self.sigma, col_degree=self.col_degree,
-                 scale_ref=self.scale_ref, sigma_weight=self.sigma_weight, stage_base=self.stage_base,
-                 heldout=self.heldout)
+                 scale_ref=self.scale_ref, sigma_weight=self.sigma_weight, stage_base=self.stage_base)
+
+    def base_for(self, store: GraphStore) -> SpectralBase:
+        """The :class:`SpectralBase` of ``store``'s visible engagement (users folded in from it)."""
+        vectors, degree, filt = _base(store, self)
+        return SpectralBase(vectors, scale_logits(store, self, vectors), degree, filt)
 
     @classmethod
     def load(cls, path: str | Path) -> SpectralBasis:
+        # (bases written while a `holdout` option existed carry a `heldout` array; it is not read)
         with np.load(path) as f:
             return cls(f["cols"], f["v"], f["u"], f["sigma"], f["col_degree"], f["scale_ref"],
-                       float(f["sigma_weight"]), float(f["stage_base"]),
-                       # bases written before the holdout option have none
-                       f["heldout"] if "heldout" in f.files else np.zeros((0, 2), np.int64))
+                       float(f["sigma_weight"]), float(f["stage_base"]))
 
 
-def fit_spectral(store: GraphStore, rank: int, stage_base: float = 4.0, sigma_weight: float = 1.0,
-                 n_iter: int = 6, seed: int = 0, holdout: float = 0.0) -> SpectralBasis:
+def fit_spectral(store: GraphStore, rank: int, stage_base: float, sigma_weight: float, n_iter: int,
+                 seed: int) -> SpectralBasis:
     """Randomised truncated SVD of the store's normalised engagement matrix.
 
     Args:
@@ -114,24 +166,11 @@ def fit_spectral(store: GraphStore, rank: int, stage_base: float = 4.0, sigma_we
         stage_base: a pair whose deepest stage is r stages short of the deepest weighs stage_base^-r.
         sigma_weight: c in the user filter ``1 + c s^2``.
         n_iter: power iterations of the randomised SVD (accuracy of the trailing components).
-        seed: its random state (and the held-out pairs' draw).
-        holdout: share of the deep-stage pairs left out of the fit. The transformer trains on
-            them: a pair the entity vectors have seen is one they already fit (a rank-512 SVD
-            memorises much of its training pairs), so training on it teaches corrections that
-            do not carry over to unseen pairs. Users are still folded in from every visible pair.
+        seed: its random state.
     """
     from sklearn.utils.extmath import randomized_svd
 
     r = engagement_matrix(store, stage_base)
-    heldout = np.zeros((0, 2), np.int64)
-    if holdout > 0 and len(store.deep_pairs):
-        rng = np.random.default_rng([seed, 11])
-        pick = rng.random(len(store.deep_pairs)) < holdout
-        heldout = store.deep_pairs[pick].astype(np.int64)
-        lo = store.type_range("user")[0]
-        drop = sp.csr_matrix((np.ones(len(heldout)), (heldout[:, 0] - lo, heldout[:, 1])), shape=r.shape)
-        r = (r - r.multiply(drop)).tocsr()
-        r.eliminate_zeros()
     col_deg = np.asarray(r.sum(0)).ravel()
     cols = np.flatnonzero(col_deg > 0)
     if len(cols) == 0:
@@ -144,7 +183,7 @@ def fit_spectral(store: GraphStore, rank: int, stage_base: float = 4.0, sigma_we
     u, s, vt = randomized_svd(rn, k, n_iter=n_iter, random_state=seed)
     basis = SpectralBasis(cols.astype(np.int64), vt.T.astype(np.float32), u.astype(np.float32), s.astype(np.float32),
                           dc.astype(np.float32), np.ones(len(store.types), np.float32), float(sigma_weight),
-                          float(stage_base), heldout)
+                          float(stage_base))
     base = base_vectors(store, basis)
     norms = np.linalg.norm(base, axis=1)
     ref = np.ones(len(store.types), np.float32)
@@ -153,8 +192,8 @@ def fit_spectral(store: GraphStore, rank: int, stage_base: float = 4.0, sigma_we
         if sel.any():
             ref[t] = float(norms[sel].max())
     basis.scale_ref = ref
-    log.info("spectral base: rank %d of a %d x %d matrix (%d pairs; %d deep pairs held out for training), "
-             "singular values %.3f .. %.3f", k, r.shape[0], r.shape[1], r.nnz, len(heldout), float(s[0]), float(s[-1]))
+    log.info("spectral base: rank %d of a %d x %d matrix (%d pairs), singular values %.3f .. %.3f",
+             k, r.shape[0], r.shape[1], r.nnz, float(s[0]), float(s[-1]))
     return basis
 
 
@@ -219,45 +258,6 @@ def scale_logits(store: GraphStore, basis: SpectralBasis, base: np.ndarray) -> n
     return np.log(ratio / (1 - ratio)).astype(np.float32)
 
 
-def masked_recall(user_vecs: np.ndarray, cand_vecs: np.ndarray, positives: list[np.ndarray],
-                  masked: list[np.ndarray], k: int = 20, chunk: int = 1024) -> float:
-    """Mean recall@k of users over candidates by inner product, each user's ``masked`` candidate
-    rows removed from its ranking. user_vecs (U, d), cand_vecs (M, d); positives/masked: per
-    user, candidate row indices (users without positives are skipped)."""
-    import torch
-
-    cand = torch.from_numpy(np.ascontiguousarray(cand_vecs, np.float32))
-    total, n = 0.0, 0
-    for lo in range(0, len(user_vecs), chunk):
-        scores = torch.from_numpy(np.ascontiguousarray(user_vecs[lo:lo + chunk], np.float32)) @ cand.T
-        for i, m in enumerate(masked[lo:lo + chunk]):
-            if len(m):
-                scores[i, torch.from_numpy(np.asarray(m, np.int64))] = -torch.inf
-        top = scores.topk(min(k, cand.shape[0]), dim=1).indices.numpy()
-        for row, pos in zip(top, positives[lo:lo + chunk]):
-            if len(pos):
-                total += np.isin(row, pos).sum() / len(pos)
-                n += 1
-    return total / max(n, 1)
-
-
-def attach_base(store: GraphStore, basis: SpectralBasis) -> None:
-    """Set ``store.base`` (n, K), ``store.base_logit`` (n,), ``store.base_degree`` (n,) and
-    ``store.base_filter`` (K,) from ``basis`` for the store's visible engagement."""
-    base, degree, filt = _base(store, basis)
-    store.base, store.base_degree, store.base_filter = base, degree, filt
-    store.base_logit = scale_logits(store, basis, base)
-
-
-def leave_one_out(store: GraphStore, users: np.ndarray, entities: np.ndarray, weight: np.ndarray) -> np.ndarray:
-    """Users' base vectors without one engaged entity each: (P,) users, (P,) entities, (P,) the
-    pair's weight in ``R`` -> (P, K) ``b_u - w d_e^-1 b_e (1 + c s^2)`` (exact: removes the
-    entity's term of the user's fold-in). Training targets a held-out entity with the user's
-    base computed as if the pair were unseen, as at test time, where the positives are new."""
-    d = np.maximum(store.base_degree[entities], 1e-12)[:, None]
-    return store.base[users] - (weight[:, None] / d) * store.base[entities] * store.base_filter[None, :]
-
-
 def select_rank(store: GraphStore, basis: SpectralBasis, val: ValSet, ranks: list[int],
                 k: int = 20) -> tuple[int, dict[int, float]]:
     """The rank among ``ranks`` (prefixes of ``basis``) with the best validation recall@k of the
@@ -270,3 +270,33 @@ def select_rank(store: GraphStore, basis: SpectralBasis, val: ValSet, ranks: lis
         table[r] = round(float(masked_recall(users, b[val.cands], val.positives, val.masked, k)), 5)
     best = max(table, key=lambda r: (table[r], -r))
     return best, table
+
+
+def fit_base(store: GraphStore, val: ValSet | None, config: SpectralConfig, seed: int, path: Path,
+             reuse: bool) -> tuple[SpectralBasis, dict[str, Any]]:
+    """Fit the basis (or, with ``reuse``, reload it from ``path``), choose its rank on ``val``
+    when ``config.rank`` is ``auto``, and save it to ``path``.
+
+    Returns the (truncated) basis and a report: the rank, the val recall@20 of each rank tried,
+    seconds.
+    """
+    t0 = time.perf_counter()
+    report: dict[str, Any] = {}
+    if reuse and path.exists():
+        basis = SpectralBasis.load(path)
+        report["reused"] = str(path)
+    else:
+        ranks = config.candidate_ranks
+        basis = fit_spectral(store, max(ranks), float(config.stage_base), float(config.sigma_weight),
+                             int(config.n_iter), seed)
+        if len(ranks) > 1:
+            best, table = select_rank(store, basis, val, ranks)
+            report["val_recall@20_by_rank"] = table
+            basis = basis.truncate(best)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        basis.save(path)
+    report |= {"rank": basis.rank, "seconds": round(time.perf_counter() - t0, 2)}
+    log.info("spectral base: rank %d%s in %.1fs", basis.rank,
+             f" (val recall@20 by rank {report['val_recall@20_by_rank']})" if "val_recall@20_by_rank" in report else "",
+             report["seconds"])
+    return basis, report

@@ -1,0 +1,111 @@
+"""Model inputs: sampled contexts -> tensors, fixed node batches to embed, and their embedding.
+
+A batch holds one shared content matrix (and spectral base rows) for its distinct nodes and, per
+view, the token arrays of :class:`~hir.model.context.ContextSampler` with ``row`` pointers into
+them. Training (:mod:`hir.train.datamodule`) and export (:mod:`hir.export.embed`) build their
+batches here, so both feed the network the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+from torch.utils.data import Dataset
+
+from hir.model.context import ContextSampler
+from hir.model.spectral import SpectralBase
+from hir.model.store import GraphStore
+from hir.nn import HirNet
+
+
+def to_tensors(store: GraphStore, base: SpectralBase | None, views: dict[str, dict[str, np.ndarray]],
+               **extra: np.ndarray) -> dict[str, Any]:
+    """Numpy views -> tensors, with one shared content matrix.
+
+    Each distinct node of the batch gets one content row (``content`` (U, D) float16) and, with a
+    spectral ``base``, one base row (``base`` (U, K) float32, ``base_logit`` (U,)); each view gets
+    ``row`` (R, N) int64 pointing into them (-1 for padding). ``extra`` arrays join as tensors.
+    """
+    nodes = np.concatenate([v["node"].ravel() for v in views.values()]) if views else np.zeros(0, np.int64)
+    uniq = np.unique(nodes[nodes >= 0])
+    out: dict[str, Any] = {"content": torch.from_numpy(store.content[uniq])}
+    if base is not None:
+        out["base"] = torch.from_numpy(base.vectors[uniq])
+        out["base_logit"] = torch.from_numpy(base.logit[uniq])
+    for name, v in views.items():
+        t = {k: torch.from_numpy(np.ascontiguousarray(a)) for k, a in v.items()}
+        t["row"] = torch.from_numpy(np.where(v["node"] >= 0, np.searchsorted(uniq, v["node"]), -1))
+        out[name] = t
+    out.update({k: torch.from_numpy(np.ascontiguousarray(a)) for k, a in extra.items()})
+    return out
+
+
+class EmbedBatches(Dataset):
+    """Fixed batches of nodes to embed: warm nodes through the engagement view, cold ones (no
+    train engagement) through the knowledge view. Deterministic per batch index.
+
+    Args:
+        store, base: the snapshot and its spectral base.
+        sampler: builds the contexts.
+        nodes: (n,) global ids to embed, in batch order.
+        batch_size: nodes per batch.
+        seed: base of each batch's context draw.
+    """
+
+    def __init__(self, store: GraphStore, base: SpectralBase | None, sampler: ContextSampler, nodes: np.ndarray,
+                 batch_size: int, seed: int) -> None:
+        self.store, self.base, self.sampler, self.nodes = store, base, sampler, nodes
+        self.batch_size, self.seed = batch_size, seed
+
+    def __len__(self) -> int:
+        return -(-len(self.nodes) // self.batch_size)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        nodes = self.nodes[i * self.batch_size:(i + 1) * self.batch_size]
+        rng = np.random.default_rng([self.seed, 1 << 20, i])
+        warm = self.store.warm[nodes]
+        views = {"eng": self.sampler.engagement(nodes[warm], rng), "kno": self.sampler.knowledge(nodes[~warm], rng)}
+        return to_tensors(self.store, self.base, views, eng_nodes=nodes[warm], kno_nodes=nodes[~warm])
+
+
+def views(batch: dict[str, Any]) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """A batch's (engagement, knowledge) views, each with the shared content rows (and the
+    engagement view with the spectral base rows), as :meth:`hir.nn.HirNet.forward` takes them."""
+    base = {k: batch[k] for k in ("base", "base_logit", "seed_base") if k in batch}
+    return {**batch["eng"], "content": batch["content"], **base}, {**batch["kno"], "content": batch["content"]}
+
+
+@torch.no_grad()
+def embed_batch(net: HirNet, batch: dict[str, Any]) -> tuple[Tensor, Tensor]:
+    """An :class:`EmbedBatches` batch -> (node ids (n,), embeddings (n, C)): warm nodes through
+    the engagement view first, then cold ones through the knowledge view."""
+    eng, kno = views(batch)
+    out_nodes, out_z = [], []
+    for view, nodes, use_ids in ((eng, batch["eng_nodes"], True), (kno, batch["kno_nodes"], False)):
+        if len(nodes):
+            out_nodes.append(nodes)
+            out_z.append(net(view, use_ids=use_ids))
+    if not out_nodes:
+        return torch.zeros(0, dtype=torch.long), torch.zeros(0, net.dim)
+    return torch.cat(out_nodes), torch.cat(out_z)
+
+
+def catalogue(store: GraphStore, base: SpectralBase | None) -> np.ndarray:
+    """(M,) global ids of the catalogue the user-side loss ranks: every entity of the types
+    deep-stage edges point to that has a spectral base."""
+    if base is None or len(store.deep_pairs) == 0:
+        return np.zeros(0, np.int64)
+    types = np.unique(store.node_type[store.deep_pairs[:, 1]])
+    has = np.linalg.norm(base.vectors, axis=1) > 0
+    return np.flatnonzero(np.isin(store.node_type, types) & has).astype(np.int64)
+
+
+def catalogue_vectors(store: GraphStore, base: SpectralBase) -> Tensor:
+    """(M, K + 1) packed base embeddings of :func:`catalogue` (the entities' engagement view,
+    which the transformer does not change: see :class:`hir.nn.HirNet`)."""
+    ids = catalogue(store, base)
+    s = torch.nn.functional.normalize(torch.from_numpy(base.vectors[ids]), dim=-1)
+    return HirNet.pack(s, torch.from_numpy(base.logit[ids]), torch.from_numpy(store.node_type[ids].astype(np.int64)))

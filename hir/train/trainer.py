@@ -1,0 +1,129 @@
+"""The Lightning Trainer of `hir train`: the process set-up, the Trainer with its callbacks and
+logger, and what a finished fit reports (``train_metrics.json``)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from hydra.utils import instantiate
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger
+from omegaconf import DictConfig, OmegaConf
+
+from hir.train.callbacks import InitialValidation, ProgressBar, best_checkpoint
+from hir.train.datamodule import HirDataModule
+from hir.train.module import HirModule
+from hir_kernels import attention_backend
+
+log = logging.getLogger(__name__)
+
+
+def _is_ddp(cfg: DictConfig) -> bool:
+    strategy = cfg.trainer.get("strategy")
+    return isinstance(strategy, str) and strategy.startswith("ddp")
+
+
+def _ddp_relaunch_argv() -> None:
+    """Make Lightning's DDP re-launch of this command (one process per extra device) run ``hir train``.
+
+    The ``hir`` command rewrites ``sys.argv`` for Hydra (``["hir <stage>", *overrides, "stage=..."]``),
+    which is not a runnable command line; Lightning re-runs ``sys.argv`` for ranks > 0 (adding the
+    Hydra run dir). Restore an executable form, always for the train stage (also under ``hir
+    pipeline``: the other ranks only train).
+    """
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized() or "LOCAL_RANK" in os.environ:
+        return
+    exe = Path(sys.executable).with_name("hir")
+    rest = [a for a in sys.argv[1:] if not a.startswith("stage=")]
+    sys.argv = [str(exe), "train", *rest]
+
+
+def prepare_process(cfg: DictConfig, ckpt_dir: Path) -> None:
+    """Before a fit: quiet the teacher's eval-mode warning, make a DDP re-launch runnable, and
+    drop the checkpoints of an earlier run when retraining (``force=true`` without ``ckpt_path``)."""
+    # the teacher is in eval mode on purpose (no dropout, full ids): not worth a warning per fit
+    warnings.filterwarnings("ignore", message=r".*module\(s\) in eval mode at the start of training.*")
+    if _is_ddp(cfg):
+        _ddp_relaunch_argv()
+    if cfg.get("ckpt_path") is None and cfg.force and ckpt_dir.exists():
+        for old in ckpt_dir.glob("*.ckpt"):
+            old.unlink()
+
+
+def build_trainer(cfg: DictConfig, ckpt_dir: Path, monitor: str) -> tuple[L.Trainer, ModelCheckpoint]:
+    """``cfg.trainer`` with hir's built-in callbacks (the step-0 point, the best and the last
+    checkpoint), ``cfg.callbacks`` and ``cfg.logger``; returns the trainer and its best-checkpoint callback."""
+    best_cb = ModelCheckpoint(dirpath=str(ckpt_dir), filename="best", monitor=monitor, mode="max", save_top_k=1,
+                              auto_insert_metric_name=False, enable_version_counter=False)
+    # last.ckpt after every epoch, improved or not: what `ckpt_path=last` resumes from
+    last_cb = ModelCheckpoint(dirpath=str(ckpt_dir), filename="last", monitor=None, save_top_k=1, every_n_epochs=1,
+                              save_on_train_epoch_end=True, auto_insert_metric_name=False, enable_version_counter=False)
+    callbacks = [InitialValidation(ckpt_dir, monitor), best_cb, last_cb]
+    if cfg.trainer.get("enable_progress_bar", True):
+        callbacks.append(ProgressBar())
+    callbacks += [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
+    logger = instantiate(cfg.logger) if cfg.get("logger") else CSVLogger(save_dir=cfg.paths.output_dir, name="logs",
+                                                                         version="train")
+    # seeds are sharded by the datamodule itself (deterministic per rank); Lightning must not
+    # re-shard. The train loader is rebuilt every epoch: a resumed run's first iterator is otherwise
+    # created before the checkpoint's loop state is restored, i.e. with the wrong epoch.
+    trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=logger, use_distributed_sampler=False,
+                          reload_dataloaders_every_n_epochs=1)
+    return trainer, best_cb
+
+
+def backend_of(trainer: L.Trainer, module: HirModule) -> str:
+    """The attention backend the network runs with on the trainer's device."""
+    return attention_backend(trainer.strategy.root_device.type, module.net.config["attention_backend"])
+
+
+def log_setup(trainer: L.Trainer, module: HirModule, dm: HirDataModule) -> None:
+    """One line: the network's size and shape, its attention backend, the contexts, the val set."""
+    if not trainer.is_global_zero:
+        return
+    c = module.net.config
+    log.info("model: %d parameters, embedding dim %d (spectral rank %d + 1), width %d, %d layers x %d heads, "
+             "levels %s; attention backend %s (config %r); contexts %d engagement / %d knowledge tokens + %d "
+             "primitives; %d val users (%s)",
+             sum(p.numel() for p in module.net.parameters()), module.net.dim, c["base_dim"], c["width"], c["depth"],
+             c["heads"], list(c["hierarchy"]["levels"]), backend_of(trainer, module), c["attention_backend"],
+             dm.sampler.eng_len, dm.sampler.know_len, c["hierarchy"]["levels"][0] if c["primitive_tokens"] else 0,
+             len(dm.val), dm.val.protocol)
+
+
+def fit_report(cfg: DictConfig, trainer: L.Trainer, module: HirModule, dm: HirDataModule, best_cb: ModelCheckpoint,
+               ckpt_dir: Path, seconds: dict[str, float]) -> dict[str, Any]:
+    """What ``train_metrics.json`` records of a finished fit (docs/contracts.md)."""
+    metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if torch.is_tensor(v) and v.numel() == 1}
+    best = best_checkpoint(module.history, module.monitor, ckpt_dir, best_cb)
+    early = next((c for c in trainer.callbacks if isinstance(c, EarlyStopping)), None)
+    stopped_by = ("early_stopping" if early is not None and early.stopped_epoch > 0 else
+                  "max_time" if trainer.max_epochs and trainer.current_epoch < trainer.max_epochs else "max_epochs")
+    return {
+        "metrics": metrics,
+        "history": module.history,
+        "epochs": trainer.current_epoch,
+        "global_step": trainer.global_step,
+        "parameters": sum(p.numel() for p in module.net.parameters()),
+        "attention_backend": backend_of(trainer, module),
+        "world_size": trainer.world_size,
+        "spectral": dm.spectral_report,
+        "monitor": module.monitor,
+        "best": best,
+        "stopped_by": stopped_by,
+        "seconds": seconds,
+        "contexts_per_s": round(module.contexts_seen / max(seconds["fit"], 1e-9), 1),
+        "best_checkpoint": best["checkpoint"],
+        "last_checkpoint": str(ckpt_dir / "last.ckpt"),
+        "config": {k: OmegaConf.to_container(cfg[k], resolve=True)
+                   for k in ("model", "datamodule", "spectral", "trainer") if k in cfg},
+    }
