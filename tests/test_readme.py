@@ -101,14 +101,14 @@ def test_readme_defaults_match_the_composed_config() -> None:
     ("| `pipeline.stages` | `[prepare, train]` | x | x |", "pipeline.stages is stated as '[prepare, train]'"),
     ("| `data.adapter.n_users` with `data=synthetic` | `200` | x | x |", "(data=synthetic) has 2000"),
     ("| `model.no_such_key` | `1` | x | x |", "model.no_such_key is not in the composed config"),
-    ("| `model.depth`, `model.width` | `2` | x | x |", "2 backticked key(s)"),
+    ("| `model.net.depth`, `model.width` | `2` | x | x |", "2 backticked key(s)"),
 ])
 def test_a_stale_row_is_reported(row: str, expected: str) -> None:
-    text = f"intro\n\n| key | default | small | what |\n|---|---|---|---|\n| `model.depth` | `2` | 1 | x |\n{row}\n"
+    text = f"intro\n\n| key | default | small | what |\n|---|---|---|---|\n| `model.net.depth` | `2` | 1 | x |\n{row}\n"
     problems = stale_rows(text, "doc.md")
     assert len(problems) == 1 and problems[0].startswith("doc.md:6: ") and expected in problems[0], problems
 
 
 def test_other_tables_are_not_read() -> None:
-    assert defaults_rows("| key | value |\n|---|---|\n| `model.depth` | `7` |\n") == []
+    assert defaults_rows("| key | value |\n|---|---|\n| `model.net.depth` | `7` |\n") == []
     assert defaults_rows("| key | default |\n|---|---|\n| `a` | `1` |\n\n| `b` | `2` |\n") == [(3, "`a`", "`1`")]
