@@ -20,8 +20,8 @@ from tests.evaluation.fixtures import write_content, write_export
 # small budgets: the code paths, not the numbers, are under test here
 FAST = [
     "eval.ranker.max_steps=60", "eval.ranker.eval_every=20", "eval.bootstrap.resamples=20",
-    "eval.lightgcn.max_epochs=2", "eval.lightgcn.steps_per_epoch=3", "eval.lightgcn.batch_size=1024",
-    "eval.itemknn_neighbours=20", "eval.diagnostics.map_points=300",
+    "eval.retrieval.lightgcn.max_epochs=2", "eval.retrieval.lightgcn.steps_per_epoch=3", "eval.retrieval.lightgcn.batch_size=1024",
+    "eval.retrieval.itemknn.neighbours=20", "eval.diagnostics.map_points=300",
 ]
 # merged into conf/eval/task/rees46.yaml (the composed default): reset its 30-minute window
 TINY_TASK = "eval.task={ranking:{_target_:hir_evaluation.tasks.RankingTask,candidate_stages:[view],window:null}}"
