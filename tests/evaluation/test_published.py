@@ -16,7 +16,7 @@ from tests.evaluation.fixtures import write_content, write_export
 MODEL = ["model.spectral.rank=16", "model.hierarchy.levels=[4,16]", "model.hierarchy.top_k=2"]
 FAST = [
     "eval.ranker.max_steps=60", "eval.ranker.eval_every=20", "eval.bootstrap.resamples=20",
-    "eval.retrieval.lightgcn.max_epochs=2", "eval.retrieval.lightgcn.steps_per_epoch=3", "eval.retrieval.itemknn.neighbours=20",
+    "eval.retrieval.lightgcn.max_epochs=2", "eval.retrieval.lightgcn.steps_per_epoch=3", "eval.retrieval.itemknn.neighbours=20", "eval.retrieval.gfcf.rank=32",
 ]
 
 

@@ -9,6 +9,7 @@ import pytest
 
 from hir_evaluation.report.render import clean, html_page, markdown, print_summary, retrieval_rows
 from hir_evaluation.retrieval.arms.content import ContentProfile
+from hir_evaluation.retrieval.arms.gfcf import GFCF
 from hir_evaluation.retrieval.arms.hir import HirSearch
 from hir_evaluation.retrieval.arms.itemknn import ItemKNN
 from hir_evaluation.retrieval.arms.lightgcn import LightGCN
@@ -25,16 +26,16 @@ KS = (1, 3)
 METRICS = [f"{m}@{k}" for k in KS for m in ("recall", "ndcg")]
 ARMS = {"hir": HirSearch(), "popularity": Popularity(), "itemknn": ItemKNN(neighbours=3),
         "lightgcn": LightGCN(dim=4, batch_size=16, steps_per_epoch=2, max_epochs=3, patience=1, min_epochs=1),
-        "content": ContentProfile(), "repeat": Repeat()}
+        "content": ContentProfile(), "repeat": Repeat(), "gfcf": GFCF(rank=2, ideal_weight=0.3)}
 ROLES = {"hir": "model", "popularity": "baseline", "itemknn": "baseline", "lightgcn": "baseline",
-         "content": "baseline", "repeat": "reference"}
+         "content": "baseline", "repeat": "reference", "gfcf": "baseline"}
 
 
 def test_best_arm_and_ratio() -> None:
     section = {"hir": {"recall@20": 0.3}, "popularity": {"recall@20": 0.1}, "itemknn": {"recall@20": 0.2},
                "lightgcn": {"recall@20": None}, "repeat": {"recall@20": 0.5}}
     assert best_arms(section, tuple(ARMS), ["recall@20", "ndcg@20"]) == {"recall@20": "repeat", "ndcg@20": None}
-    baselines = ("popularity", "itemknn", "lightgcn", "content")
+    baselines = ("popularity", "itemknn", "lightgcn", "content", "gfcf")
     ratio = best_baseline_ratio(section, "recall@20", baselines)
     assert ratio["best_baseline"] == "itemknn" and ratio["ratio"] == pytest.approx(1.5) and ratio["hir"] == 0.3
     assert best_baseline_ratio({"hir": {"recall@20": 0.3}}, "recall@20", baselines)["ratio"] is None
@@ -56,7 +57,7 @@ def test_both_protocols_for_every_arm(retrieval: dict) -> None:
     # tiny.py: test purchases (0, 2) and (1, 3); only product 2 is new to its user, so one user is scored
     assert retrieval["users"] == 2 and masked["users"] == 1
     assert retrieval["arms"] == ROLES  # the registry's roles, in its order, for the report
-    for arm in ("hir", "popularity", "itemknn", "lightgcn", "content"):
+    for arm in ("hir", "popularity", "itemknn", "lightgcn", "content", "gfcf"):
         assert set(METRICS) <= set(retrieval[arm]) and set(METRICS) <= set(masked[arm])
         assert masked[arm]["recall@3"] is not None
         assert masked["slices"]["item_cold"][arm]["recall@3"] is None  # no item-cold purchase in tiny.py
@@ -75,7 +76,7 @@ def test_both_protocols_for_every_arm(retrieval: dict) -> None:
 
 
 def _metrics() -> dict:
-    arm = {"hir": 0.2, "popularity": 0.1, "itemknn": 0.3, "lightgcn": 0.25, "content": 0.05, "repeat": 0.4}
+    arm = {"hir": 0.2, "popularity": 0.1, "itemknn": 0.3, "lightgcn": 0.25, "content": 0.05, "repeat": 0.4, "gfcf": 0.15}
     full = {a: {m: v for m in METRICS} for a, v in arm.items()}
     masked = {a: {m: v / 2 for m in METRICS} for a, v in arm.items() if a != "repeat"}
     masked["repeat"] = dict.fromkeys(METRICS)
@@ -103,7 +104,8 @@ def test_report_shows_both_tables_and_names_the_winner(capsys: pytest.CaptureFix
     assert [r[0] for r in masked_rows] == [*ROLES, "best"]  # every registered arm, in its order
     assert masked_rows[0][:2] == ["hir", "**0.5000**"]  # the winner in bold
     assert masked_rows[-1] == ["best", *["hir"] * len(METRICS)]
-    assert masked_rows[-2][:2] == ["repeat", "skipped"] and "repeat skipped: ranks only history." in md
+    assert masked_rows[-3][:2] == ["repeat", "skipped"] and "repeat skipped: ranks only history." in md
+    assert "| gfcf | 0.1500 |" in md and "gfcf recall@20" in md
     assert "| best | repeat | repeat |" in md
     assert "masked/item_cold" in md and "best epoch 7 of 12" in md and "at its val plateau" in md
     page = html_page(md, {}, "t")
@@ -115,9 +117,9 @@ def test_report_shows_both_tables_and_names_the_winner(capsys: pytest.CaptureFix
 
 def test_report_of_an_older_metrics_file_has_one_table() -> None:
     m = _metrics()
-    for key in (MASKED, "arms"):  # written before the masked protocol and the registry
+    for key in (MASKED, "arms", "gfcf"):  # written before the masked protocol and the registry
         del m["retrieval"][key]
     md = markdown(m, {})
     assert md.count("### Retrieval") == 1 and "### Retrieval, full catalogue" in md
-    assert "masked/" not in md
+    assert "masked/" not in md and "gfcf" not in md
     assert "| repeat | **0.4000** |" in md and "hir / best baseline (itemknn) recall@20 = 0.667" in md

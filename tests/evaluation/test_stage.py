@@ -21,7 +21,7 @@ from tests.evaluation.fixtures import write_content, write_export
 FAST = [
     "eval.ranker.max_steps=60", "eval.ranker.eval_every=20", "eval.bootstrap.resamples=20",
     "eval.retrieval.lightgcn.max_epochs=2", "eval.retrieval.lightgcn.steps_per_epoch=3", "eval.retrieval.lightgcn.batch_size=1024",
-    "eval.retrieval.itemknn.neighbours=20", "eval.diagnostics.map_points=300",
+    "eval.retrieval.itemknn.neighbours=20", "eval.retrieval.gfcf.rank=32", "eval.diagnostics.map_points=300",
 ]
 # merged into conf/eval/task/rees46.yaml (the composed default): reset its 30-minute window
 TINY_TASK = "eval.task={ranking:{_target_:hir_evaluation.tasks.RankingTask,candidate_stages:[view],window:null}}"
