@@ -11,13 +11,14 @@ import torch
 from torch_geometric.nn import LightGCN as PygLightGCN
 
 from hir_evaluation.retrieval.arms.itemknn import item_neighbours, itemknn_topk
-from hir_evaluation.retrieval.arms.lightgcn import LightGCN, fit_lightgcn, propagate, propagation_graph
+from hir_evaluation.retrieval.arms.lightgcn import fit_lightgcn, propagate, propagation_graph
 from hir_evaluation.retrieval.arms.popularity import popularity_topk
 from hir_evaluation.retrieval.arms.repeat import repeat_topk
 from hir_evaluation.retrieval.data import RetrievalData, interaction_matrix, retrieval_data
 from hir_evaluation.retrieval.rank import inner_product_scores, rank_dense
 from hir_evaluation.snapshot import load_snapshot
 from hir_evaluation.tasks import RetrievalTask
+from tests.evaluation.fixtures import shipped_arm
 
 
 def _data(history: pl.DataFrame, n_users: int, n_items: int, relevant: list[set[int]] | None = None) -> RetrievalData:
@@ -118,8 +119,8 @@ def test_lightgcn_learns_planted_communities() -> None:
     history = pl.DataFrame({"user_id": users, "entity_id": items}).unique().with_columns(pl.lit(1.0).alias("n"))
     held = [set(range(20)) if u < 20 else set(range(20, 40)) for u in range(40)]
     data = _data(history, 40, 40, held)
-    cfg = LightGCN(dim=8, layers=2, lr=0.05, batch_size=256, steps_per_epoch=10, max_epochs=5, patience=5,
-                         max_seconds=30)
+    cfg = shipped_arm("retrieval", "lightgcn", dim=8, layers=2, lr=0.05, batch_size=256, steps_per_epoch=10,
+                      max_epochs=5, patience=5, max_seconds=30)
     res = fit_lightgcn(data, data, data, 10, cfg, seed=0)
     same = np.mean([np.mean([(t < 20) == (u < 20) for t in res.ranked.full[u]]) for u in range(40)])
     assert same > 0.9

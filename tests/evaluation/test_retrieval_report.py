@@ -12,7 +12,6 @@ from hir_evaluation.retrieval.arms.content import ContentProfile
 from hir_evaluation.retrieval.arms.gfcf import GFCF
 from hir_evaluation.retrieval.arms.hir import HirSearch
 from hir_evaluation.retrieval.arms.itemknn import ItemKNN
-from hir_evaluation.retrieval.arms.lightgcn import LightGCN
 from hir_evaluation.retrieval.arms.popularity import Popularity
 from hir_evaluation.retrieval.arms.repeat import Repeat
 from hir_evaluation.retrieval.evaluate import MASKED, best_arms, best_baseline_ratio, evaluate_retrieval
@@ -20,12 +19,13 @@ from hir_evaluation.retrieval.hir_search import files_topk
 from hir_evaluation.snapshot import load_snapshot
 from hir_evaluation.sources.content import load_content
 from hir_evaluation.tasks import RetrievalTask
-from tests.evaluation.fixtures import write_content, write_export
+from tests.evaluation.fixtures import shipped_arm, write_content, write_export
 
 KS = (1, 3)
 METRICS = [f"{m}@{k}" for k in KS for m in ("recall", "ndcg")]
 ARMS = {"hir": HirSearch(), "popularity": Popularity(), "itemknn": ItemKNN(neighbours=3),
-        "lightgcn": LightGCN(dim=4, batch_size=16, steps_per_epoch=2, max_epochs=3, patience=1, min_epochs=1),
+        "lightgcn": shipped_arm("retrieval", "lightgcn", dim=4, batch_size=16, steps_per_epoch=2, max_epochs=3,
+                                patience=1, min_epochs=1),
         "content": ContentProfile(), "repeat": Repeat(), "gfcf": GFCF(rank=2, ideal_weight=0.3)}
 ROLES = {"hir": "model", "popularity": "baseline", "itemknn": "baseline", "lightgcn": "baseline",
          "content": "baseline", "repeat": "reference", "gfcf": "baseline"}

@@ -37,27 +37,21 @@ class LightGCN:
         checks without a gain), never before ``min_epochs``.
     max_seconds: wall-clock cap on training (the time budget of `hir evaluate`).
     threads: torch CPU threads while training (1 measured 3.6x faster than 2 on a busy 2-core box).
+    The values, and the measurements behind them, are in conf/eval/default.yaml (eval.retrieval.lightgcn).
     """
 
-    dim: int = 64
-    layers: int = 2
-    lr: float = 0.01
-    lambda_reg: float = 1e-4
-    batch_size: int = 8192
-    steps_per_epoch: int = 50
-    # masked new-to-user val recall@20 peaks after ~400 steps on completejourney and plateaus after
-    # 600-1100 noisy steps on online_retail (conf/eval/default.yaml has the measurements)
-    max_epochs: int = 40
-    patience: int = 5
-    # BPR from random init sits on a plateau for the first steps (measured on online_retail with
-    # PyG's init: val recall@20 flat for the first 125 steps, best after 775); patience alone
-    # stopped it there in some runs, an unfairly weak baseline
-    min_epochs: int = 5
-    # N(0, init_std²) initial embeddings, as in the authors' code (kuandeng/LightGCN; 0 = PyG's
-    # xavier-uniform, whose scale shrinks with the node count: 0.008 on completejourney's 95k nodes)
-    init_std: float = 0.1
-    max_seconds: float = 300.0
-    threads: int = 1
+    dim: int
+    layers: int
+    lr: float
+    lambda_reg: float
+    init_std: float
+    batch_size: int
+    steps_per_epoch: int
+    max_epochs: int
+    patience: int
+    min_epochs: int
+    max_seconds: float
+    threads: int
 
     info: ClassVar[ArmInfo] = ArmInfo(role="baseline", fits_on_val=True)
 
