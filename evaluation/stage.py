@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -54,6 +56,45 @@ def resolve_tasks(cfg: DictConfig, snap: Snapshot) -> tuple[RankingTask, Retriev
     return ranking, retrieval
 
 
+def ranking_section(cfg: DictConfig, snap: Snapshot, task: RankingTask, sources: Sources) -> dict[str, Any]:
+    """metrics.json's ``ranking``: the baseline and every arm of ``eval.ranking``; a skipped arm
+    carries its reason (``ranking.<arm>.skipped``), the notes go to the sources."""
+    from hir_evaluation.ranking.evaluate import evaluate_ranking
+
+    ev = cfg.eval
+    ranking = evaluate_ranking(
+        snap, task, instantiate(ev.ranker), list(ev.ranker_fit_splits), bind(build_ranking_arms(ev.ranking), sources),
+        int(ev.bootstrap.resamples), str(ev.bootstrap.unit), float(ev.bootstrap.level), int(ev.seed),
+        int(ev.id_buckets), float(ev.min_fit_coverage), bool(ev.ranker_crossfit_fallback), int(ev.crossfit_folds),
+    )
+    sources.notes += ranking["notes"]
+    for arm, why in ranking["skipped"].items():
+        ranking[arm]["skipped"] = why
+    return ranking
+
+
+def retrieval_section(cfg: DictConfig, snap: Snapshot, task: RetrievalTask, sources: Sources) -> dict[str, Any]:
+    """metrics.json's ``retrieval``: every arm of ``eval.retrieval`` (or of ``eval.retrieval_arms``)."""
+    from hir_evaluation.retrieval.evaluate import evaluate_retrieval
+    from hir_evaluation.retrieval.hir_search import hir_search
+    from hir_evaluation.retrieval.registry import build_arms
+
+    ev = cfg.eval
+    return evaluate_retrieval(
+        snap, task, build_arms(ev.retrieval), int(ev.seed), hir_search(sources), sources.content_vectors(),
+        sources.history_splits(ev.get("retrieval_history_splits")),
+        list(ev.retrieval_arms) if ev.get("retrieval_arms") else None,
+    )
+
+
+@contextmanager
+def timed(timings: dict[str, float], name: str) -> Iterator[None]:
+    """Record the block's wall time in ``timings[name]`` (metrics.json ``timings_s``)."""
+    t0 = time.perf_counter()
+    yield
+    timings[name] = time.perf_counter() - t0
+
+
 def run(cfg: DictConfig) -> dict[str, Any]:
     """Hydra entry: evaluate the run's HIR version and write ``paths.report_dir``."""
     report_dir, ev = Path(cfg.paths.report_dir), cfg.eval
@@ -63,59 +104,35 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         print_summary(metrics, report_dir)
         require_arms(metrics, ev, report_dir)
         return metrics
-    from hir_evaluation.ranking.evaluate import evaluate_ranking
     from hir_evaluation.report.diagnostics import diagnostics_section
     from hir_evaluation.report.plots import figures
-    from hir_evaluation.retrieval.evaluate import evaluate_retrieval
-    from hir_evaluation.retrieval.hir_search import hir_search
-    from hir_evaluation.retrieval.registry import build_arms
 
-    seed, snap = int(ev.seed), load_snapshot(cfg.paths.graph_dir)
+    snap = load_snapshot(cfg.paths.graph_dir)
     rank_task, ret_task = resolve_tasks(cfg, snap)
     sources = Sources(cfg, snap, rank_task.entity_type, ret_task.history_stages)
     timings: dict[str, float] = {}
     with progress_steps("evaluate", 4) as step:
-        t0 = time.perf_counter()
-        ranking = evaluate_ranking(
-            snap, rank_task, instantiate(ev.ranker), list(ev.ranker_fit_splits),
-            bind(build_ranking_arms(ev.ranking), sources),
-            int(ev.bootstrap.resamples), str(ev.bootstrap.unit), float(ev.bootstrap.level), seed,
-            int(ev.id_buckets), float(ev.min_fit_coverage), bool(ev.ranker_crossfit_fallback), int(ev.crossfit_folds),
-        )
-        sources.notes += ranking["notes"]
-        for arm, why in ranking["skipped"].items():
-            ranking[arm]["skipped"] = why  # metrics.json: ranking.<arm>.skipped = the reason
-        timings["ranking"] = time.perf_counter() - t0
+        with timed(timings, "ranking"):
+            ranking = ranking_section(cfg, snap, rank_task, sources)
         step("retrieval")
-        t0 = time.perf_counter()
-        retrieval = evaluate_retrieval(
-            snap, ret_task, build_arms(ev.retrieval), seed, hir_search(sources), sources.content_vectors(),
-            sources.history_splits(ev.get("retrieval_history_splits")),
-            list(ev.retrieval_arms) if ev.get("retrieval_arms") else None,
-        )
-        timings["retrieval"] = time.perf_counter() - t0
+        with timed(timings, "retrieval"):
+            retrieval = retrieval_section(cfg, snap, ret_task, sources)
         step("diagnostics")
-        t0 = time.perf_counter()
-        diagnostics, points = diagnostics_section(
-            Path(cfg.paths.embeddings_dir), Path(cfg.paths.hierarchy_dir), snap, rank_task.entity_type,
-            int(ev.diagnostics.top_prototypes), int(ev.diagnostics.map_points), seed, ev.get("compare_embeddings_dir"))
-        timings["diagnostics"] = time.perf_counter() - t0
+        with timed(timings, "diagnostics"):
+            diagnostics, points = diagnostics_section(
+                Path(cfg.paths.embeddings_dir), Path(cfg.paths.hierarchy_dir), snap, rank_task.entity_type,
+                int(ev.diagnostics.top_prototypes), int(ev.diagnostics.map_points), int(ev.seed),
+                ev.get("compare_embeddings_dir"))
         step("report")
         metrics: dict[str, Any] = {
-            "schema": 1,
-            "dataset": snap.dataset,
-            "model_version": sources.model_version,
-            "created": datetime.now(UTC).isoformat(timespec="seconds"),
-            "sources": sources.record(),
-            "ranking": ranking,
-            "retrieval": retrieval,
-            "diagnostics": diagnostics,
+            "schema": 1, "dataset": snap.dataset, "model_version": sources.model_version,
+            "created": datetime.now(UTC).isoformat(timespec="seconds"), "sources": sources.record(),
+            "ranking": ranking, "retrieval": retrieval, "diagnostics": diagnostics,
             "config": OmegaConf.to_container(ev, resolve=True),
         }
-        t0 = time.perf_counter()
-        figs = figures(metrics, points, rank_task.entity_type)
-        metrics["timings_s"] = timings | {"figures": time.perf_counter() - t0}
-        metrics = write_report(report_dir, metrics, figs)
+        with timed(timings, "figures"):
+            figs = figures(metrics, points, rank_task.entity_type)
+        metrics = write_report(report_dir, metrics | {"timings_s": timings}, figs)
     print_summary(metrics, report_dir)
     require_arms(metrics, ev, report_dir)
     return metrics

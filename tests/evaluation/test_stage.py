@@ -53,13 +53,15 @@ def test_rees46_report(compose: Callable, tmp_path: Path) -> None:
     assert lift["value"] == pytest.approx((ranking["baseline"]["ne"] - ranking["hir"]["ne"]) / ranking["baseline"]["ne"])
     assert lift["ci"][0] <= lift["value"] <= lift["ci"][1]
     n_products = json.loads((tmp_path / "graph" / "meta.json").read_text())["nodes"]["product"]
-    for arm in ("hir", "popularity", "itemknn", "lightgcn", "content"):
+    for arm in ("hir", "popularity", "itemknn", "lightgcn", "content", "gfcf"):
         r = retrieval[arm]
         # recall only grows with K; each arm finds 10x more than a random top-20 would (20 / products)
         assert r["recall@10"] <= r["recall@20"] <= r["recall@50"], (arm, r)
         assert r["recall@20"] > 10 * 20 / n_products, (arm, r["recall@20"], n_products)
     # collaborative baselines on the raw history beat global popularity on this data
     assert retrieval["itemknn"]["recall@20"] > retrieval["popularity"]["recall@20"]
+    assert retrieval["gfcf"]["recall@20"] > retrieval["popularity"]["recall@20"], retrieval["gfcf"]
+    assert retrieval["arms"]["gfcf"] == "baseline" and "| gfcf |" in (report / "report.md").read_text()
     assert metrics["sources"]["fallback"] is True and "FALLBACK" in metrics["sources"]["notes"][0]
     assert ranking["task"]["candidate_stages"] == ["view"]  # conf/eval/task/rees46.yaml
     assert set(metrics["diagnostics"]["nmi"]["product"]) == {"l0", "l1"}
