@@ -9,7 +9,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from hir_evaluation import diagnostics as diag
+from hir_evaluation.report import diagnostics as diag
 from hir_evaluation.snapshot import load_snapshot
 
 
