@@ -21,11 +21,11 @@ from typing import Any
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from hir.data.snapshot import Snapshot, load_snapshot
 from hir.errors import HirError
 from hir.progress import progress_steps
 from hir_evaluation.ranking.registry import bind, build_ranking_arms, require_options
 from hir_evaluation.report.render import print_summary, write_report
-from hir_evaluation.snapshot import Snapshot, load_snapshot
 from hir_evaluation.sources.selection import Sources
 from hir_evaluation.tasks import RankingTask, RetrievalTask
 

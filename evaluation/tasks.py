@@ -25,8 +25,8 @@ from datetime import datetime, timedelta
 import numpy as np
 import polars as pl
 
+from hir.data.snapshot import Snapshot
 from hir.errors import HirError
-from hir_evaluation.snapshot import Snapshot
 
 log = logging.getLogger(__name__)
 

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from hir.data.snapshot import Snapshot
 from hir.errors import HirError
 from hir_evaluation.metrics import (
     bootstrap_ranking,
@@ -24,7 +25,6 @@ from hir_evaluation.metrics import (
 from hir_evaluation.ranking.features import RankerInputs, baseline_inputs
 from hir_evaluation.ranking.ranker import RankerConfig, fit_ranker
 from hir_evaluation.ranking.registry import BASELINE, ArmInputs, lift_key
-from hir_evaluation.snapshot import Snapshot
 from hir_evaluation.tasks import RankingTask, build_candidates
 
 log = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import polars as pl
 
-from hir_evaluation.snapshot import Snapshot
+from hir.data.snapshot import Snapshot
 from hir_evaluation.sources.hir import TokenBag
 
 # an entity never seen before ts gets this age (hours): older than anything in the data

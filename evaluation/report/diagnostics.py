@@ -14,8 +14,8 @@ import polars as pl
 from scipy.optimize import linear_sum_assignment
 from sklearn.metrics import normalized_mutual_info_score
 
+from hir.data.snapshot import Snapshot
 from hir.errors import InputError
-from hir_evaluation.snapshot import Snapshot
 from hir_evaluation.sources.hir import embeddings_meta, read_embeddings, token_levels
 
 log = logging.getLogger(__name__)

@@ -10,8 +10,8 @@ import numpy as np
 import polars as pl
 import scipy.sparse as sp
 
+from hir.data.snapshot import Snapshot
 from hir.errors import HirError
-from hir_evaluation.snapshot import Snapshot
 from hir_evaluation.tasks import RetrievalTask
 
 

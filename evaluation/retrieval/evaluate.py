@@ -13,10 +13,10 @@ from typing import Any
 
 import numpy as np
 
+from hir.data.snapshot import Snapshot
 from hir_evaluation.retrieval.data import retrieval_data
 from hir_evaluation.retrieval.rank import TopK, score_arm
 from hir_evaluation.retrieval.registry import RetrievalArm, RetrievalContext
-from hir_evaluation.snapshot import Snapshot
 from hir_evaluation.tasks import RetrievalTask
 
 log = logging.getLogger(__name__)

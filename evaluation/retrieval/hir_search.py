@@ -16,9 +16,9 @@ import numpy as np
 import polars as pl
 import scipy.sparse as sp
 
+from hir.data.snapshot import Snapshot
 from hir_evaluation.retrieval.data import RetrievalData
 from hir_evaluation.retrieval.rank import Ranked, TopK, inner_product_scores, rank_dense
-from hir_evaluation.snapshot import Snapshot
 from hir_evaluation.sources.hir import read_embeddings
 from hir_evaluation.sources.published import MILVUS_MAX_LIMIT, published_search
 from hir_evaluation.sources.selection import Sources

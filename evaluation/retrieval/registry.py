@@ -19,10 +19,10 @@ from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
+from hir.data.snapshot import Snapshot
 from hir.errors import HirError
 from hir_evaluation.retrieval.data import RetrievalData, retrieval_data
 from hir_evaluation.retrieval.rank import Ranked, TopK
-from hir_evaluation.snapshot import Snapshot
 from hir_evaluation.tasks import RetrievalTask
 
 # model: what the report measures (hir); baseline: what it is ranked against (hir_over_best_baseline);

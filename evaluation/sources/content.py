@@ -10,8 +10,8 @@ import numpy as np
 import polars as pl
 import scipy.sparse as sp
 
+from hir.data.snapshot import Snapshot
 from hir.errors import InputError
-from hir_evaluation.snapshot import Snapshot
 
 
 def load_content(content_dir: Path, entity_type: str, n: int) -> tuple[np.ndarray, np.ndarray]:

@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from hir.data.snapshot import Snapshot
 from hir.errors import InputError
-from hir_evaluation.snapshot import Snapshot
 
 log = logging.getLogger(__name__)
 TS = pl.Datetime("us", "UTC")

@@ -15,8 +15,8 @@ import numpy as np
 import polars as pl
 from omegaconf import DictConfig
 
+from hir.data.snapshot import Snapshot
 from hir.errors import HirError, InputError
-from hir_evaluation.snapshot import Snapshot
 from hir_evaluation.sources.content import load_content
 from hir_evaluation.sources.hir import HirSide, embeddings_meta, from_feast, from_files
 from hir_evaluation.sources.published import load_manifest

@@ -11,12 +11,12 @@ import polars as pl
 import pytest
 import scipy.sparse as sp
 
+from hir.data.snapshot import load_snapshot
 from hir_evaluation.retrieval.arms import gfcf
 from hir_evaluation.retrieval.arms.gfcf import GFCF, gfcf_scores, top_right_singular
 from hir_evaluation.retrieval.data import RetrievalData, interaction_matrix
 from hir_evaluation.retrieval.evaluate import MASKED, evaluate_retrieval
 from hir_evaluation.retrieval.registry import RetrievalContext, build_arms
-from hir_evaluation.snapshot import load_snapshot
 
 N_USERS, N_ITEMS = 40, 30
 

@@ -10,6 +10,7 @@ import numpy as np
 import polars as pl
 import pytest
 
+from hir.data.snapshot import load_snapshot
 from hir_evaluation.retrieval.arms.content import profile_topk
 from hir_evaluation.retrieval.arms.itemknn import itemknn_topk
 from hir_evaluation.retrieval.arms.lightgcn import fit_lightgcn
@@ -17,7 +18,6 @@ from hir_evaluation.retrieval.arms.popularity import popularity_topk
 from hir_evaluation.retrieval.data import RetrievalData, interaction_matrix, retrieval_data
 from hir_evaluation.retrieval.hir_search import drop_seen, files_topk, masked_limits
 from hir_evaluation.retrieval.rank import Ranked, score_arm
-from hir_evaluation.snapshot import load_snapshot
 from hir_evaluation.sources.content import user_profiles
 from hir_evaluation.sources.published import MILVUS_MAX_LIMIT, grouped_search, search_params_for
 from hir_evaluation.tasks import RetrievalTask

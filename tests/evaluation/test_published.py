@@ -24,10 +24,10 @@ FAST = [
 @pytest.mark.skipif(not REES46.exists(), reason=f"needs {REES46}")
 def test_feast_and_milvus_match_the_files(compose: Callable, tmp_path: Path) -> None:
     from hir.data.prepare import run as prepare
+    from hir.data.snapshot import load_snapshot
     from hir.publish.stage import run as publish
     from hir.validate.stage import run as validate
     from hir_evaluation import stage
-    from hir_evaluation.snapshot import load_snapshot
     from hir_evaluation.sources.hir import from_feast, from_files
     from hir_evaluation.sources.published import load_manifest
     from hir_evaluation.tasks import RankingTask, build_candidates

@@ -10,13 +10,13 @@ import pytest
 import torch
 from torch_geometric.nn import LightGCN as PygLightGCN
 
+from hir.data.snapshot import load_snapshot
 from hir_evaluation.retrieval.arms.itemknn import item_neighbours, itemknn_topk
 from hir_evaluation.retrieval.arms.lightgcn import fit_lightgcn, propagate, propagation_graph
 from hir_evaluation.retrieval.arms.popularity import popularity_topk
 from hir_evaluation.retrieval.arms.repeat import repeat_topk
 from hir_evaluation.retrieval.data import RetrievalData, interaction_matrix, retrieval_data
 from hir_evaluation.retrieval.rank import inner_product_scores, rank_dense
-from hir_evaluation.snapshot import load_snapshot
 from hir_evaluation.tasks import RetrievalTask
 from tests.evaluation.fixtures import shipped_arm
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from hir.data.snapshot import load_snapshot
 from hir_evaluation.report.render import clean, html_page, markdown, print_summary, retrieval_rows
 from hir_evaluation.retrieval.arms.content import ContentProfile
 from hir_evaluation.retrieval.arms.gfcf import GFCF
@@ -16,7 +17,6 @@ from hir_evaluation.retrieval.arms.popularity import Popularity
 from hir_evaluation.retrieval.arms.repeat import Repeat
 from hir_evaluation.retrieval.evaluate import MASKED, best_arms, best_baseline_ratio, evaluate_retrieval
 from hir_evaluation.retrieval.hir_search import files_topk
-from hir_evaluation.snapshot import load_snapshot
 from hir_evaluation.sources.content import load_content
 from hir_evaluation.tasks import RetrievalTask
 from tests.evaluation.fixtures import shipped_arm, write_content, write_export

@@ -8,9 +8,9 @@ import numpy as np
 import polars as pl
 import pytest
 
+from hir.data.snapshot import load_snapshot
 from hir.errors import HirError
 from hir_evaluation.ranking.features import baseline_inputs, prior_stats
-from hir_evaluation.snapshot import load_snapshot
 from hir_evaluation.tasks import RankingTask, build_candidates
 
 

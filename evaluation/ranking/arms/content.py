@@ -10,8 +10,8 @@ from typing import ClassVar
 import numpy as np
 import polars as pl
 
+from hir.data.snapshot import Snapshot
 from hir_evaluation.ranking.features import RankerInputs, affinity
-from hir_evaluation.snapshot import Snapshot
 from hir_evaluation.sources.content import history_pairs, load_content, user_profiles
 from hir_evaluation.sources.selection import Sources
 
