@@ -137,6 +137,30 @@ def bootstrap_ranking(
     return out
 
 
+def seed_mean_draws(
+    y: np.ndarray,
+    preds: Mapping[str, Sequence[np.ndarray]],
+    weights: np.ndarray,
+    baseline: str = "baseline",
+) -> dict[str, dict[str, np.ndarray]]:
+    """:func:`bootstrap_ranking` for rankers trained with several seeds: every arm has one
+    prediction (n,) per seed, all arms the same seeds. Each draw (a row of ``weights`` (R, n))
+    scores every seed's prediction; a metric's draw is its mean over the seeds, and ``ne_lift``
+    is the mean over seeds s of the lift of the arm's seed s over the baseline's seed s (paired:
+    same resample, same seed's holdout split and batch order).
+
+    Returns:
+        {arm: {"auc": (R,), "ne": (R,), "calibration": (R,), "ne_lift": (R,) (not for baseline)}}
+    """
+    n_seeds = {len(ps) for ps in preds.values()}
+    if len(n_seeds) != 1:
+        raise ValueError(f"every arm needs one prediction per seed; got {({a: len(p) for a, p in preds.items()})}")
+    per_seed = [bootstrap_ranking(y, {arm: ps[s] for arm, ps in preds.items()}, weights, baseline)
+                for s in range(n_seeds.pop())]
+    return {arm: {key: np.mean([d[arm][key] for d in per_seed], axis=0) for key in per_seed[0][arm]}
+            for arm in preds}
+
+
 def interval(draws: np.ndarray, level: float = 0.95) -> list[float]:
     """Percentile interval of bootstrap draws (nan draws, from a resample without positives, dropped)."""
     d = np.asarray(draws, dtype=np.float64)

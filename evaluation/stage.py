@@ -58,18 +58,25 @@ def resolve_tasks(cfg: DictConfig, snap: Snapshot) -> tuple[RankingTask, Retriev
 
 def ranking_section(cfg: DictConfig, snap: Snapshot, task: RankingTask, sources: Sources) -> dict[str, Any]:
     """metrics.json's ``ranking``: the baseline and every arm of ``eval.ranking``; a skipped arm
-    carries its reason (``ranking.<arm>.skipped``), the notes go to the sources."""
+    carries its reason (``ranking.<arm>.skipped``), the notes go to the sources; ``explanations``:
+    the shared tokens of the pairs ``eval.explain.arm`` scores highest (the report's "why this?")."""
     from hir_evaluation.ranking.evaluate import evaluate_ranking
+    from hir_evaluation.ranking.explain import explain_pairs
 
     ev = cfg.eval
     ranking = evaluate_ranking(
         snap, task, instantiate(ev.ranker), list(ev.ranker_fit_splits), bind(build_ranking_arms(ev.ranking), sources),
         int(ev.bootstrap.resamples), str(ev.bootstrap.unit), float(ev.bootstrap.level), int(ev.seed),
         int(ev.id_buckets), float(ev.min_fit_coverage), bool(ev.ranker_crossfit_fallback), int(ev.crossfit_folds),
+        int(ev.ranker_seeds), int(ev.explain.pairs) if sources.hir != "none" else 0, str(ev.explain.arm),
     )
     sources.notes += ranking["notes"]
     for arm, why in ranking["skipped"].items():
         ranking[arm]["skipped"] = why
+    pairs = ranking.pop("top_pairs", [])
+    if pairs:
+        ranking["explanations"] = explain_pairs(snap, task.entity_type, pairs, sources.manifest,
+                                                Path(cfg.paths.embeddings_dir), Path(cfg.paths.hierarchy_dir))
     return ranking
 
 

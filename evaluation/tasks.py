@@ -12,6 +12,14 @@ Two ranking kinds:
 - ``next_period``: for each user who buys in the period, candidates are the user's past
   entities, the popular ones and uniformly sampled negatives, all at the period start; the label
   is whether the user reaches ``label_stage`` with the entity during the period.
+- ``conversion``: the deep-funnel question for data whose periods carry no order inside them
+  (beibei's synthesized times): of the entities a user took to a ``candidate_stages`` stage (e.g.
+  cart) before the period and never to ``label_stage`` there, which does the user take to
+  ``label_stage`` in the period? Rows are those (user, entity) pairs, all at the period start;
+  the label is a ``label_stage`` event of the pair in the period. Everything a feature or an
+  embedding may read predates the period (the shallow events included, as a live system sees a
+  cart), the label events never do. With ``crossfit`` the ranker learns on the test period's
+  rows by user-grouped cross-fitting (the only period whose labels the embeddings never saw).
 
 Rows carry the candidate time ``ts`` so every feature can be computed strictly before it.
 """
@@ -30,7 +38,7 @@ from hir.errors import HirError
 
 log = logging.getLogger(__name__)
 
-KINDS = ("funnel", "next_period")
+KINDS = ("funnel", "next_period", "conversion")
 CANDIDATE_COLUMNS = ("user_id", "entity_id", "ts", "label", "stage", "split", "cold_entity")
 
 
@@ -39,10 +47,10 @@ class RankingTask:
     """One dataset's deep-funnel ranking task.
 
     Args:
-        kind: ``funnel`` or ``next_period`` (see the module doc).
+        kind: ``funnel``, ``next_period`` or ``conversion`` (see the module doc).
         entity_type: the entity type ranked (``product``).
-        candidate_stages: funnel stages whose events make candidates; null = the shallowest
-            stage (e.g. exposure or view).
+        candidate_stages: funnel / conversion: stages whose events make candidates; null = the
+            shallowest stage (e.g. exposure or view).
         label_stage: the stage that makes a positive; null = the snapshot's deepest stage.
         window: a Polars duration (``7d``). funnel: the label horizon after the candidate time
             (null = to the end of the period); candidates are deduplicated per (user, entity,
@@ -53,6 +61,9 @@ class RankingTask:
         negatives: next_period: entities sampled uniformly from the catalogue per user.
         max_rows: rows kept per period (a seeded uniform sample above it; 0 = no cap).
         few_events: users with at most this many prior events form the "few events" slice.
+        crossfit: the ranker learns by user-grouped cross-fitting on the test period's rows
+            instead of on ``eval.ranker_fit_splits`` (a task whose labels exist in the test
+            period only, as conversion on a shipped test file).
     """
 
     kind: str = "funnel"
@@ -65,6 +76,7 @@ class RankingTask:
     negatives: int = 20
     max_rows: int = 200_000
     few_events: int = 5
+    crossfit: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -134,6 +146,8 @@ def build_candidates(task: RankingTask, snap: Snapshot, split: str, seed: int = 
         raise HirError(f"eval.task.ranking.entity_type={task.entity_type!r} has no events in {snap.dir}; types with events: {have}")
     if task.kind == "funnel":
         rows = _funnel(task, snap, events, start, end)
+    elif task.kind == "conversion":
+        rows = _conversion(task, snap, events, start, end)
     else:
         rows = _next_periods(task, snap, events, start, end, seed)
     if task.max_rows and rows.height > task.max_rows:
@@ -205,6 +219,36 @@ def _funnel(task: RankingTask, snap: Snapshot, events: pl.DataFrame, start: date
         .join(depth, on=keys, how="left")
         .with_columns(
             _stage_name(snap.stage_order).alias("stage")
+        )
+        .select("user_id", "entity_id", "ts", "label", "stage")
+    )
+
+
+def _conversion(task: RankingTask, snap: Snapshot, events: pl.DataFrame, start: datetime, end: datetime) -> pl.DataFrame:
+    """Pairs that reached a candidate stage before ``start`` and never the label stage before it,
+    labelled by a label-stage event in [start, end); all at ``start``."""
+    label_stage = task.resolve_label_stage(snap)
+    keys = ["user_id", "entity_id"]
+    before = events.filter(pl.col("timestamp") < pl.lit(start, pl.Datetime("us", "UTC")))
+    reached = (
+        before.filter(pl.col("stage").is_in(task.resolve_candidate_stages(snap)))
+        .group_by(keys)
+        .agg(pl.col("stage_rank").max().alias("_rank"))
+    )
+    done = before.filter(pl.col("stage") == label_stage).select(keys).unique()
+    bought = (
+        events.filter(_in_period(start, end) & (pl.col("stage") == label_stage))
+        .select(keys)
+        .unique()
+        .with_columns(pl.lit(1, pl.Int8).alias("label"))
+    )
+    return (
+        reached.join(done, on=keys, how="anti")
+        .join(bought, on=keys, how="left")
+        .with_columns(
+            pl.lit(start, pl.Datetime("us", "UTC")).alias("ts"),
+            pl.col("label").fill_null(0),
+            _stage_name(snap.stage_order).alias("stage"),
         )
         .select("user_id", "entity_id", "ts", "label", "stage")
     )

@@ -1,6 +1,7 @@
 """Ranking lift: the same DLRM recipe trained per arm (the baseline and every arm of the registry,
-evaluation/ranking/registry.py) on the same rows, scored on the test period with paired (shared)
-bootstrap resamples, overall and per slice."""
+evaluation/ranking/registry.py) and per ranker seed on the same rows, scored on the test period
+with paired (shared) bootstrap resamples over users, overall and per slice, every arm's lift with
+its interval and its seed spread."""
 
 from __future__ import annotations
 
@@ -15,12 +16,12 @@ import polars as pl
 from hir.data.snapshot import Snapshot
 from hir.errors import HirError
 from hir_evaluation.metrics import (
-    bootstrap_ranking,
     bootstrap_weights,
     interval,
     ranking_metrics,
     relative_lift,
     reliability,
+    seed_mean_draws,
 )
 from hir_evaluation.ranking.features import RankerInputs, baseline_inputs
 from hir_evaluation.ranking.ranker import RankerConfig, fit_ranker
@@ -64,6 +65,21 @@ def slice_masks(rows: pl.DataFrame, base: RankerInputs, few_events: int) -> dict
     return masks
 
 
+def fit_summary(fits: list[dict[str, Any]]) -> dict[str, Any]:
+    """One arm's fits (per seed and fold) in metrics.json: the mean best step (``steps``), each
+    fit's best step and best check (1 = its first holdout check), total seconds, and every
+    holdout curve (``curves``: seed, fold, steps an epoch, one ``{step, holdout_log_loss}`` per check)."""
+    return {
+        "steps": float(np.mean([f["best_step"] for f in fits])),
+        "best_steps": [f["best_step"] for f in fits],
+        "best_checks": [f["best_check"] for f in fits],
+        "best_at_first_check": any(f["best_check"] <= 1 for f in fits),
+        "holdout_log_loss": float(np.mean([f["holdout_log_loss"] for f in fits])),
+        "seconds": float(sum(f["seconds"] for f in fits)),
+        "curves": [{k: f[k] for k in ("seed", "fold", "steps_per_epoch", "curve")} for f in fits],
+    }
+
+
 def evaluate_ranking(
     snap: Snapshot,
     task: RankingTask,
@@ -78,20 +94,38 @@ def evaluate_ranking(
     min_fit_coverage: float = 0.01,
     crossfit_fallback: bool = True,
     folds: int = 2,
+    seeds: int = 1,
+    top_pairs: int = 0,
+    top_arm: str | None = None,
 ) -> dict[str, Any]:
     """Train the baseline and each arm (None = an input it needs is missing, reported as nulls)
-    and score them.
+    ``seeds`` times each and score them.
 
-    Every arm learns on the same rows with the same recipe and seed: the ``fit_splits`` periods,
-    or, with ``fit_splits == ["test"]``, user-grouped cross-fitting on the test period
-    (out-of-fold predictions). When an arm's features reach fewer than ``min_fit_coverage`` of
-    the fit-period rows (point-in-time: embeddings stamped after those periods), a ranker would
-    meet them for the first time on the test rows; ``crossfit_fallback`` then switches every arm
-    to cross-fitting, otherwise that arm is skipped with the reason.
+    Every arm learns on the same rows with the same recipe and seeds: the ``fit_splits`` periods,
+    or, with ``fit_splits == ["test"]`` or a task that says ``crossfit``, user-grouped
+    cross-fitting on the test period (out-of-fold predictions). When an arm's features reach
+    fewer than ``min_fit_coverage`` of the fit-period rows (point-in-time: embeddings stamped
+    after those periods), a ranker would meet them for the first time on the test rows;
+    ``crossfit_fallback`` then switches every arm to cross-fitting, otherwise that arm is
+    skipped with the reason.
 
-    Returns the ``ranking`` section of metrics.json (plus ``calibration_curves`` for the plot).
+    Ranker seed i is ``seed + 1000 i``; fold k of a cross-fit adds k. Metrics are means over the
+    seeds; intervals come from ``resamples`` bootstrap draws over ``unit`` (users), the same
+    draws for every arm and seed (paired), each draw averaging the seeds; the NE lift's seed
+    spread (per-seed lifts) is reported beside its interval.
+
+    Returns the ``ranking`` section of metrics.json (plus ``calibration_curves`` for the plot and
+    ``top_pairs``: the ``top_pairs`` test rows that ``top_arm`` (else the baseline) scores
+    highest, for the report's explanations).
     """
     label_stage = task.resolve_label_stage(snap)
+    notes: list[str] = []
+    if task.crossfit and list(fit_splits) != ["test"]:
+        notes.append(
+            f"the {task.kind} task has labels in the test period only (eval.task.ranking.crossfit): every ranker arm "
+            f"is cross-fitted there ({folds} user-grouped folds, out-of-fold predictions), not fitted on {list(fit_splits)}"
+        )
+        fit_splits = ["test"]
     rows = candidate_rows(snap, task, fit_splits, seed)
     crossfit = list(fit_splits) == ["test"]
     is_test = (rows["split"] == "test").to_numpy()
@@ -100,6 +134,7 @@ def evaluate_ranking(
     fit_idx, test_idx = np.flatnonzero(~is_test), np.flatnonzero(is_test)
     y = rows["label"].to_numpy().astype(np.float64)
     users = rows["user_id"].to_numpy()
+    times = rows["ts"].dt.epoch("us").to_numpy()
     base = baseline_inputs(snap, rows, task.entity_type, label_stage, id_buckets)
     arm_inputs = {name: inputs(rows, base) for name, inputs in arms.items() if inputs is not None}
     coverage: dict[str, dict[str, float]] = {}
@@ -109,7 +144,6 @@ def evaluate_ranking(
         has = {k: x.dense[:, j] for j, k in enumerate(x.dense_names) if k.startswith("has_") and k not in base.dense_names}
         coverage[name] = {f"test_{k}": float(v[test_idx].mean()) for k, v in has.items()}
         coverage[name] |= {f"fit_{k}": float(v[fit_idx].mean()) for k, v in has.items()} if len(fit_idx) else {}
-    notes: list[str] = []
     uncovered = [n for n, c in coverage.items() if max((v for k, v in c.items() if k.startswith("fit_")), default=1.0)
                  < min_fit_coverage]
     if uncovered and not crossfit and crossfit_fallback:
@@ -137,86 +171,119 @@ def evaluate_ranking(
             continue
         inputs[name] = x
 
-    preds: dict[str, np.ndarray] = {}
-    fits: dict[str, dict[str, float]] = {}
-    fold = user_folds(users[test_idx], folds, seed) if crossfit else None
+    # (rows a ranker learns on, positions in test_idx it predicts): one fit, or one per fold
+    if crossfit:
+        fold = user_folds(users[test_idx], folds, seed)
+        plan = [(test_idx[fold != k], np.flatnonzero(fold == k)) for k in range(folds)]
+    else:
+        plan = [(fit_idx, np.arange(len(test_idx)))]
+    seed_list = [seed + 1000 * i for i in range(max(1, seeds))]
+    preds: dict[str, list[np.ndarray]] = {}
+    fits: dict[str, list[dict[str, Any]]] = {}
     for name, x in inputs.items():
-        if fold is None:
-            fitted = fit_ranker(x.subset(fit_idx), y[fit_idx], users[fit_idx], ranker, seed, name)
-            preds[name] = fitted.predict(x.subset(test_idx))
-            fits[name] = {"steps": fitted.steps, "holdout_log_loss": fitted.best_holdout_loss, "seconds": fitted.seconds}
-        else:
-            preds[name] = np.zeros(len(test_idx))
-            fits[name] = {"steps": 0, "holdout_log_loss": 0.0, "seconds": 0.0}
-            for k in range(folds):
-                train_rows, out_rows = test_idx[fold != k], test_idx[fold == k]
-                fitted = fit_ranker(x.subset(train_rows), y[train_rows], users[train_rows], ranker, seed + k,
-                                    f"{name}[fold {k}]")
-                preds[name][fold == k] = fitted.predict(x.subset(out_rows))
-                fits[name]["steps"] += fitted.steps / folds
-                fits[name]["holdout_log_loss"] += fitted.best_holdout_loss / folds
-                fits[name]["seconds"] += fitted.seconds
-        log.info("ranker %s: best at step %d, %.1fs", name, fits[name]["steps"], fits[name]["seconds"])
+        preds[name], fits[name] = [], []
+        for s in seed_list:
+            p = np.zeros(len(test_idx))
+            for k, (learn, out_pos) in enumerate(plan):
+                tag = f"ranker {name} (seed {s}{f', fold {k}' if crossfit else ''})"
+                fitted = fit_ranker(x, y, users, ranker, s + k, tag, rows=learn, times=times)
+                p[out_pos] = fitted.predict(x, test_idx[out_pos])
+                fits[name].append({"seed": s, "fold": k if crossfit else None, "best_step": fitted.steps,
+                                   "best_check": fitted.best_check, "holdout_log_loss": fitted.best_holdout_loss,
+                                   "seconds": fitted.seconds, "steps_per_epoch": fitted.steps_per_epoch,
+                                   "curve": fitted.curve})
+            preds[name].append(p)
+        log.info("ranker %s: best steps %s, %.1fs", name, [f["best_step"] for f in fits[name]],
+                 sum(f["seconds"] for f in fits[name]))
 
     y_test, test_rows = y[test_idx], rows[test_idx]
     groups = users[test_idx] if unit == "user" else np.arange(len(test_idx))
     weights = bootstrap_weights(groups, resamples, seed)
-    draws = bootstrap_ranking(y_test, preds, weights)
+    draws = seed_mean_draws(y_test, preds, weights)
     out: dict[str, Any] = {
         "task": asdict(task) | {"label_stage": label_stage, "candidate_stages": task.resolve_candidate_stages(snap)
-                                if task.kind == "funnel" else None},
+                                if task.kind in ("funnel", "conversion") else None},
         "fit_splits": ["test"] if crossfit else list(fit_splits),
         "protocol": f"cross-fit on test ({folds} user folds)" if crossfit else f"fit on {list(fit_splits)}",
         "notes": notes,
         "rows": {"fit": len(test_idx) if crossfit else len(fit_idx), "test": len(test_idx)},
         "positives": {"fit": int(y_test.sum() if crossfit else y[fit_idx].sum()), "test": int(y_test.sum())},
-        "bootstrap": {"resamples": resamples, "unit": unit, "level": level},
+        "bootstrap": {"resamples": resamples, "unit": unit, "level": level, "paired": True},
+        "seeds": seed_list,
         "skipped": skipped,
-        "calibration_curves": {arm: reliability(y_test, p) for arm, p in preds.items()},
+        "calibration_curves": {arm: reliability(y_test, np.mean(p, axis=0)) for arm, p in preds.items()},
     }
     out["arms"] = [BASELINE, *arms]
+    per_seed = {arm: [ranking_metrics(y_test, p) for p in ps] for arm, ps in preds.items()}
     for arm in out["arms"]:
         if arm not in preds:
             out[arm] = {"auc": None, "ne": None, "log_loss": None, "calibration": None,
                         "feature_coverage": coverage.get(arm, {})}
             continue
-        point = ranking_metrics(y_test, preds[arm])
+        point = {k: float(np.mean([m[k] for m in per_seed[arm]])) for k in per_seed[arm][0]}
         out[arm] = point | {f"{k}_ci": interval(draws[arm][k], level) for k in ("auc", "ne", "calibration")}
-        out[arm] |= {"fit": fits[arm], "feature_coverage": coverage.get(arm, {})}
+        out[arm] |= {"fit": fit_summary(fits[arm]), "seed_values": per_seed[arm],
+                     "feature_coverage": coverage.get(arm, {})}
     for arm in arms:
         if arm in preds:
-            value = float(relative_lift(out[BASELINE]["ne"], out[arm]["ne"]))
-            out[lift_key(arm)] = {"value": value, "ci": interval(draws[arm]["ne_lift"], level), "arm": arm,
-                                  "over": BASELINE}
+            lifts = [float(relative_lift(b["ne"], a["ne"])) for b, a in zip(per_seed[BASELINE], per_seed[arm])]
+            out[lift_key(arm)] = {"value": float(np.mean(lifts)), "ci": interval(draws[arm]["ne_lift"], level),
+                                  "arm": arm, "over": BASELINE} | seed_spread(lifts)
         else:
             out[lift_key(arm)] = {"value": None, "ci": [None, None], "arm": arm, "over": BASELINE}
     out["slices"] = _slices(test_rows, base.subset(test_idx), y_test, preds, weights, task.few_events, level)
+    if top_pairs:
+        arm = top_arm if top_arm in preds else BASELINE
+        score = np.mean(preds[arm], axis=0)
+        order = np.argsort(-score, kind="stable")
+        picked, seen = [], set()
+        for i in order:  # one pair per user, the highest-scored first
+            u = int(test_rows["user_id"][int(i)])
+            if u in seen:
+                continue
+            seen.add(u)
+            picked.append({"user_id": u, "entity_id": int(test_rows["entity_id"][int(i)]), "arm": arm,
+                           "score": float(score[i]), "label": int(y_test[i])})
+            if len(picked) == top_pairs:
+                break
+        out["top_pairs"] = picked
     return out
+
+
+def seed_spread(lifts: list[float]) -> dict[str, Any]:
+    """Per-seed NE lifts, their [min, max] and sample sd (0 for one seed)."""
+    return {"seeds": lifts, "seed_spread": [float(min(lifts)), float(max(lifts))],
+            "seed_sd": float(np.std(lifts, ddof=1)) if len(lifts) > 1 else 0.0}
 
 
 def _slices(
     rows: pl.DataFrame,
     base: RankerInputs,
     y: np.ndarray,
-    preds: Mapping[str, np.ndarray],
+    preds: Mapping[str, list[np.ndarray]],
     weights: np.ndarray,
     few_events: int,
     level: float,
 ) -> list[dict[str, Any]]:
-    """Per slice: size, positives, each arm's AUC/NE/calibration, and hir's NE lift with its interval
-    (the same bootstrap draws restricted to the slice's rows)."""
+    """Per slice: size, positives, each arm's AUC/NE/calibration (means over seeds), and every
+    arm's NE lift over the baseline with its interval (the same paired bootstrap draws restricted
+    to the slice's rows; ``ne_lift`` for hir, ``ne_lift_<arm>`` for the others)."""
     out = []
     for name, mask in slice_masks(rows, base, few_events).items():
         entry: dict[str, Any] = {"slice": name, "n": int(mask.sum()), "positives": int(y[mask].sum())}
         if mask.sum() == 0:
             out.append(entry)
             continue
-        for arm, p in preds.items():
-            entry[arm] = ranking_metrics(y[mask], p[mask])
-        if "hir" in preds and 0 < y[mask].sum() < mask.sum():
-            d = bootstrap_ranking(y[mask], {"baseline": preds["baseline"][mask], "hir": preds["hir"][mask]},
-                                  weights[:, mask])
-            value = relative_lift(entry["baseline"]["ne"], entry["hir"]["ne"])
-            entry["ne_lift"] = {"value": float(value), "ci": interval(d["hir"]["ne_lift"], level)}
+        per_seed = {arm: [ranking_metrics(y[mask], p[mask]) for p in ps] for arm, ps in preds.items()}
+        for arm, ms in per_seed.items():
+            entry[arm] = {k: float(np.mean([m[k] for m in ms])) for k in ms[0]}
+        if BASELINE in preds and len(preds) > 1 and 0 < y[mask].sum() < mask.sum():
+            d = seed_mean_draws(y[mask], {arm: [p[mask] for p in ps] for arm, ps in preds.items()}, weights[:, mask])
+            for arm in preds:
+                if arm == BASELINE:
+                    continue
+                lifts = [float(relative_lift(b["ne"], a["ne"])) for b, a in zip(per_seed[BASELINE], per_seed[arm])]
+                entry[lift_key(arm)] = {"value": float(np.mean(lifts)), "ci": interval(d[arm]["ne_lift"], level)} | \
+                    seed_spread(lifts)
         out.append(entry)
     return out

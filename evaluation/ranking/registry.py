@@ -72,9 +72,28 @@ def build_ranking_arms(specs: Mapping[str, Any]) -> dict[str, RankingArm]:
     return arms
 
 
+class SharedReads:
+    """``sources`` as the arms of one evaluation see it: the HIR features of the candidate rows
+    are read once (a point-in-time Feast join) and shared by every arm that asks for them."""
+
+    def __init__(self, sources: Sources) -> None:
+        self._sources = sources
+        self._hir: tuple[Any, Any] | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sources, name)
+
+    def hir_features(self, rows: pl.DataFrame) -> Any:
+        if self._hir is None or self._hir[0] is not rows:
+            self._hir = (rows, self._sources.hir_features(rows))
+        return self._hir[1]
+
+
 def bind(arms: Mapping[str, RankingArm], sources: Sources) -> dict[str, ArmInputs | None]:
-    """Each arm bound to ``sources``, or None when an input it needs is missing (reported as nulls)."""
-    return {name: partial(arm.inputs, sources) if all(sources.available(n) for n in arm.needs) else None
+    """Each arm bound to ``sources`` (reads shared between arms: :class:`SharedReads`), or None
+    when an input it needs is missing (reported as nulls)."""
+    shared = SharedReads(sources)
+    return {name: partial(arm.inputs, shared) if all(sources.available(n) for n in arm.needs) else None
             for name, arm in arms.items()}
 
 

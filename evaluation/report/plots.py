@@ -117,6 +117,36 @@ def lightgcn_curve(fit: Mapping[str, Any]) -> bytes:
     return _png(fig)
 
 
+def ranker_curves(ranking: Mapping[str, Any]) -> bytes:
+    """Each ranking arm's holdout log loss per check (its first seed's fits; one line per fold
+    when cross-fitted), the best check marked; a dotted line at each pass over the fit rows."""
+    every = ranking_arms(ranking)
+    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    epoch = 0
+    for arm in every:
+        fit = (ranking.get(arm) or {}).get("fit") or {}
+        curves = fit.get("curves") or []
+        if not curves:
+            continue
+        first = curves[0]["seed"]
+        for i, c in enumerate(x for x in curves if x["seed"] == first):
+            steps = [p["step"] for p in c["curve"]]
+            loss = [p["holdout_log_loss"] for p in c["curve"]]
+            ax.plot(steps, loss, color=color(arm, every), lw=1.4, label=arm if i == 0 else None)
+            best = int(np.argmin(loss))
+            ax.plot(steps[best], loss[best], marker="o", color=color(arm, every))
+            epoch = epoch or int(c.get("steps_per_epoch") or 0)
+    if epoch:
+        for x in range(epoch, int(ax.get_xlim()[1]) + 1, epoch):
+            ax.axvline(x, color="black", lw=0.6, ls=":")
+    ax.set_xlabel("step (dotted: one pass over the fit rows)")
+    ax.set_ylabel("holdout log loss")
+    ax.set_title("Ranker holdout curves (dot = the check kept)", fontsize=10)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return _png(fig)
+
+
 def calibration_plot(curves: Mapping[str, Mapping[str, list[float]]]) -> bytes:
     fig, ax = plt.subplots(figsize=(4.6, 4.2))
     top = 0.0
@@ -158,6 +188,8 @@ def figures(metrics: Mapping[str, Any], points: Mapping[str, Any] | None, entity
         "recall_at_k": recall_curves(metrics["retrieval"], metrics["retrieval"]["ks"]),
         "calibration": calibration_plot(metrics["ranking"]["calibration_curves"]),
     }
+    if any(((metrics["ranking"].get(a) or {}).get("fit") or {}).get("curves") for a in ranking_arms(metrics["ranking"])):
+        figs["ranker_curves"] = ranker_curves(metrics["ranking"])
     lightgcn = (metrics["retrieval"].get("fits") or {}).get("lightgcn") or {}
     if lightgcn.get("curve"):
         figs["lightgcn_curve"] = lightgcn_curve(lightgcn)

@@ -44,6 +44,18 @@ def fmt_ci(v: Mapping[str, Any] | None, pct: bool = True) -> str:
     return f"{fmt(scale * v['value'], 2)}{'%' if pct else ''}{ci}"
 
 
+def fmt_spread(v: Mapping[str, Any] | None) -> str:
+    """The NE lift's seed spread: ``[min, max]`` of the per-seed lifts in %, or – with one seed."""
+    seeds = (v or {}).get("seeds") or []
+    if len(seeds) < 2:
+        return "–"
+    lo, hi = v["seed_spread"]
+    return f"[{fmt(100 * lo, 2)}, {fmt(100 * hi, 2)}] ({len(seeds)} seeds)"
+
+
+RANKING_HEADER = ["arm", "AUC", "NE", "calibration", "NE lift vs baseline [95% CI]", "seed spread"]
+
+
 def ranking_rows(m: Mapping[str, Any]) -> list[list[str]]:
     r = m.get("ranking") or {}
     rows = []
@@ -51,11 +63,47 @@ def ranking_rows(m: Mapping[str, Any]) -> list[list[str]]:
         a = r.get(arm) or {}
         if a.get("skipped"):
             # the reason's first clause here; the whole of it under the table
-            rows.append([arm, "skipped", "–", "–", "skipped: " + str(a["skipped"]).split(":")[0]])
+            rows.append([arm, "skipped", "–", "–", "skipped: " + str(a["skipped"]).split(":")[0], "–"])
             continue
+        lift = r.get(lift_key(arm)) if arm != BASELINE else None
         rows.append([arm, fmt(a.get("auc")), fmt(a.get("ne")), fmt(a.get("calibration"), 3),
-                     fmt_ci(r.get(lift_key(arm))) if arm != BASELINE else "–"])
+                     fmt_ci(lift) if lift else "–", fmt_spread(lift)])
     return rows
+
+
+def fit_rows(m: Mapping[str, Any]) -> list[list[str]]:
+    """Per ranking arm: each fit's best step and best check (1 = the first), steps an epoch, seconds."""
+    r = m.get("ranking") or {}
+    rows = []
+    for arm in ranking_arms(r):
+        fit = (r.get(arm) or {}).get("fit") or {}
+        if not fit.get("best_steps"):
+            continue
+        curves = fit.get("curves") or []
+        checks = [len(c["curve"]) for c in curves]
+        rows.append([arm, ", ".join(str(s) for s in fit["best_steps"]),
+                     ", ".join(f"{b}/{c}" for b, c in zip(fit["best_checks"], checks)),
+                     str(curves[0].get("steps_per_epoch")) if curves else "–", fmt(fit.get("seconds"), 1)])
+    return rows
+
+
+def explanation_md(r: Mapping[str, Any]) -> str:
+    """The "why this?" paragraphs: per explained pair, its score and label, then its shared tokens."""
+    out = []
+    for e in r.get("explanations") or []:
+        head = (f"- user `{e['user']}`, {e.get('entity_text') or ''} (`{e['entity']}`): {e['arm']} score "
+                f"{fmt(e['score'], 3)}, label {e['label']}, tokens from {e.get('source')}")
+        if e.get("error"):
+            out.append(f"{head}: not explained: {e['error']}")
+            continue
+        ex = e["explanation"]
+        levels = []
+        for level, overlap in sorted(((int(k), v) for k, v in ex["overlap"].items())):
+            tokens = [t for t in ex["shared"] if int(t["level"]) == level][:3]
+            names = "; ".join(f"{t['token']} {t.get('label') or '(no label)'} ({fmt(t['weight'], 3)})" for t in tokens)
+            levels.append(f"level {level} overlap {fmt(overlap, 3)}" + (f": {names}" if names else ""))
+        out.append(head + "\n  - " + "\n  - ".join(levels))
+    return "\n".join(out)
 
 
 MASKED = "masked_new_to_user"
@@ -125,7 +173,7 @@ def print_summary(m: Mapping[str, Any], report_dir: Path) -> None:
     """The terminal summary: ranking and retrieval tables and where the report is."""
     console = Console()
     t = Table(title=f"hir evaluate: ranking ({m.get('dataset')}, test rows {m.get('ranking', {}).get('rows', {}).get('test')})")
-    for col in ("arm", "AUC", "NE", "calibration", "NE lift vs baseline [95% CI]"):
+    for col in RANKING_HEADER:
         t.add_column(col, justify="right" if col != "arm" else "left")
     for row in ranking_rows(m):
         t.add_row(*row)
@@ -155,13 +203,14 @@ def _md_table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def slice_rows(m: Mapping[str, Any]) -> list[list[str]]:
+    arms = ranking_arms(m.get("ranking") or {})
     rows = []
     for s in (m.get("ranking") or {}).get("slices", []):
         rows.append([
             s["slice"], str(s["n"]), str(s["positives"]),
-            *[fmt((s.get(arm) or {}).get("auc"), 3) for arm in ranking_arms(m.get("ranking") or {})],
-            *[fmt((s.get(arm) or {}).get("ne"), 3) for arm in ranking_arms(m.get("ranking") or {})],
-            fmt_ci(s.get("ne_lift")),
+            *[fmt((s.get(arm) or {}).get("auc"), 3) for arm in arms],
+            *[fmt((s.get(arm) or {}).get("ne"), 3) for arm in arms],
+            *[fmt_ci(s.get(lift_key(arm))) for arm in arms if arm != BASELINE],
         ])
     return rows
 
@@ -182,7 +231,7 @@ def slice_header(m: Mapping[str, Any]) -> list[str]:
     """The ranking slice table's columns: AUC and NE per arm (the baseline as ``base``), hir's NE lift."""
     arms = ["base" if a == BASELINE else a for a in ranking_arms(m.get("ranking") or {})]
     return ["slice", "rows/users", "positives", *[f"AUC {a}" for a in arms], *[f"NE {a}" for a in arms],
-            "NE lift hir [CI]"]
+            *[f"NE lift {a} [CI]" for a in arms if a != "base"]]
 
 
 def diagnostics_md(d: Mapping[str, Any]) -> str:
@@ -237,19 +286,19 @@ def retrieval_md(m: Mapping[str, Any]) -> list[str]:
 
 def protocol_md(r: Mapping[str, Any]) -> str:
     rows, pos, boot = r.get("rows") or {}, r.get("positives") or {}, r.get("bootstrap") or {}
+    seeds = r.get("seeds") or []
     return (f"Protocol: {r.get('protocol')}; rows fit {rows.get('fit')} / test {rows.get('test')}, positives fit "
             f"{pos.get('fit')} / test {pos.get('test')}; {boot.get('resamples')} paired bootstrap resamples by "
-            f"{boot.get('unit')}, {100 * float(boot.get('level') or 0):g}% intervals. Every arm: same rows, recipe, "
-            "seed and step budget; features point-in-time.")
+            f"{boot.get('unit')} (the same draws for every arm and seed; each draw averages the seeds), "
+            f"{100 * float(boot.get('level') or 0):g}% intervals; {max(len(seeds), 1)} ranker seed(s) {seeds}, the "
+            "spread of the per-seed NE lifts beside each interval. Every arm: same rows, recipe, seeds and step "
+            "budget; features point-in-time.")
 
 
 def fits_md(m: Mapping[str, Any]) -> str:
-    """One line on how each trained arm ended (best step/epoch, time, budget stops)."""
-    parts = []
-    for arm in ranking_arms(m.get("ranking") or {}):
-        fit = ((m.get("ranking") or {}).get(arm) or {}).get("fit")
-        if fit:
-            parts.append(f"ranker {arm}: best at step {fit['steps']} ({fmt(fit['seconds'], 1)}s)")
+    """One line on how each trained retrieval arm ended (best epoch, time, budget stops) and which
+    ranking arms were skipped."""
+    parts = []  # the rankers' fits have their own table (fit_rows)
     for arm, g in ((m.get("retrieval") or {}).get("fits") or {}).items():
         by = g.get("stopped_by") or ("max_seconds" if g.get("stopped_by_budget") else "patience")
         stop = (f", stopped by the budget eval.retrieval.{arm}.{by}" if g.get("stopped_by_budget")
@@ -272,7 +321,13 @@ def markdown(m: Mapping[str, Any], figures: Mapping[str, str]) -> str:
         "## Ranking (deep funnel)",
         f"Task: `{json.dumps((m.get('ranking') or {}).get('task'))}`",
         protocol_md(m.get("ranking") or {}),
-        _md_table(["arm", "AUC", "NE", "calibration", "NE lift vs baseline [95% CI]"], ranking_rows(m)),
+        _md_table(RANKING_HEADER, ranking_rows(m)),
+        "Ranker fits (every seed and fold): the step of the best holdout check, and which check it was out of "
+        "how many (1 = the first: the ranker never improved after its first check); the curves are the "
+        "`ranker_curves` figure and `ranking.<arm>.fit.curves` in metrics.json.",
+        _md_table(["arm", "best step", "best check / checks", "steps an epoch", "seconds"], fit_rows(m)),
+        "### Why this? (the shared Bag-of-Meaning tokens of top-ranked test pairs, as `hir explain` gives them)",
+        explanation_md(m.get("ranking") or {}) or "No explanations (no HIR features, or eval.explain.pairs=0).",
         "## Retrieval",
         *retrieval_md(m),
         fits_md(m),

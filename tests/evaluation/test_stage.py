@@ -19,7 +19,7 @@ from tests.evaluation.fixtures import write_content, write_export
 
 # small budgets: the code paths, not the numbers, are under test here
 FAST = [
-    "eval.ranker.max_steps=60", "eval.ranker.eval_every=20", "eval.bootstrap.resamples=20",
+    "eval.ranker.max_steps=60", "eval.ranker.eval_every=20", "eval.bootstrap.resamples=20", "eval.ranker_seeds=2",
     "eval.retrieval.lightgcn.max_epochs=2", "eval.retrieval.lightgcn.steps_per_epoch=3", "eval.retrieval.lightgcn.batch_size=1024",
     "eval.retrieval.itemknn.neighbours=20", "eval.retrieval.gfcf.rank=32", "eval.diagnostics.map_points=300",
 ]
@@ -48,10 +48,27 @@ def test_rees46_report(compose: Callable, tmp_path: Path) -> None:
         # the fixture's SVD embeddings and hashed content carry signal: every arm ranks the test
         # period's purchases above chance (a shuffled or constant prediction gives 0.5)
         assert ranking[arm]["auc"] > 0.55, (arm, ranking[arm]["auc"])
-    # the lift is the relative NE difference of exactly these two arms, inside its interval
+    # the lift is the mean over ranker seeds of the relative NE difference of exactly these two
+    # arms' same-seed rankers, inside its interval, with its seed spread
     lift = ranking["ne_lift"]
-    assert lift["value"] == pytest.approx((ranking["baseline"]["ne"] - ranking["hir"]["ne"]) / ranking["baseline"]["ne"])
+    per_seed = [(b["ne"] - h["ne"]) / b["ne"] for b, h in zip(ranking["baseline"]["seed_values"],
+                                                            ranking["hir"]["seed_values"])]
+    assert len(per_seed) == 2 and lift["seeds"] == pytest.approx(per_seed)
+    assert lift["value"] == pytest.approx(np.mean(per_seed))
+    assert lift["seed_spread"] == pytest.approx([min(per_seed), max(per_seed)])
     assert lift["ci"][0] <= lift["value"] <= lift["ci"][1]
+    # every fit's holdout curve is kept, and the report shows the fits and the curves
+    fit = ranking["baseline"]["fit"]
+    assert [c["seed"] for c in fit["curves"]] == ranking["seeds"] == [ranking["seeds"][0], ranking["seeds"][0] + 1000]
+    assert all(c["curve"] and c["steps_per_epoch"] > 0 for c in fit["curves"])
+    assert fit["best_steps"] == [c["curve"][b - 1]["step"] for c, b in zip(fit["curves"], fit["best_checks"])]
+    # the few-events and cold-entity slices carry every arm's lift with its interval
+    for sl in ranking["slices"][:2]:
+        for key in ("ne_lift", "ne_lift_hir_tokens", "ne_lift_hir_rare", "ne_lift_content"):
+            if key in sl:
+                assert len(sl[key]["ci"]) == 2 and len(sl[key]["seeds"]) == 2
+    # "why this?": top-ranked test pairs explained from the export files (nothing is published)
+    assert len(ranking["explanations"]) == 3 and {e["source"] for e in ranking["explanations"]} == {"files"}
     n_products = json.loads((tmp_path / "graph" / "meta.json").read_text())["nodes"]["product"]
     for arm in ("hir", "popularity", "itemknn", "lightgcn", "content", "gfcf"):
         r = retrieval[arm]
@@ -70,7 +87,8 @@ def test_rees46_report(compose: Callable, tmp_path: Path) -> None:
     assert all(s["jaccard"] == 1.0 and s["top1_agreement"] == 1.0 and s["nmi"] == pytest.approx(1.0) for s in stability)
     assert all(s["entities"] == n_products for s in stability)
     html = (report / "report.html").read_text()
-    assert html.count("data:image/png;base64,") == 6 and "src=\"http" not in html  # + the LightGCN curve
+    # lift, recall@K, calibration, ranker curves, token usage, embedding map + the LightGCN curve
+    assert html.count("data:image/png;base64,") == 7 and "src=\"http" not in html
     assert "## Slices" in (report / "report.md").read_text()
 
     # idempotent: the finished report is reused, force=true recomputes
@@ -126,7 +144,7 @@ def test_point_in_time_protocols(compose: Callable, tiny_graph: Path, tmp_path: 
         stage.run(compose(*skip, stage="evaluate"))
     metrics = stage.run(compose(*skip, "eval.require_hir=false", stage="evaluate"))
     assert "hir" in metrics["ranking"]["skipped"] and metrics["ranking"]["hir"]["auc"] is None
-    assert metrics["ranking"]["fit_splits"] == ["train", "val"]
+    assert metrics["ranking"]["fit_splits"] == ["val"]
     assert metrics["retrieval"]["hir"]["recall@20"] is not None  # retrieval serves the latest version
 
 

@@ -1,4 +1,6 @@
-"""The HIR ranking arm: user and entity embeddings, Bag-of-Meaning tokens and their affinity."""
+"""The HIR ranking arm: the user's and the entity's universal embeddings and their cosine, read
+point-in-time from the published version (Feast) or the export files. Its token bags are the
+``hir_tokens`` arm's (arms/hir_tokens.py), so the two lifts separate the vector from the tokens."""
 
 from __future__ import annotations
 
@@ -9,26 +11,25 @@ import numpy as np
 import polars as pl
 
 from hir_evaluation.ranking.features import RankerInputs, affinity
-from hir_evaluation.sources.hir import HirSide, TokenBag
+from hir_evaluation.sources.hir import HirSide
 from hir_evaluation.sources.selection import Sources
 
 
-def side_blocks(name: str, side: HirSide) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, TokenBag]]:
-    """(dense, vectors, bags) blocks for :meth:`RankerInputs.with_blocks`."""
-    dense = {f"has_{name}": side.present.astype(np.float32)}
-    bags = {f"{name}_l{k}": bag for k, bag in enumerate(side.tokens)}
-    return dense, {name: side.vectors}, bags
+def vector_blocks(user: HirSide, entity: HirSide) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """(dense, vectors) blocks of the embeddings for :meth:`RankerInputs.with_blocks`: ``has_hir_user``,
+    ``has_hir_entity`` (coverage, (n,)), ``hir_affinity`` (the cosine, (n,)) and the two (n, d) vectors."""
+    dense = {"has_hir_user": user.present.astype(np.float32), "has_hir_entity": entity.present.astype(np.float32),
+             "hir_affinity": affinity(user.vectors, entity.vectors)}
+    return dense, {"hir_user": user.vectors, "hir_entity": entity.vectors}
 
 
 @dataclass(frozen=True)
 class HirFeatures:
-    """The baseline plus HIR features, point-in-time (Feast or the export files): the user's and
-    the entity's embeddings, their token bags per hierarchy level and the cosine of the two."""
+    """The baseline plus the HIR embeddings of the user and the entity and their cosine."""
 
     needs: ClassVar[tuple[str, ...]] = ("hir",)
 
     def inputs(self, sources: Sources, rows: pl.DataFrame, base: RankerInputs) -> RankerInputs:
         user, entity = sources.hir_features(rows)
-        du, vu, bu = side_blocks("hir_user", user)
-        de, ve, be = side_blocks("hir_entity", entity)
-        return base.with_blocks(du | de | {"hir_affinity": affinity(user.vectors, entity.vectors)}, vu | ve, bu | be)
+        dense, vectors = vector_blocks(user, entity)
+        return base.with_blocks(dense, vectors, {})
