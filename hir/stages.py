@@ -123,11 +123,10 @@ def run_pipeline(cfg: Any) -> dict[str, Any]:
 
 def _no_validation_hint(cfg: Any) -> str:
     """Why train may return no ``val/`` metric: the snapshot's val split lacks deep-funnel events."""
-    import json
+    from hir.data.snapshot import load_snapshot
 
-    meta_path = Path(str(cfg.paths.graph_dir)) / "meta.json"
     try:
-        meta = json.loads(meta_path.read_text())
+        meta = load_snapshot(str(cfg.paths.graph_dir), strict=False).meta
     except (OSError, ValueError):
         return ""
     deep = meta.get("deep_stage")
