@@ -126,9 +126,10 @@ def _no_validation_hint(cfg: Any) -> str:
     from hir.data.snapshot import load_snapshot
 
     try:
-        meta = load_snapshot(str(cfg.paths.graph_dir), strict=False).meta
+        snap = load_snapshot(str(cfg.paths.graph_dir), strict=False)
     except (OSError, ValueError):
         return ""
+    meta, meta_path = snap.meta, snap.meta_path
     deep = meta.get("deep_stage")
     n_val = (meta.get("stages_per_split") or {}).get("val", {}).get(deep, 0)
     if n_val:
