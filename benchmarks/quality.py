@@ -5,8 +5,8 @@
 
 For each dataset the whole pipeline runs with its defaults (no flags but ``data=`` and the run
 name) in ``outputs/<dataset>/<run-name>``; the figures come from that run's
-``report/metrics.json`` (`hir evaluate`: Milvus retrieval for hir, the baselines popularity,
-item-kNN, LightGCN and content on the same users and history) and
+``report/metrics.json`` (`hir evaluate`: Milvus retrieval for hir, every baseline arm of
+``eval.retrieval`` (popularity, item-kNN, LightGCN, content, GF-CF) on the same users and history) and
 ``checkpoints/train_metrics.json``. Per arm: recall@20 and NDCG@20 of the full ranking, and of
 the LightGCN-paper protocol (each user's history masked from the ranking, relevance = entities
 new to the user), the item-cold slice under masking, and hir's ratio to the best baseline in each
@@ -29,9 +29,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from hir_evaluation.report.sections import retrieval_arms
+
 ROOT = Path(__file__).resolve().parents[1]
-ARMS = ("hir", "popularity", "itemknn", "lightgcn", "content")
-BASELINES = ("popularity", "itemknn", "lightgcn")
+# the arms come from each report (the registry's, eval.retrieval), references (repeat) left out;
+# hir's best baseline is the best collaborative one: content is compared on the item-cold slice
+NOT_A_BASELINE = ("content",)
 # targets of the representation-quality issue (defaults, 2 cores)
 TARGETS = {"masked_ratio": 1.1, "gowalla_recall@20": 0.1830}
 GOWALLA_PUBLISHED = {"LightGCN (paper)": 0.1830, "LightGCN (authors' code)": 0.1824, "EASE^R (BARS)": 0.1765,
@@ -72,8 +75,10 @@ def collect(dataset: str, run_dir: Path) -> dict[str, Any]:
     ret = metrics["retrieval"]
     masked = ret["masked_new_to_user"]
     cold = masked.get("slices", {}).get("item_cold", {})
+    roles = retrieval_arms(ret)
+    baselines = [a for a, role in roles.items() if role == "baseline" and a not in NOT_A_BASELINE]
     arms = {}
-    for arm in ARMS:
+    for arm in (a for a, role in roles.items() if role != "reference"):
         arms[arm] = {
             "recall@20": _metric(ret, arm, "recall@20"), "ndcg@20": _metric(ret, arm, "ndcg@20"),
             "masked_new_recall@20": _metric(masked, arm, "recall@20"), "masked_new_ndcg@20": _metric(masked, arm, "ndcg@20"),
@@ -81,7 +86,7 @@ def collect(dataset: str, run_dir: Path) -> dict[str, Any]:
         }
 
     def best_of(key: str) -> tuple[str | None, float | None]:
-        vals = {a: arms[a][key] for a in BASELINES if arms[a][key] is not None}
+        vals = {a: arms[a][key] for a in baselines if arms[a][key] is not None}
         if not vals:
             return None, None
         a = max(vals, key=lambda k: vals[k])

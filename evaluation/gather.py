@@ -20,18 +20,10 @@ from typing import Any
 import yaml
 
 from hir.errors import InputError
+from hir_evaluation.report.sections import ranking_arms, retrieval_arms
 
 log = logging.getLogger(__name__)
 
-# headline metrics, in column order (dotted paths into report/metrics.json)
-REPORT_COLUMNS = (
-    "ranking.baseline.auc", "ranking.hir.auc", "ranking.content.auc",
-    "ranking.baseline.ne", "ranking.hir.ne", "ranking.content.ne", "ranking.hir.calibration",
-    "ranking.ne_lift.value", "ranking.ne_lift.ci",
-    "retrieval.hir.recall@20", "retrieval.hir.ndcg@20", "retrieval.popularity.recall@20",
-    "retrieval.itemknn.recall@20", "retrieval.lightgcn.recall@20", "retrieval.content.recall@20",
-    "retrieval.repeat.recall@20", "retrieval.hir_over_best_baseline.ratio", "retrieval.hir_over_repeat.ratio",
-)
 # overrides every job shares by construction, never a swept dimension
 IGNORED_OVERRIDES = ("stage",)
 
@@ -43,6 +35,23 @@ def dotted_get(tree: Mapping[str, Any], dotted: str) -> Any:
             return None
         node = node[part]
     return node
+
+
+def report_columns(report: Mapping[str, Any]) -> list[str]:
+    """The headline metrics of one report/metrics.json, in column order (dotted paths): AUC and NE
+    of every ranking arm, hir's calibration and NE lift, the model's recall and NDCG@20, every
+    other retrieval arm's recall@20, the model's ratios to the best baseline and the references."""
+    ranking = ranking_arms(report.get("ranking") or {})
+    retrieval = retrieval_arms(report.get("retrieval") or {})
+    models = [a for a, role in retrieval.items() if role == "model"]
+    refs = [a for a, role in retrieval.items() if role == "reference"]
+    return [
+        *[f"ranking.{a}.auc" for a in ranking], *[f"ranking.{a}.ne" for a in ranking], "ranking.hir.calibration",
+        "ranking.ne_lift.value", "ranking.ne_lift.ci",
+        *[f"retrieval.{m}.{k}" for m in models for k in ("recall@20", "ndcg@20")],
+        *[f"retrieval.{a}.recall@20" for a in retrieval if a not in models],
+        *[f"retrieval.{m}_over_{b}.ratio" for m in models for b in ("best_baseline", *refs)],
+    ]
 
 
 def job_dirs(root: Path) -> list[Path]:
@@ -68,7 +77,7 @@ def read_job(job: Path) -> dict[str, Any]:
     report = next(iter(sorted(job.rglob("report/metrics.json"))), None)
     if report is not None:
         data = json.loads(report.read_text())
-        for col in REPORT_COLUMNS:
+        for col in report_columns(data):
             metrics[col] = dotted_get(data, col)
     train = next(iter(sorted(job.rglob("train_metrics.json"))), None)
     if train is not None:
@@ -97,7 +106,9 @@ def table(jobs: Iterable[Mapping[str, Any]], root: Path) -> tuple[list[str], lis
     keys = sorted({k for j in jobs for k in j["overrides"]})
     swept = [k for k in keys if len({j["overrides"].get(k) for j in jobs}) > 1]
     constant = {k: jobs[0]["overrides"].get(k, "") for k in keys if k not in swept}
-    metric_cols = [c for c in (*REPORT_COLUMNS, *sorted({m for j in jobs for m in j["metrics"]} - set(REPORT_COLUMNS)))
+    # the reports' columns in their order (a job with more arms adds its own), then train's, sorted
+    report_cols = list(dict.fromkeys(m for j in jobs for m in j["metrics"] if not m.startswith("train.")))
+    metric_cols = [c for c in (*report_cols, *sorted({m for j in jobs for m in j["metrics"]} - set(report_cols)))
                    if any(j["metrics"].get(c) is not None for j in jobs)]
     header = ["job", *swept, *metric_cols, "status"]
     rows = [[str(Path(j["job"]).relative_to(root)), *[j["overrides"].get(k, "") for k in swept],

@@ -1,6 +1,9 @@
-"""Deep-funnel ranking tasks: which (user, entity, time) rows a ranker scores and their labels.
+"""The evaluation tasks of a dataset (``conf/eval/task/<dataset>.yaml``): :class:`RetrievalTask`
+(what is retrieved and counted as relevant, evaluation/retrieval/data.py builds its held-out
+sets) and :class:`RankingTask`, the deep-funnel ranking task: which (user, entity, time) rows a
+ranker scores and their labels.
 
-Two kinds, chosen per dataset in ``conf/eval/task/<dataset>.yaml``:
+Two ranking kinds:
 
 - ``funnel``: every (user, entity) pair with a shallow-stage event (e.g. exposure or view) in
   the period is a candidate at the time of its first such event in a ``window`` bucket; its
@@ -22,8 +25,8 @@ from datetime import datetime, timedelta
 import numpy as np
 import polars as pl
 
+from hir.data.snapshot import Snapshot
 from hir.errors import HirError
-from hir_evaluation.snapshot import Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +92,24 @@ class RankingTask:
                 f"{label!r} in {snap.stage_order}"
             )
         return stages
+
+
+@dataclass(frozen=True)
+class RetrievalTask:
+    """Args:
+    entity_type: the entity type retrieved.
+    target_stage: stage of the held-out test events that count as relevant (null = deepest).
+    history_stages: stages whose events before the test period form a user's history and the
+        baselines' training data (null = every stage).
+    ks: cut-offs; the largest is how many entities each arm retrieves.
+    max_users: test users scored (a seeded sample when there are more; 0 = all).
+    """
+
+    entity_type: str = "product"
+    target_stage: str | None = None
+    history_stages: tuple[str, ...] | None = None
+    ks: tuple[int, ...] = (10, 20, 50)
+    max_users: int = 0
 
 
 def period_bounds(snap: Snapshot, split: str) -> tuple[datetime, datetime]:

@@ -257,7 +257,7 @@ class HirModule(L.LightningModule):
     @torch.no_grad()
     def val_metrics(self, nodes: np.ndarray, z: Tensor) -> dict[str, float]:
         """Embedded validation nodes (n,) and their (n, C) embeddings -> recall@K under the
-        datamodule's protocol (:mod:`hir.train.valset`) and per-level prototype usage."""
+        datamodule's protocol (:mod:`hir.model.valset`) and per-level prototype usage."""
         val = self.trainer.datamodule.val
         index = np.full(int(nodes.max()) + 1 if len(nodes) else 0, -1, np.int64)
         index[nodes] = np.arange(len(nodes))

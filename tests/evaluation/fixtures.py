@@ -21,6 +21,17 @@ import polars as pl
 import scipy.sparse as sp
 
 TS = pl.Datetime("us", "UTC")
+EVAL_CONFIG = Path(__file__).resolve().parents[2] / "conf" / "eval" / "default.yaml"
+
+
+def shipped_arm(registry: str, name: str, **settings: Any) -> Any:
+    """The arm ``name`` of ``eval.<registry>`` (ranking / retrieval) as conf/eval/default.yaml
+    ships it, with ``settings`` changed (tests shrink budgets; the defaults live in the YAML only)."""
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    spec = OmegaConf.load(EVAL_CONFIG)[registry][name]
+    return instantiate(OmegaConf.merge(spec, settings), _convert_="all")
 
 
 def _svd_embeddings(graph_dir: Path, dim: int, seed: int) -> dict[str, np.ndarray]:

@@ -9,10 +9,12 @@ import pytest
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from hir_evaluation.lightgcn import LightGCNConfig
-from hir_evaluation.ranker import RankerConfig
-from hir_evaluation.retrieval import RetrievalTask
-from hir_evaluation.tasks import RankingTask
+from hir_evaluation.ranking.ranker import RankerConfig
+from hir_evaluation.ranking.registry import build_ranking_arms
+from hir_evaluation.retrieval.arms.gfcf import GFCF
+from hir_evaluation.retrieval.arms.lightgcn import LightGCN
+from hir_evaluation.retrieval.registry import build_arms
+from hir_evaluation.tasks import RankingTask, RetrievalTask
 
 TASKS = sorted((Path(__file__).resolve().parents[2] / "conf" / "eval" / "task").glob("*.yaml"))
 
@@ -20,7 +22,12 @@ TASKS = sorted((Path(__file__).resolve().parents[2] / "conf" / "eval" / "task").
 def test_eval_group_instantiates(compose: Callable) -> None:
     cfg = compose("data=rees46", stage="evaluate")
     assert isinstance(instantiate(cfg.eval.ranker), RankerConfig)
-    assert isinstance(instantiate(cfg.eval.lightgcn), LightGCNConfig)
+    retrieval = build_arms(cfg.eval.retrieval)
+    assert list(retrieval) == ["hir", "popularity", "itemknn", "lightgcn", "content", "repeat", "gfcf"]
+    assert isinstance(retrieval["lightgcn"], LightGCN) and retrieval["gfcf"] == GFCF(rank=256, ideal_weight=0.3)
+    assert {name: arm.info.role for name, arm in retrieval.items() if arm.info.role != "baseline"} == {
+        "hir": "model", "repeat": "reference"}
+    assert list(build_ranking_arms(cfg.eval.ranking)) == ["hir", "content"]
     assert cfg.eval.bootstrap.resamples == 200 and cfg.eval.seed == cfg.seed
 
 

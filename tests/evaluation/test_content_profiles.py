@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hir_evaluation.content_source import user_profiles
+from hir_evaluation.sources.content import user_profiles
 
 
 def test_profiles_are_the_normalised_sum_over_pairs() -> None:

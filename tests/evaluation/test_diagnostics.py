@@ -9,8 +9,8 @@ import numpy as np
 import polars as pl
 import pytest
 
-from hir_evaluation import diagnostics as diag
-from hir_evaluation.snapshot import load_snapshot
+from hir.data.snapshot import load_snapshot
+from hir_evaluation.report import diagnostics as diag
 
 
 def _frame(tokens: list[list[int]], weights: list[list[float]] | None = None, key: str = "p") -> pl.DataFrame:

@@ -8,10 +8,11 @@ import numpy as np
 import polars as pl
 import pytest
 
+from hir.data.snapshot import load_snapshot
 from hir.errors import InputError
-from hir_evaluation.content_source import content_blocks
-from hir_evaluation.hir_source import from_files, side_blocks
-from hir_evaluation.snapshot import load_snapshot
+from hir_evaluation.ranking.arms.content import content_blocks
+from hir_evaluation.ranking.arms.hir import side_blocks
+from hir_evaluation.sources.hir import from_files
 from hir_evaluation.tasks import RankingTask, build_candidates
 from tests.evaluation.fixtures import write_content
 from tests.evaluation.tiny import TEST_START, VAL_START

@@ -10,23 +10,18 @@ import numpy as np
 import polars as pl
 import pytest
 
-from hir_evaluation.content_source import user_profiles
-from hir_evaluation.hir_retrieval import drop_seen, files_topk, masked_limits
-from hir_evaluation.lightgcn import LightGCNConfig, fit_lightgcn
-from hir_evaluation.published import MILVUS_MAX_LIMIT, grouped_search, search_params_for
-from hir_evaluation.retrieval import (
-    Ranked,
-    RetrievalData,
-    RetrievalTask,
-    interaction_matrix,
-    itemknn_topk,
-    popularity_topk,
-    profile_topk,
-    retrieval_data,
-    score_arm,
-)
-from hir_evaluation.snapshot import load_snapshot
-from tests.evaluation.fixtures import write_export
+from hir.data.snapshot import load_snapshot
+from hir_evaluation.retrieval.arms.content import profile_topk
+from hir_evaluation.retrieval.arms.itemknn import itemknn_topk
+from hir_evaluation.retrieval.arms.lightgcn import fit_lightgcn
+from hir_evaluation.retrieval.arms.popularity import popularity_topk
+from hir_evaluation.retrieval.data import RetrievalData, interaction_matrix, retrieval_data
+from hir_evaluation.retrieval.hir_search import drop_seen, files_topk, masked_limits
+from hir_evaluation.retrieval.rank import Ranked, score_arm
+from hir_evaluation.sources.content import user_profiles
+from hir_evaluation.sources.published import MILVUS_MAX_LIMIT, grouped_search, search_params_for
+from hir_evaluation.tasks import RetrievalTask
+from tests.evaluation.fixtures import shipped_arm, write_export
 
 N_USERS, N_ITEMS, K = 25, 30, 6
 
@@ -121,8 +116,8 @@ def test_content_masked_matches_brute_force() -> None:
 def test_lightgcn_masked_matches_brute_force() -> None:
     history = _history(3, 300)
     data = _data(history)
-    cfg = LightGCNConfig(dim=8, layers=2, lr=0.05, batch_size=128, steps_per_epoch=5, max_epochs=3, patience=3,
-                         min_epochs=1, max_seconds=30)
+    cfg = shipped_arm("retrieval", "lightgcn", dim=8, layers=2, lr=0.05, batch_size=128, steps_per_epoch=5,
+                      max_epochs=3, patience=3, min_epochs=1, max_seconds=30)
     res = fit_lightgcn(data, data, data, K, cfg, seed=0)
     emb = res.embeddings.astype(np.float64)
     _check(res.ranked, emb[:N_USERS] @ emb[N_USERS:].T, data)

@@ -16,7 +16,7 @@ from tests.evaluation.fixtures import write_content, write_export
 MODEL = ["spectral.rank=16", "model.net.hierarchy.levels=[4,16]", "model.net.hierarchy.top_k=2"]
 FAST = [
     "eval.ranker.max_steps=60", "eval.ranker.eval_every=20", "eval.bootstrap.resamples=20",
-    "eval.lightgcn.max_epochs=2", "eval.lightgcn.steps_per_epoch=3", "eval.itemknn_neighbours=20",
+    "eval.retrieval.lightgcn.max_epochs=2", "eval.retrieval.lightgcn.steps_per_epoch=3", "eval.retrieval.itemknn.neighbours=20", "eval.retrieval.gfcf.rank=32",
 ]
 
 
@@ -24,12 +24,12 @@ FAST = [
 @pytest.mark.skipif(not REES46.exists(), reason=f"needs {REES46}")
 def test_feast_and_milvus_match_the_files(compose: Callable, tmp_path: Path) -> None:
     from hir.data.prepare import run as prepare
+    from hir.data.snapshot import load_snapshot
     from hir.publish.stage import run as publish
     from hir.validate.stage import run as validate
     from hir_evaluation import stage
-    from hir_evaluation.hir_source import from_feast, from_files
-    from hir_evaluation.published import load_manifest
-    from hir_evaluation.snapshot import load_snapshot
+    from hir_evaluation.sources.hir import from_feast, from_files
+    from hir_evaluation.sources.published import load_manifest
     from hir_evaluation.tasks import RankingTask, build_candidates
 
     base = ["data=rees46", f"publish.store_dir={tmp_path / 'store'}", *MODEL]

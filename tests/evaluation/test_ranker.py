@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from hir_evaluation.features import RankerInputs, TokenBag
 from hir_evaluation.metrics import auc, calibration
-from hir_evaluation.ranker import DLRM, RankerConfig, fit_ranker, holdout_split
+from hir_evaluation.ranking.features import RankerInputs
+from hir_evaluation.ranking.ranker import DLRM, RankerConfig, fit_ranker, holdout_split
+from hir_evaluation.sources.hir import TokenBag
 
 
 def _inputs(n: int, rng: np.random.Generator) -> tuple[RankerInputs, np.ndarray]:

@@ -8,22 +8,17 @@ import numpy as np
 import polars as pl
 import pytest
 import torch
-from torch_geometric.nn import LightGCN
+from torch_geometric.nn import LightGCN as PygLightGCN
 
-from hir_evaluation.lightgcn import LightGCNConfig, fit_lightgcn, propagate, propagation_graph
-from hir_evaluation.retrieval import (
-    RetrievalData,
-    RetrievalTask,
-    inner_product_scores,
-    interaction_matrix,
-    item_neighbours,
-    itemknn_topk,
-    popularity_topk,
-    rank_dense,
-    repeat_topk,
-    retrieval_data,
-)
-from hir_evaluation.snapshot import load_snapshot
+from hir.data.snapshot import load_snapshot
+from hir_evaluation.retrieval.arms.itemknn import item_neighbours, itemknn_topk
+from hir_evaluation.retrieval.arms.lightgcn import fit_lightgcn, propagate, propagation_graph
+from hir_evaluation.retrieval.arms.popularity import popularity_topk
+from hir_evaluation.retrieval.arms.repeat import repeat_topk
+from hir_evaluation.retrieval.data import RetrievalData, interaction_matrix, retrieval_data
+from hir_evaluation.retrieval.rank import inner_product_scores, rank_dense
+from hir_evaluation.tasks import RetrievalTask
+from tests.evaluation.fixtures import shipped_arm
 
 
 def _data(history: pl.DataFrame, n_users: int, n_items: int, relevant: list[set[int]] | None = None) -> RetrievalData:
@@ -102,13 +97,13 @@ def test_propagation_equals_pyg_lightgcn() -> None:
     u, i = np.array([0, 0, 1, 2, 2]), np.array([0, 1, 1, 2, 0])
     graph = propagation_graph(u, i, 4)
     assert graph.nodes.tolist() == [0, 1, 2, 4, 5, 6]
-    model = LightGCN(8, 4, 2, normalize=False)
-    reference = LightGCN(8, 4, 2)  # PyG's own gcn_norm over an edge index
+    model = PygLightGCN(8, 4, 2, normalize=False)
+    reference = PygLightGCN(8, 4, 2)  # PyG's own gcn_norm over an edge index
     reference.load_state_dict(model.state_dict())
     edge_index = torch.tensor(np.stack([np.concatenate([u, i + 4]), np.concatenate([i + 4, u])]))
     assert torch.allclose(propagate(model, graph), reference.get_embedding(edge_index), atol=1e-6)
     # and the custom backward is the true gradient (A symmetric): d/dE sum(α0 E + α1 A E) = α0 + α1 Aᵀ 1
-    model1 = LightGCN(8, 4, 1, normalize=False)
+    model1 = PygLightGCN(8, 4, 1, normalize=False)
     propagate(model1, graph).sum().backward()
     dense = torch.zeros(8, 8)
     dense[graph.nodes[:, None], graph.nodes[None, :]] = graph.adj.to_dense()
@@ -124,8 +119,8 @@ def test_lightgcn_learns_planted_communities() -> None:
     history = pl.DataFrame({"user_id": users, "entity_id": items}).unique().with_columns(pl.lit(1.0).alias("n"))
     held = [set(range(20)) if u < 20 else set(range(20, 40)) for u in range(40)]
     data = _data(history, 40, 40, held)
-    cfg = LightGCNConfig(dim=8, layers=2, lr=0.05, batch_size=256, steps_per_epoch=10, max_epochs=5, patience=5,
-                         max_seconds=30)
+    cfg = shipped_arm("retrieval", "lightgcn", dim=8, layers=2, lr=0.05, batch_size=256, steps_per_epoch=10,
+                      max_epochs=5, patience=5, max_seconds=30)
     res = fit_lightgcn(data, data, data, 10, cfg, seed=0)
     same = np.mean([np.mean([(t < 20) == (u < 20) for t in res.ranked.full[u]]) for u in range(40)])
     assert same > 0.9

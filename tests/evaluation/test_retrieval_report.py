@@ -7,26 +7,38 @@ from pathlib import Path
 
 import pytest
 
-from hir_evaluation.content_source import load_content
-from hir_evaluation.hir_retrieval import files_topk
-from hir_evaluation.lightgcn import LightGCNConfig
-from hir_evaluation.report import clean, html_page, markdown, print_summary, retrieval_rows
-from hir_evaluation.retrieval import RetrievalTask
-from hir_evaluation.retrieval_eval import ARMS, MASKED, best_arms, best_baseline_ratio, evaluate_retrieval
-from hir_evaluation.snapshot import load_snapshot
-from tests.evaluation.fixtures import write_content, write_export
+from hir.data.snapshot import load_snapshot
+from hir_evaluation.report.render import clean, html_page, markdown, print_summary, retrieval_rows
+from hir_evaluation.retrieval.arms.content import ContentProfile
+from hir_evaluation.retrieval.arms.gfcf import GFCF
+from hir_evaluation.retrieval.arms.hir import HirSearch
+from hir_evaluation.retrieval.arms.itemknn import ItemKNN
+from hir_evaluation.retrieval.arms.popularity import Popularity
+from hir_evaluation.retrieval.arms.repeat import Repeat
+from hir_evaluation.retrieval.evaluate import MASKED, best_arms, best_baseline_ratio, evaluate_retrieval
+from hir_evaluation.retrieval.hir_search import files_topk
+from hir_evaluation.sources.content import load_content
+from hir_evaluation.tasks import RetrievalTask
+from tests.evaluation.fixtures import shipped_arm, write_content, write_export
 
 KS = (1, 3)
 METRICS = [f"{m}@{k}" for k in KS for m in ("recall", "ndcg")]
+ARMS = {"hir": HirSearch(), "popularity": Popularity(), "itemknn": ItemKNN(neighbours=3),
+        "lightgcn": shipped_arm("retrieval", "lightgcn", dim=4, batch_size=16, steps_per_epoch=2, max_epochs=3,
+                                patience=1, min_epochs=1),
+        "content": ContentProfile(), "repeat": Repeat(), "gfcf": GFCF(rank=2, ideal_weight=0.3)}
+ROLES = {"hir": "model", "popularity": "baseline", "itemknn": "baseline", "lightgcn": "baseline",
+         "content": "baseline", "repeat": "reference", "gfcf": "baseline"}
 
 
 def test_best_arm_and_ratio() -> None:
     section = {"hir": {"recall@20": 0.3}, "popularity": {"recall@20": 0.1}, "itemknn": {"recall@20": 0.2},
                "lightgcn": {"recall@20": None}, "repeat": {"recall@20": 0.5}}
-    assert best_arms(section, ARMS, ["recall@20", "ndcg@20"]) == {"recall@20": "repeat", "ndcg@20": None}
-    ratio = best_baseline_ratio(section, "recall@20")
-    assert ratio["best_baseline"] == "itemknn" and ratio["ratio"] == pytest.approx(1.5)
-    assert best_baseline_ratio({"hir": {"recall@20": 0.3}}, "recall@20")["ratio"] is None
+    assert best_arms(section, tuple(ARMS), ["recall@20", "ndcg@20"]) == {"recall@20": "repeat", "ndcg@20": None}
+    baselines = ("popularity", "itemknn", "lightgcn", "content", "gfcf")
+    ratio = best_baseline_ratio(section, "recall@20", baselines)
+    assert ratio["best_baseline"] == "itemknn" and ratio["ratio"] == pytest.approx(1.5) and ratio["hir"] == 0.3
+    assert best_baseline_ratio({"hir": {"recall@20": 0.3}}, "recall@20", baselines)["ratio"] is None
 
 
 @pytest.fixture
@@ -35,17 +47,17 @@ def retrieval(tiny_graph: Path, tmp_path: Path) -> dict:
     write_content(tiny_graph, tmp_path / "content", dim=8)
     snap = load_snapshot(tiny_graph)
     content = load_content(tmp_path / "content", "product", snap.num_nodes("product"))
-    cfg = LightGCNConfig(dim=4, batch_size=16, steps_per_epoch=2, max_epochs=3, patience=1, min_epochs=1)
     # as metrics.json holds it (NaN -> null)
-    return clean(evaluate_retrieval(snap, RetrievalTask(ks=KS), cfg, files_topk(tmp_path / "embeddings", snap, "product"),
-                                    content, seed=0, neighbours=3, history_splits=["train"]))
+    return clean(evaluate_retrieval(snap, RetrievalTask(ks=KS), ARMS, 0, files_topk(tmp_path / "embeddings", snap, "product"),
+                                    content, history_splits=["train"]))
 
 
 def test_both_protocols_for_every_arm(retrieval: dict) -> None:
     masked = retrieval[MASKED]
     # tiny.py: test purchases (0, 2) and (1, 3); only product 2 is new to its user, so one user is scored
     assert retrieval["users"] == 2 and masked["users"] == 1
-    for arm in ("hir", "popularity", "itemknn", "lightgcn", "content"):
+    assert retrieval["arms"] == ROLES  # the registry's roles, in its order, for the report
+    for arm in ("hir", "popularity", "itemknn", "lightgcn", "content", "gfcf"):
         assert set(METRICS) <= set(retrieval[arm]) and set(METRICS) <= set(masked[arm])
         assert masked[arm]["recall@3"] is not None
         assert masked["slices"]["item_cold"][arm]["recall@3"] is None  # no item-cold purchase in tiny.py
@@ -64,12 +76,12 @@ def test_both_protocols_for_every_arm(retrieval: dict) -> None:
 
 
 def _metrics() -> dict:
-    arm = {"hir": 0.2, "popularity": 0.1, "itemknn": 0.3, "lightgcn": 0.25, "content": 0.05, "repeat": 0.4}
+    arm = {"hir": 0.2, "popularity": 0.1, "itemknn": 0.3, "lightgcn": 0.25, "content": 0.05, "repeat": 0.4, "gfcf": 0.15}
     full = {a: {m: v for m in METRICS} for a, v in arm.items()}
     masked = {a: {m: v / 2 for m in METRICS} for a, v in arm.items() if a != "repeat"}
     masked["repeat"] = dict.fromkeys(METRICS)
     masked["hir"] = {m: 0.5 for m in METRICS}  # hir wins the masked protocol
-    section = {"ks": list(KS), "users": 10, "history_splits": ["train"], "protocol": "full catalogue", **full,
+    section = {"ks": list(KS), "users": 10, "history_splits": ["train"], "protocol": "full catalogue", "arms": ROLES, **full,
                "best": dict.fromkeys(METRICS, "repeat"),
                "hir_over_best_baseline": {"metric": "recall@20", "best_baseline": "itemknn", "ratio": 0.2 / 0.3},
                "slices": {"item_cold": {"users": 3, **full}},
@@ -88,10 +100,12 @@ def test_report_shows_both_tables_and_names_the_winner(capsys: pytest.CaptureFix
     md = markdown(m, {})
     assert "### Retrieval, full catalogue" in md and f"### Retrieval, {MASKED}" in md
     assert "hir / best baseline (itemknn) recall@20 = 0.667" in md and "= 3.333" in md
-    masked_rows = retrieval_rows(m["retrieval"][MASKED], list(KS))
+    masked_rows = retrieval_rows(m["retrieval"][MASKED], list(KS), ROLES)
+    assert [r[0] for r in masked_rows] == [*ROLES, "best"]  # every registered arm, in its order
     assert masked_rows[0][:2] == ["hir", "**0.5000**"]  # the winner in bold
     assert masked_rows[-1] == ["best", *["hir"] * len(METRICS)]
-    assert masked_rows[-2][:2] == ["repeat", "skipped"] and "repeat skipped: ranks only history." in md
+    assert masked_rows[-3][:2] == ["repeat", "skipped"] and "repeat skipped: ranks only history." in md
+    assert "| gfcf | 0.1500 |" in md and "gfcf recall@20" in md
     assert "| best | repeat | repeat |" in md
     assert "masked/item_cold" in md and "best epoch 7 of 12" in md and "at its val plateau" in md
     page = html_page(md, {}, "t")
@@ -103,7 +117,9 @@ def test_report_shows_both_tables_and_names_the_winner(capsys: pytest.CaptureFix
 
 def test_report_of_an_older_metrics_file_has_one_table() -> None:
     m = _metrics()
-    del m["retrieval"][MASKED]
+    for key in (MASKED, "arms", "gfcf"):  # written before the masked protocol and the registry
+        del m["retrieval"][key]
     md = markdown(m, {})
     assert md.count("### Retrieval") == 1 and "### Retrieval, full catalogue" in md
-    assert "masked/" not in md
+    assert "masked/" not in md and "gfcf" not in md
+    assert "| repeat | **0.4000** |" in md and "hir / best baseline (itemknn) recall@20 = 0.667" in md

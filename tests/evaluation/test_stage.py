@@ -20,8 +20,8 @@ from tests.evaluation.fixtures import write_content, write_export
 # small budgets: the code paths, not the numbers, are under test here
 FAST = [
     "eval.ranker.max_steps=60", "eval.ranker.eval_every=20", "eval.bootstrap.resamples=20",
-    "eval.lightgcn.max_epochs=2", "eval.lightgcn.steps_per_epoch=3", "eval.lightgcn.batch_size=1024",
-    "eval.itemknn_neighbours=20", "eval.diagnostics.map_points=300",
+    "eval.retrieval.lightgcn.max_epochs=2", "eval.retrieval.lightgcn.steps_per_epoch=3", "eval.retrieval.lightgcn.batch_size=1024",
+    "eval.retrieval.itemknn.neighbours=20", "eval.retrieval.gfcf.rank=32", "eval.diagnostics.map_points=300",
 ]
 # merged into conf/eval/task/rees46.yaml (the composed default): reset its 30-minute window
 TINY_TASK = "eval.task={ranking:{_target_:hir_evaluation.tasks.RankingTask,candidate_stages:[view],window:null}}"
@@ -53,13 +53,15 @@ def test_rees46_report(compose: Callable, tmp_path: Path) -> None:
     assert lift["value"] == pytest.approx((ranking["baseline"]["ne"] - ranking["hir"]["ne"]) / ranking["baseline"]["ne"])
     assert lift["ci"][0] <= lift["value"] <= lift["ci"][1]
     n_products = json.loads((tmp_path / "graph" / "meta.json").read_text())["nodes"]["product"]
-    for arm in ("hir", "popularity", "itemknn", "lightgcn", "content"):
+    for arm in ("hir", "popularity", "itemknn", "lightgcn", "content", "gfcf"):
         r = retrieval[arm]
         # recall only grows with K; each arm finds 10x more than a random top-20 would (20 / products)
         assert r["recall@10"] <= r["recall@20"] <= r["recall@50"], (arm, r)
         assert r["recall@20"] > 10 * 20 / n_products, (arm, r["recall@20"], n_products)
     # collaborative baselines on the raw history beat global popularity on this data
     assert retrieval["itemknn"]["recall@20"] > retrieval["popularity"]["recall@20"]
+    assert retrieval["gfcf"]["recall@20"] > retrieval["popularity"]["recall@20"], retrieval["gfcf"]
+    assert retrieval["arms"]["gfcf"] == "baseline" and "| gfcf |" in (report / "report.md").read_text()
     assert metrics["sources"]["fallback"] is True and "FALLBACK" in metrics["sources"]["notes"][0]
     assert ranking["task"]["candidate_stages"] == ["view"]  # conf/eval/task/rees46.yaml
     assert set(metrics["diagnostics"]["nmi"]["product"]) == {"l0", "l1"}

@@ -8,9 +8,9 @@ import numpy as np
 import polars as pl
 import pytest
 
+from hir.data.snapshot import load_snapshot
 from hir.errors import HirError
-from hir_evaluation.features import baseline_inputs, prior_stats
-from hir_evaluation.snapshot import load_snapshot
+from hir_evaluation.ranking.features import baseline_inputs, prior_stats
 from hir_evaluation.tasks import RankingTask, build_candidates
 
 
@@ -118,7 +118,7 @@ def test_next_period_windows_skip_periods_without_history(tiny_graph: Path) -> N
 
 
 def test_affinity_is_the_cosine_and_zero_where_a_side_is_missing() -> None:
-    from hir_evaluation.features import affinity
+    from hir_evaluation.ranking.features import affinity
 
     u = np.array([[1.0, 0.0], [2.0, 0.0], [0.0, 0.0]], np.float32)
     e = np.array([[1.0, 1.0], [0.0, -3.0], [1.0, 0.0]], np.float32)

@@ -11,11 +11,12 @@ import polars as pl
 import pytest
 import torch
 
+from hir.data.snapshot import load_snapshot
 from hir.export.stage import run as export
 from hir.train.stage import run as train
 from hir_evaluation.metrics import recall_ndcg_at_k
-from hir_evaluation.retrieval import RetrievalTask, interaction_matrix, retrieval_data
-from hir_evaluation.snapshot import load_snapshot
+from hir_evaluation.retrieval.data import interaction_matrix, retrieval_data
+from hir_evaluation.tasks import RetrievalTask
 from tests.train.fixtures import compose, write_content
 
 # enough purchases that the val and test periods hold purchases new to their users

@@ -14,8 +14,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-RANKING_ARMS = ("baseline", "hir", "content")
-RETRIEVAL_ARMS = ("hir", "popularity", "itemknn", "lightgcn", "content", "repeat")
+from hir_evaluation.ranking.registry import BASELINE, lift_key
+from hir_evaluation.report.sections import ranking_arms, retrieval_arms
 
 
 def clean(obj: Any) -> Any:
@@ -47,15 +47,14 @@ def fmt_ci(v: Mapping[str, Any] | None, pct: bool = True) -> str:
 def ranking_rows(m: Mapping[str, Any]) -> list[list[str]]:
     r = m.get("ranking") or {}
     rows = []
-    for arm in RANKING_ARMS:
+    for arm in ranking_arms(r):
         a = r.get(arm) or {}
         if a.get("skipped"):
             # the reason's first clause here; the whole of it under the table
             rows.append([arm, "skipped", "–", "–", "skipped: " + str(a["skipped"]).split(":")[0]])
             continue
-        lift = r.get("ne_lift") if arm == "hir" else r.get("ne_lift_content") if arm == "content" else None
         rows.append([arm, fmt(a.get("auc")), fmt(a.get("ne")), fmt(a.get("calibration"), 3),
-                     fmt_ci(lift) if arm != "baseline" else "–"])
+                     fmt_ci(r.get(lift_key(arm))) if arm != BASELINE else "–"])
     return rows
 
 
@@ -76,13 +75,15 @@ def retrieval_sections(m: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any
     return out
 
 
-def retrieval_rows(section: Mapping[str, Any], ks: list[int], bold: tuple[str, str] = ("**", "**")) -> list[list[str]]:
-    """One row per arm (the best arm's value of each metric wrapped in ``bold``; a skipped arm
-    says why), then a ``best`` row naming the winning arm per metric."""
+def retrieval_rows(
+    section: Mapping[str, Any], ks: list[int], arms: Mapping[str, str], bold: tuple[str, str] = ("**", "**")
+) -> list[list[str]]:
+    """One row per arm of ``arms`` (name -> role; the best arm's value of each metric wrapped in
+    ``bold``; a skipped arm says why), then a ``best`` row naming the winning arm per metric."""
     best = section.get("best") or {}
     skipped = section.get("skipped") or {}
     rows = []
-    for arm in RETRIEVAL_ARMS:
+    for arm in arms:
         values = section.get(arm) or {}
         if arm in skipped:  # the reason goes under the table (skipped_line)
             rows.append([arm, "skipped", *["–"] * (2 * len(ks) - 1)])
@@ -101,18 +102,22 @@ def skipped_line(section: Mapping[str, Any]) -> str:
     return "; ".join(f"{arm} skipped: {why}" for arm, why in (section.get("skipped") or {}).items())
 
 
-def ratio_line(section: Mapping[str, Any]) -> str:
-    """hir over the best baseline (and over repeat, where reported) of one protocol."""
-    best, rep = section.get("hir_over_best_baseline") or {}, section.get("hir_over_repeat") or {}
+def ratio_line(section: Mapping[str, Any], arms: Mapping[str, str]) -> str:
+    """Each model arm (hir) over the best baseline, and over each reference arm where reported
+    (repeat), of one protocol; ``arms``: name -> role."""
     out = []
-    if best.get("ratio") is not None:
-        out.append(f"hir / best baseline ({best['best_baseline']}) {best.get('metric', 'recall@20')} = "
-                   f"{fmt(best['ratio'], 3)}")
-    elif best.get("best_baseline"):
-        out.append(f"best baseline {best['best_baseline']} {best.get('metric', 'recall@20')} = "
-                   f"{fmt(best.get('best_value'))} (no hir value)")
-    if rep.get("ratio") is not None:
-        out.append(f"hir / repeat (reference: the user's own past entities) = {fmt(rep['ratio'], 3)}")
+    for model in (a for a, role in arms.items() if role == "model"):
+        best = section.get(f"{model}_over_best_baseline") or {}
+        if best.get("ratio") is not None:
+            out.append(f"{model} / best baseline ({best['best_baseline']}) {best.get('metric', 'recall@20')} = "
+                       f"{fmt(best['ratio'], 3)}")
+        elif best.get("best_baseline"):
+            out.append(f"best baseline {best['best_baseline']} {best.get('metric', 'recall@20')} = "
+                       f"{fmt(best.get('best_value'))} (no {model} value)")
+        for ref in (a for a, role in arms.items() if role == "reference"):
+            if (section.get(f"{model}_over_{ref}") or {}).get("ratio") is not None:
+                out.append(f"{model} / {ref} (a reference, not a baseline) = "
+                           f"{fmt(section[f'{model}_over_{ref}']['ratio'], 3)}")
     return "; ".join(out)
 
 
@@ -126,14 +131,15 @@ def print_summary(m: Mapping[str, Any], report_dir: Path) -> None:
         t.add_row(*row)
     console.print(t)
     ks = m.get("retrieval", {}).get("ks") or [10, 20, 50]
+    arms = retrieval_arms(m.get("retrieval") or {})
     for title, section in retrieval_sections(m):
         t = Table(title=f"retrieval, {title} (users {section.get('users')}; best in bold)")
         for col in ("arm", *retrieval_metrics(ks)):
             t.add_column(col, justify="right" if col != "arm" else "left")
-        for row in retrieval_rows(section, ks, ("[bold]", "[/bold]")):
+        for row in retrieval_rows(section, ks, arms, ("[bold]", "[/bold]")):
             t.add_row(*row)
         console.print(t)
-        for line in (skipped_line(section), ratio_line(section)):
+        for line in (skipped_line(section), ratio_line(section, arms)):
             if line:
                 console.print(f"{title}: {line}")
     for arm, why in ((m.get("ranking") or {}).get("skipped") or {}).items():
@@ -153,8 +159,8 @@ def slice_rows(m: Mapping[str, Any]) -> list[list[str]]:
     for s in (m.get("ranking") or {}).get("slices", []):
         rows.append([
             s["slice"], str(s["n"]), str(s["positives"]),
-            *[fmt((s.get(arm) or {}).get("auc"), 3) for arm in RANKING_ARMS],
-            *[fmt((s.get(arm) or {}).get("ne"), 3) for arm in RANKING_ARMS],
+            *[fmt((s.get(arm) or {}).get("auc"), 3) for arm in ranking_arms(m.get("ranking") or {})],
+            *[fmt((s.get(arm) or {}).get("ne"), 3) for arm in ranking_arms(m.get("ranking") or {})],
             fmt_ci(s.get("ne_lift")),
         ])
     return rows
@@ -163,16 +169,20 @@ def slice_rows(m: Mapping[str, Any]) -> list[list[str]]:
 def retrieval_slice_rows(m: Mapping[str, Any]) -> list[list[str]]:
     """recall@20 per slice: the full-catalogue slices, then the masked protocol's (``masked/...``)."""
     rows = []
+    arms = retrieval_arms(m.get("retrieval") or {})
     for prefix, section in (("", m.get("retrieval") or {}), ("masked/", (m.get("retrieval") or {}).get(MASKED) or {})):
         skipped = section.get("skipped") or {}
         for name, sl in (section.get("slices") or {}).items():
             rows.append([f"{prefix}{name}", str(sl.get("users")), *[
-                "skipped" if arm in skipped else fmt((sl.get(arm) or {}).get("recall@20")) for arm in RETRIEVAL_ARMS]])
+                "skipped" if arm in skipped else fmt((sl.get(arm) or {}).get("recall@20")) for arm in arms]])
     return rows
 
 
-SLICE_HEADER = ["slice", "rows/users", "positives", "AUC base", "AUC hir", "AUC content",
-                "NE base", "NE hir", "NE content", "NE lift hir [CI]"]
+def slice_header(m: Mapping[str, Any]) -> list[str]:
+    """The ranking slice table's columns: AUC and NE per arm (the baseline as ``base``), hir's NE lift."""
+    arms = ["base" if a == BASELINE else a for a in ranking_arms(m.get("ranking") or {})]
+    return ["slice", "rows/users", "positives", *[f"AUC {a}" for a in arms], *[f"NE {a}" for a in arms],
+            "NE lift hir [CI]"]
 
 
 def diagnostics_md(d: Mapping[str, Any]) -> str:
@@ -211,15 +221,15 @@ def diagnostics_md(d: Mapping[str, Any]) -> str:
 def retrieval_md(m: Mapping[str, Any]) -> list[str]:
     """The retrieval section's paragraphs: one table per protocol, each with its hir/best ratio."""
     r = m.get("retrieval") or {}
-    ks = r.get("ks") or [10, 20, 50]
+    ks, arms = r.get("ks") or [10, 20, 50], retrieval_arms(r)
     out = [f"History: {r.get('history_splits')}; test users {r.get('users')}. Two protocols for every arm; "
            "the best arm on each metric is in bold and named in the `best` row."]
     for title, section in retrieval_sections(m):
         protocol = section.get("protocol") or "no arm filters a user's past entities"
         out += [f"### Retrieval, {title}",
                 f"Protocol: {protocol}; users scored "
-                f"{section.get('users')}. {ratio_line(section)}",
-                _md_table(["arm", *retrieval_metrics(ks)], retrieval_rows(section, ks))]
+                f"{section.get('users')}. {ratio_line(section, arms)}",
+                _md_table(["arm", *retrieval_metrics(ks)], retrieval_rows(section, ks, arms))]
         if line := skipped_line(section):
             out.append(line + ".")
     return out
@@ -236,17 +246,17 @@ def protocol_md(r: Mapping[str, Any]) -> str:
 def fits_md(m: Mapping[str, Any]) -> str:
     """One line on how each trained arm ended (best step/epoch, time, budget stops)."""
     parts = []
-    for arm in RANKING_ARMS:
+    for arm in ranking_arms(m.get("ranking") or {}):
         fit = ((m.get("ranking") or {}).get(arm) or {}).get("fit")
         if fit:
             parts.append(f"ranker {arm}: best at step {fit['steps']} ({fmt(fit['seconds'], 1)}s)")
-    g = ((m.get("retrieval") or {}).get("fits") or {}).get("lightgcn")
-    if g:
+    for arm, g in ((m.get("retrieval") or {}).get("fits") or {}).items():
         by = g.get("stopped_by") or ("max_seconds" if g.get("stopped_by_budget") else "patience")
-        stop = f", stopped by the budget eval.lightgcn.{by}" if g.get("stopped_by_budget") else ", at its val plateau"
-        parts.append(f"LightGCN: best epoch {g['best_epoch']} of {g.get('epochs', '?')}, "
-                     f"{g.get('selection', 'val recall@20')} {fmt(g['best_val_recall@20'])} "
-                     f"({fmt(g['seconds'], 1)}s{stop})")
+        stop = (f", stopped by the budget eval.retrieval.{arm}.{by}" if g.get("stopped_by_budget")
+                else ", at its val plateau")
+        parts.append(f"{arm}: best epoch {g.get('best_epoch')} of {g.get('epochs', '?')}, "
+                     f"{g.get('selection', 'val recall@20')} {fmt(g.get('best_val_recall@20'))} "
+                     f"({fmt(g.get('seconds'), 1)}s{stop})")
     for arm, why in ((m.get("ranking") or {}).get("skipped") or {}).items():
         parts.append(f"ranking arm {arm}: skipped: {why}")
     return "Training: " + "; ".join(parts) + "." if parts else ""
@@ -267,8 +277,9 @@ def markdown(m: Mapping[str, Any], figures: Mapping[str, str]) -> str:
         *retrieval_md(m),
         fits_md(m),
         "## Slices",
-        _md_table(SLICE_HEADER, slice_rows(m)),
-        _md_table(["retrieval slice", "users", *[f"{a} recall@20" for a in RETRIEVAL_ARMS]], retrieval_slice_rows(m)),
+        _md_table(slice_header(m), slice_rows(m)),
+        _md_table(["retrieval slice", "users", *[f"{a} recall@20" for a in retrieval_arms(m.get("retrieval") or {})]],
+                  retrieval_slice_rows(m)),
         "## Representation diagnostics",
         diagnostics_md(m.get("diagnostics") or {}),
         "## Figures",

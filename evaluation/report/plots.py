@@ -13,8 +13,19 @@ import numpy as np
 matplotlib.use("Agg")  # headless: the report is written to files, never shown
 import matplotlib.pyplot as plt
 
+from hir_evaluation.ranking.registry import BASELINE, lift_key
+from hir_evaluation.report.sections import ranking_arms, retrieval_arms
+
 COLORS = {"baseline": "#7f7f7f", "hir": "#d62728", "content": "#1f77b4", "popularity": "#bcbd22",
           "itemknn": "#2ca02c", "lightgcn": "#9467bd", "repeat": "#8c564b"}
+# arms without a colour of their own, in order of appearance
+MORE_COLORS = ("#17becf", "#e377c2", "#ff7f0e", "#aec7e8", "#98df8a", "#c5b0d5")
+
+
+def color(arm: str, arms: list[str]) -> str:
+    """The arm's colour: its own, else the next spare one by its position among ``arms``."""
+    spare = [a for a in arms if a not in COLORS]
+    return COLORS.get(arm) or MORE_COLORS[spare.index(arm) % len(MORE_COLORS) if arm in spare else 0]
 
 
 def _png(fig: plt.Figure) -> bytes:
@@ -32,20 +43,21 @@ def _finite(x: Any) -> bool:
 def lift_bars(ranking: Mapping[str, Any]) -> bytes:
     """Left: NE lift of each arm over the baseline with its bootstrap interval. Right: AUC per arm."""
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.4))
-    lifts = [(arm, ranking.get(f"ne_lift_{arm}" if arm != "hir" else "ne_lift") or {}) for arm in ("hir", "content")]
+    every = ranking_arms(ranking)
+    lifts = [(arm, ranking.get(lift_key(arm)) or {}) for arm in every if arm != BASELINE]
     lifts = [(a, v) for a, v in lifts if _finite(v.get("value"))]
     for i, (arm, v) in enumerate(lifts):
         lo, hi = v.get("ci", [v["value"], v["value"]])
-        ax1.bar(i, 100 * v["value"], color=COLORS[arm], yerr=[[100 * (v["value"] - lo)], [100 * (hi - v["value"])]], capsize=6)
+        ax1.bar(i, 100 * v["value"], color=color(arm, every), yerr=[[100 * (v["value"] - lo)], [100 * (hi - v["value"])]], capsize=6)
     ax1.axhline(0, color="black", lw=0.8)
     ax1.set_xticks(range(len(lifts)), [a for a, _ in lifts])
     ax1.set_ylabel("NE lift over baseline (%)")
     ax1.set_title("Relative NE lift (95% CI)")
-    arms = [a for a in ("baseline", "hir", "content") if _finite((ranking.get(a) or {}).get("auc"))]
+    arms = [a for a in every if _finite((ranking.get(a) or {}).get("auc"))]
     for i, arm in enumerate(arms):
         m = ranking[arm]
         lo, hi = m.get("auc_ci", [m["auc"], m["auc"]])
-        ax2.bar(i, m["auc"], color=COLORS[arm], yerr=[[m["auc"] - lo], [hi - m["auc"]]], capsize=6)
+        ax2.bar(i, m["auc"], color=color(arm, every), yerr=[[m["auc"] - lo], [hi - m["auc"]]], capsize=6)
     ax2.set_xticks(range(len(arms)), arms)
     lows = [ranking[a]["auc"] for a in arms]
     ax2.set_ylim(max(0.0, min(lows, default=0.5) - 0.1), 1.0)
@@ -60,12 +72,13 @@ def recall_curves(retrieval: Mapping[str, Any], ks: list[int]) -> bytes:
     if retrieval.get("masked_new_to_user"):
         panels.append(("masked new-to-user", retrieval["masked_new_to_user"]))
     fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 3.6), squeeze=False)
+    roles = retrieval_arms(retrieval)
     for ax, (title, section) in zip(axes[0], panels):
-        for arm in ("hir", "popularity", "itemknn", "lightgcn", "content", "repeat"):
+        for arm, role in roles.items():
             m = section.get(arm) or {}
             ys = [m.get(f"recall@{k}") for k in ks]
             if all(_finite(y) for y in ys):
-                ax.plot(ks, ys, marker="o", label=arm, color=COLORS[arm], lw=2.2 if arm == "hir" else 1.4)
+                ax.plot(ks, ys, marker="o", label=arm, color=color(arm, list(roles)), lw=2.2 if role == "model" else 1.4)
         ax.set_xlabel("K")
         ax.set_ylabel("recall@K")
         ax.set_title(f"Retrieval recall@K, {title}", fontsize=10)
@@ -108,7 +121,7 @@ def calibration_plot(curves: Mapping[str, Mapping[str, list[float]]]) -> bytes:
     fig, ax = plt.subplots(figsize=(4.6, 4.2))
     top = 0.0
     for arm, c in curves.items():
-        ax.plot(c["predicted"], c["observed"], marker="o", label=arm, color=COLORS.get(arm))
+        ax.plot(c["predicted"], c["observed"], marker="o", label=arm, color=color(arm, list(curves)))
         top = max(top, *c["predicted"], *c["observed"])
     ax.plot([0, top], [0, top], ls="--", color="black", lw=0.8, label="perfect")
     ax.set_xlabel("mean predicted probability")
@@ -136,3 +149,21 @@ def embedding_map_plot(points: Mapping[str, Any], title: str) -> bytes:
     ax.set_xticks([])
     ax.set_yticks([])
     return _png(fig)
+
+
+def figures(metrics: Mapping[str, Any], points: Mapping[str, Any] | None, entity_type: str) -> dict[str, bytes]:
+    """The report's figures (name -> PNG) from its metrics and the 2-D embedding map points."""
+    figs = {
+        "ranking_lift": lift_bars(metrics["ranking"]),
+        "recall_at_k": recall_curves(metrics["retrieval"], metrics["retrieval"]["ks"]),
+        "calibration": calibration_plot(metrics["ranking"]["calibration_curves"]),
+    }
+    lightgcn = (metrics["retrieval"].get("fits") or {}).get("lightgcn") or {}
+    if lightgcn.get("curve"):
+        figs["lightgcn_curve"] = lightgcn_curve(lightgcn)
+    if metrics["diagnostics"].get("token_usage"):
+        figs["token_usage"] = token_usage_plot(metrics["diagnostics"]["token_usage"])
+    if points is not None:
+        figs["embedding_map"] = embedding_map_plot(
+            points, f"{entity_type} embeddings ({points['method'].upper()}), colour = coarse token")
+    return figs

@@ -1,4 +1,4 @@
-"""LightGCN baseline (He et al. 2020) with PyG's ``torch_geometric.nn.LightGCN``: BPR on the
+"""LightGCN baseline arm (He et al. 2020) with PyG's ``torch_geometric.nn.LightGCN``: BPR on the
 train-period history, early stopping on val recall@20 under the masked new-to-user protocol (the
 paper's: train entities removed from the ranking, relevance = val entities new to the user; the
 protocol of the report's headline), then top-K over the test history graph."""
@@ -8,22 +8,26 @@ from __future__ import annotations
 import logging
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import ClassVar
 
 import numpy as np
 import torch
-from torch_geometric.nn import LightGCN
+from torch_geometric.nn import LightGCN as PygLightGCN
 
 from hir_evaluation.metrics import recall_ndcg_at_k
-from hir_evaluation.ranker import torch_threads
-from hir_evaluation.retrieval import Ranked, RetrievalData, inner_product_scores, rank_dense
+from hir_evaluation.ranking.ranker import torch_threads
+from hir_evaluation.retrieval.data import RetrievalData
+from hir_evaluation.retrieval.rank import Ranked, inner_product_scores, rank_dense
+from hir_evaluation.retrieval.registry import ArmInfo, RetrievalContext
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class LightGCNConfig:
-    """Args:
+class LightGCN:
+    """The LightGCN arm: trained on the train period, its epoch selected on val, ranking the test
+    users over the whole history graph. Args:
     dim, layers: embedding width and propagation depth.
     lr, lambda_reg: Adam step and BPR L2 weight.
     init_std: std of the normal initial embeddings (0 = PyG's xavier-uniform).
@@ -33,27 +37,32 @@ class LightGCNConfig:
         checks without a gain), never before ``min_epochs``.
     max_seconds: wall-clock cap on training (the time budget of `hir evaluate`).
     threads: torch CPU threads while training (1 measured 3.6x faster than 2 on a busy 2-core box).
+    The values, and the measurements behind them, are in conf/eval/default.yaml (eval.retrieval.lightgcn).
     """
 
-    dim: int = 64
-    layers: int = 2
-    lr: float = 0.01
-    lambda_reg: float = 1e-4
-    batch_size: int = 8192
-    steps_per_epoch: int = 50
-    # masked new-to-user val recall@20 peaks after ~400 steps on completejourney and plateaus after
-    # 600-1100 noisy steps on online_retail (conf/eval/default.yaml has the measurements)
-    max_epochs: int = 40
-    patience: int = 5
-    # BPR from random init sits on a plateau for the first steps (measured on online_retail with
-    # PyG's init: val recall@20 flat for the first 125 steps, best after 775); patience alone
-    # stopped it there in some runs, an unfairly weak baseline
-    min_epochs: int = 5
-    # N(0, init_std²) initial embeddings, as in the authors' code (kuandeng/LightGCN; 0 = PyG's
-    # xavier-uniform, whose scale shrinks with the node count: 0.008 on completejourney's 95k nodes)
-    init_std: float = 0.1
-    max_seconds: float = 300.0
-    threads: int = 1
+    dim: int
+    layers: int
+    lr: float
+    lambda_reg: float
+    init_std: float
+    batch_size: int
+    steps_per_epoch: int
+    max_epochs: int
+    patience: int
+    min_epochs: int
+    max_seconds: float
+    threads: int
+
+    info: ClassVar[ArmInfo] = ArmInfo(role="baseline", fits_on_val=True)
+
+    def topk(self, ctx: RetrievalContext, k: int) -> Ranked:
+        # val's history is the train period: LightGCN trains on it and early-stops on val's held-out set
+        res = fit_lightgcn(ctx.val, ctx.val, ctx.test, k, self, ctx.seed)
+        return replace(res.ranked, fit={
+            "best_epoch": res.best_epoch, "best_val_recall@20": res.best_val_recall,
+            "selection": "masked_new_to_user val recall@20", "epochs": res.epochs,
+            "epochs_after_best": res.epochs - res.best_epoch, "seconds": res.seconds,
+            "stopped_by_budget": res.stopped_by_budget, "stopped_by": res.stopped_by, "curve": res.curve})
 
 
 def _sym_normalized(src: np.ndarray, dst: np.ndarray, n: int) -> torch.Tensor:
@@ -100,7 +109,7 @@ class _SymmetricSpmm(torch.autograd.Function):
         return None, torch.sparse.mm(ctx.adj, grad)
 
 
-def propagate(model: LightGCN, graph: Graph) -> torch.Tensor:
+def propagate(model: PygLightGCN, graph: Graph) -> torch.Tensor:
     """``model.get_embedding`` for a pre-normalised symmetric adjacency (the model is built with
     ``normalize=False``): Σ_l α_l Aˡ E, (U + I, dim). Same maths, faster backward, and the sparse
     products run over ``graph.nodes`` only."""
@@ -145,7 +154,7 @@ def val_recalls(emb: np.ndarray, n_users: int, val: RetrievalData) -> tuple[floa
 
 
 def fit_lightgcn(
-    train: RetrievalData, val: RetrievalData, test: RetrievalData, k: int, cfg: LightGCNConfig, seed: int
+    train: RetrievalData, val: RetrievalData, test: RetrievalData, k: int, cfg: LightGCN, seed: int
 ) -> LightGCNResult:
     """Train on ``train.history`` (the train period), select the epoch by masked new-to-user
     recall@20 on ``val`` (its history masked, relevance = its new-to-user sets), then rank for
@@ -156,7 +165,7 @@ def fit_lightgcn(
 
 
 def _fit(
-    train: RetrievalData, val: RetrievalData, test: RetrievalData, k: int, cfg: LightGCNConfig, seed: int
+    train: RetrievalData, val: RetrievalData, test: RetrievalData, k: int, cfg: LightGCN, seed: int
 ) -> LightGCNResult:
     t0 = time.perf_counter()
     torch.manual_seed(seed)
@@ -170,7 +179,7 @@ def _fit(
     if len(u) == 0:
         raise ValueError("LightGCN: the train period has no history pairs")
     adj_train = propagation_graph(u, i, n_users)
-    model = LightGCN(n_nodes, cfg.dim, cfg.layers, normalize=False)  # adj_train is already D^-1/2 A D^-1/2
+    model = PygLightGCN(n_nodes, cfg.dim, cfg.layers, normalize=False)  # adj_train is already D^-1/2 A D^-1/2
     if cfg.init_std > 0:
         torch.nn.init.normal_(model.embedding.weight, std=cfg.init_std)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
@@ -216,7 +225,7 @@ def _fit(
         stopped_by = "patience"  # plateaued, but min_epochs kept it going to the end
     if stopped_by != "patience":
         budget_hit = True
-        log.warning("lightgcn: stopped at epoch %d by eval.lightgcn.%s (%s), %d epochs after its best val epoch %d "
+        log.warning("lightgcn: stopped at epoch %d by eval.retrieval.lightgcn.%s (%s), %d epochs after its best val epoch %d "
                     "(patience %d): it may not have reached its val plateau; raise the budget", epoch, stopped_by,
                     f"{cfg.max_seconds:.0f}s" if stopped_by == "max_seconds" else cfg.max_epochs, epoch - best_epoch,
                     best_epoch, cfg.patience)

@@ -12,22 +12,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import polars as pl
 
-from hir_evaluation.snapshot import Snapshot
+from hir.data.snapshot import Snapshot
+from hir_evaluation.sources.hir import TokenBag
 
 # an entity never seen before ts gets this age (hours): older than anything in the data
 NEVER_H = 24.0 * 365 * 5
-
-
-@dataclass
-class TokenBag:
-    """Weighted top-k token ids of one hierarchy level for every row.
-
-    ids: (n, k) int64 in [0, vocab) (padding rows use weight 0); weights: (n, k) float32.
-    """
-
-    ids: np.ndarray
-    weights: np.ndarray
-    vocab: int
 
 
 @dataclass

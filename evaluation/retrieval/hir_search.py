@@ -1,7 +1,7 @@
-"""The HIR retrieval arm: each test user's published embedding searched against the entity
+"""The HIR retrieval search: each test user's published embedding searched against the entity
 type's Milvus alias (production path), or exact cosine search over the export files (fallback).
 
-Both give the two protocols of evaluation/retrieval.py. The masked one from Milvus: each user's
+Both give the two protocols of evaluation/retrieval/rank.py. The masked one from Milvus: each user's
 search returns k + |history| hits (rounded up, see :func:`masked_limits`), history entities are
 dropped and the first k kept, which is exactly the exact masked top-k when the index is exact.
 """
@@ -16,10 +16,12 @@ import numpy as np
 import polars as pl
 import scipy.sparse as sp
 
-from hir_evaluation.hir_source import read_embeddings
-from hir_evaluation.published import MILVUS_MAX_LIMIT, published_search
-from hir_evaluation.retrieval import Ranked, RetrievalData, TopK, inner_product_scores, rank_dense
-from hir_evaluation.snapshot import Snapshot
+from hir.data.snapshot import Snapshot
+from hir_evaluation.retrieval.data import RetrievalData
+from hir_evaluation.retrieval.rank import Ranked, TopK, inner_product_scores, rank_dense
+from hir_evaluation.sources.hir import read_embeddings
+from hir_evaluation.sources.published import MILVUS_MAX_LIMIT, published_search
+from hir_evaluation.sources.selection import Sources
 
 log = logging.getLogger(__name__)
 
@@ -107,3 +109,12 @@ def files_topk(emb_dir: Path, snap: Snapshot, entity_type: str) -> TopK:
         return ranked
 
     return run
+
+
+def hir_search(sources: Sources) -> TopK | None:
+    """The HIR search of ``sources`` (Milvus or exact search over the files), None without embeddings."""
+    if sources.hir == "published":
+        return published_topk(sources.manifest, sources.snap, sources.entity_type)
+    if sources.hir == "files":
+        return files_topk(sources.emb_dir, sources.snap, sources.entity_type)
+    return None

@@ -20,12 +20,23 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from hir.data.snapshot import Snapshot
 from hir.errors import InputError
-from hir_evaluation.features import TokenBag
-from hir_evaluation.snapshot import Snapshot
 
 log = logging.getLogger(__name__)
 TS = pl.Datetime("us", "UTC")
+
+
+@dataclass
+class TokenBag:
+    """Weighted top-k token ids of one hierarchy level for every row.
+
+    ids: (n, k) int64 in [0, vocab) (padding rows use weight 0); weights: (n, k) float32.
+    """
+
+    ids: np.ndarray
+    weights: np.ndarray
+    vocab: int
 
 
 @dataclass
@@ -73,13 +84,6 @@ def side_from_frame(frame: pl.DataFrame, prefix: str, levels: int, vocab: list[i
             raise InputError(f"{prefix}tokens_l{k} has token {int(ids.max())} >= the level's vocabulary {size}")
         bags.append(TokenBag(ids.astype(np.int64), weights.astype(np.float32), int(size)))
     return HirSide(vectors, present, bags)
-
-
-def side_blocks(name: str, side: HirSide) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, TokenBag]]:
-    """(dense, vectors, bags) blocks for :meth:`RankerInputs.with_blocks`."""
-    dense = {f"has_{name}": side.present.astype(np.float32)}
-    bags = {f"{name}_l{k}": bag for k, bag in enumerate(side.tokens)}
-    return dense, {name: side.vectors}, bags
 
 
 def _keyed_rows(snap: Snapshot, rows: pl.DataFrame, entity_type: str) -> pl.DataFrame:

@@ -1,18 +1,19 @@
-"""Ranking lift: the same DLRM recipe trained per arm on the same rows, scored on the test period
-with paired (shared) bootstrap resamples, overall and per slice."""
+"""Ranking lift: the same DLRM recipe trained per arm (the baseline and every arm of the registry,
+evaluation/ranking/registry.py) on the same rows, scored on the test period with paired (shared)
+bootstrap resamples, overall and per slice."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict
 from typing import Any
 
 import numpy as np
 import polars as pl
 
+from hir.data.snapshot import Snapshot
 from hir.errors import HirError
-from hir_evaluation.features import RankerInputs, TokenBag, baseline_inputs
 from hir_evaluation.metrics import (
     bootstrap_ranking,
     bootstrap_weights,
@@ -21,15 +22,12 @@ from hir_evaluation.metrics import (
     relative_lift,
     reliability,
 )
-from hir_evaluation.ranker import RankerConfig, fit_ranker
-from hir_evaluation.snapshot import Snapshot
+from hir_evaluation.ranking.features import RankerInputs, baseline_inputs
+from hir_evaluation.ranking.ranker import RankerConfig, fit_ranker
+from hir_evaluation.ranking.registry import BASELINE, ArmInputs, lift_key
 from hir_evaluation.tasks import RankingTask, build_candidates
 
 log = logging.getLogger(__name__)
-
-# an extra arm: candidate rows -> (dense, vectors, bags) blocks added to the baseline inputs
-Blocks = tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, TokenBag]]
-ArmLoader = Callable[[pl.DataFrame], Blocks]
 
 
 def candidate_rows(snap: Snapshot, task: RankingTask, fit_splits: list[str], seed: int) -> pl.DataFrame:
@@ -71,7 +69,7 @@ def evaluate_ranking(
     task: RankingTask,
     ranker: RankerConfig,
     fit_splits: list[str],
-    arms: Mapping[str, ArmLoader | None],
+    arms: Mapping[str, ArmInputs | None],
     resamples: int,
     unit: str,
     level: float,
@@ -81,7 +79,8 @@ def evaluate_ranking(
     crossfit_fallback: bool = True,
     folds: int = 2,
 ) -> dict[str, Any]:
-    """Train the baseline and each extra arm (None = unavailable, reported as nulls) and score them.
+    """Train the baseline and each arm (None = an input it needs is missing, reported as nulls)
+    and score them.
 
     Every arm learns on the same rows with the same recipe and seed: the ``fit_splits`` periods,
     or, with ``fit_splits == ["test"]``, user-grouped cross-fitting on the test period
@@ -102,11 +101,12 @@ def evaluate_ranking(
     y = rows["label"].to_numpy().astype(np.float64)
     users = rows["user_id"].to_numpy()
     base = baseline_inputs(snap, rows, task.entity_type, label_stage, id_buckets)
-    blocks = {name: loader(rows) for name, loader in arms.items() if loader is not None}
+    arm_inputs = {name: inputs(rows, base) for name, inputs in arms.items() if inputs is not None}
     coverage: dict[str, dict[str, float]] = {}
-    for name, (dense, _, _) in blocks.items():
-        # share of fit / test rows that got the arm's features (point-in-time joins leave gaps)
-        has = {k: v for k, v in dense.items() if k.startswith("has_")}
+    for name, x in arm_inputs.items():
+        # share of fit / test rows that got the arm's features (point-in-time joins leave gaps):
+        # its own has_* columns
+        has = {k: x.dense[:, j] for j, k in enumerate(x.dense_names) if k.startswith("has_") and k not in base.dense_names}
         coverage[name] = {f"test_{k}": float(v[test_idx].mean()) for k, v in has.items()}
         coverage[name] |= {f"fit_{k}": float(v[fit_idx].mean()) for k, v in has.items()} if len(fit_idx) else {}
     notes: list[str] = []
@@ -123,9 +123,9 @@ def evaluate_ranking(
         )
         log.warning("%s", notes[-1])
         crossfit = True
-    inputs: dict[str, RankerInputs] = {"baseline": base}
+    inputs: dict[str, RankerInputs] = {BASELINE: base}
     skipped: dict[str, str] = {}
-    for name, (dense, vectors, bags) in blocks.items():
+    for name, x in arm_inputs.items():
         cov = max((v for k, v in coverage[name].items() if k.startswith("test_" if crossfit else "fit_")), default=1.0)
         if cov < min_fit_coverage:
             skipped[name] = (
@@ -135,7 +135,7 @@ def evaluate_ranking(
             )
             log.warning("ranking arm %s skipped: %s", name, skipped[name])
             continue
-        inputs[name] = base.with_blocks(dense, vectors, bags)
+        inputs[name] = x
 
     preds: dict[str, np.ndarray] = {}
     fits: dict[str, dict[str, float]] = {}
@@ -174,7 +174,8 @@ def evaluate_ranking(
         "skipped": skipped,
         "calibration_curves": {arm: reliability(y_test, p) for arm, p in preds.items()},
     }
-    for arm in ("baseline", "hir", "content"):
+    out["arms"] = [BASELINE, *arms]
+    for arm in out["arms"]:
         if arm not in preds:
             out[arm] = {"auc": None, "ne": None, "log_loss": None, "calibration": None,
                         "feature_coverage": coverage.get(arm, {})}
@@ -182,12 +183,13 @@ def evaluate_ranking(
         point = ranking_metrics(y_test, preds[arm])
         out[arm] = point | {f"{k}_ci": interval(draws[arm][k], level) for k in ("auc", "ne", "calibration")}
         out[arm] |= {"fit": fits[arm], "feature_coverage": coverage.get(arm, {})}
-    for arm, key in (("hir", "ne_lift"), ("content", "ne_lift_content")):
+    for arm in arms:
         if arm in preds:
-            value = float(relative_lift(out["baseline"]["ne"], out[arm]["ne"]))
-            out[key] = {"value": value, "ci": interval(draws[arm]["ne_lift"], level), "arm": arm, "over": "baseline"}
+            value = float(relative_lift(out[BASELINE]["ne"], out[arm]["ne"]))
+            out[lift_key(arm)] = {"value": value, "ci": interval(draws[arm]["ne_lift"], level), "arm": arm,
+                                  "over": BASELINE}
         else:
-            out[key] = {"value": None, "ci": [None, None], "arm": arm, "over": "baseline"}
+            out[lift_key(arm)] = {"value": None, "ci": [None, None], "arm": arm, "over": BASELINE}
     out["slices"] = _slices(test_rows, base.subset(test_idx), y_test, preds, weights, task.few_events, level)
     return out
 

@@ -10,9 +10,8 @@ import numpy as np
 import polars as pl
 import scipy.sparse as sp
 
+from hir.data.snapshot import Snapshot
 from hir.errors import InputError
-from hir_evaluation.features import affinity
-from hir_evaluation.snapshot import Snapshot
 
 
 def load_content(content_dir: Path, entity_type: str, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -64,33 +63,3 @@ def history_pairs(snap: Snapshot, entity_type: str, before: datetime, stages: li
     if stages:
         ev = ev.filter(pl.col("stage").is_in(stages))
     return ev.select("user_id", "entity_id").unique()
-
-
-def content_blocks(
-    snap: Snapshot,
-    content_dir: Path,
-    rows: pl.DataFrame,
-    entity_type: str,
-    profile_cutoff: datetime,
-    stages: list[str] | None,
-) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """(dense, vectors) blocks of the content arm for ``rows``.
-
-    The entity's own text vector is catalogue metadata (always known). The user profile averages
-    the text of entities the user engaged with before ``profile_cutoff`` and is given only to rows
-    at or after the cutoff (point-in-time, the same cutoff the HIR embeddings are trained to).
-    """
-    n_items = snap.num_nodes(entity_type)
-    vecs, has = load_content(content_dir, entity_type, n_items)
-    pairs = history_pairs(snap, entity_type, profile_cutoff, stages)
-    profiles, has_profile = user_profiles(
-        vecs, has, pairs["user_id"].to_numpy(), pairs["entity_id"].to_numpy(), snap.num_nodes("user")
-    )
-    uid, eid = rows["user_id"].to_numpy(), rows["entity_id"].to_numpy()
-    visible = rows.select(pl.col("ts") >= pl.lit(profile_cutoff, pl.Datetime("us", "UTC"))).to_series().to_numpy()
-    user_has = has_profile[uid] & visible
-    user_vec = np.where(user_has[:, None], profiles[uid], 0.0).astype(np.float32)
-    item_vec = vecs[eid]
-    dense = {"has_content_entity": has[eid].astype(np.float32), "has_content_user": user_has.astype(np.float32),
-             "content_affinity": affinity(user_vec, item_vec)}
-    return dense, {"content_entity": item_vec, "content_user": user_vec}

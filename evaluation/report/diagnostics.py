@@ -14,8 +14,9 @@ import polars as pl
 from scipy.optimize import linear_sum_assignment
 from sklearn.metrics import normalized_mutual_info_score
 
-from hir_evaluation.hir_source import token_levels
-from hir_evaluation.snapshot import Snapshot
+from hir.data.snapshot import Snapshot
+from hir.errors import InputError
+from hir_evaluation.sources.hir import embeddings_meta, read_embeddings, token_levels
 
 log = logging.getLogger(__name__)
 
@@ -190,3 +191,32 @@ def embedding_map(frame: pl.DataFrame, points: int, seed: int) -> dict[str, list
         xy, method = x @ vt[:2].T, "pca"
     color = top1(sub, 0) if "tokens_l0" in sub.columns else np.zeros(len(idx), dtype=np.int64)
     return {"x": xy[:, 0].tolist(), "y": xy[:, 1].tolist(), "token": color.tolist(), "method": method}
+
+
+def diagnostics_section(
+    emb_dir: Path, hier_dir: Path, snap: Snapshot, entity_type: str, top: int, map_points: int, seed: int,
+    compare_dir: Path | None = None,
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """metrics.json's ``diagnostics`` section of the export in ``emb_dir``/``hier_dir`` and the
+    2-D map points (None without an export). ``compare_dir``: another export's embeddings/, for
+    token stability."""
+    types = [t for t in ("user", entity_type) if (emb_dir / f"{t}.parquet").exists()]
+    if not types:
+        return {"token_usage": [], "nmi": {}, "supergraph": None, "stability": None, "top_prototypes": []}, None
+    frames = {t: read_embeddings(emb_dir, t) for t in types}
+    out: dict[str, Any] = {"token_usage": token_usage(frames, embeddings_meta(emb_dir).get("levels"))}
+    out["nmi"] = {}
+    if entity_type in frames:
+        labels = taxonomy_labels(snap, entity_type)
+        out["nmi"][entity_type] = nmi_table(frames[entity_type], labels) if labels else {}
+    out["supergraph"] = supergraph_gain(hier_dir)
+    out["top_prototypes"] = top_prototypes(hier_dir, top)
+    out["stability"] = None
+    if compare_dir:
+        other_path = Path(compare_dir) / f"{entity_type}.parquet"
+        if not other_path.exists():
+            raise InputError(f"eval.compare_embeddings_dir={compare_dir}: {other_path} is missing; point it at another "
+                             "run's embeddings/")
+        out["stability"] = token_stability(frames[entity_type], read_embeddings(Path(compare_dir), entity_type))
+    points = embedding_map(frames[entity_type], map_points, seed) if entity_type in frames else None
+    return out, points

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from hir_evaluation.features import RankerInputs
+from hir_evaluation.ranking.features import RankerInputs
 
 log = logging.getLogger(__name__)
 

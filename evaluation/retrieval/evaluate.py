@@ -1,0 +1,152 @@
+"""Retrieval lift: run every arm of the registry (evaluation/retrieval/registry.py) on the same
+test users and catalogue and score them under both protocols (full catalogue; masked
+new-to-user), naming the best arm per metric and the model's ratio to the best baseline."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict
+from typing import Any
+
+import numpy as np
+
+from hir.data.snapshot import Snapshot
+from hir_evaluation.retrieval.data import retrieval_data
+from hir_evaluation.retrieval.rank import TopK, score_arm
+from hir_evaluation.retrieval.registry import RetrievalArm, RetrievalContext
+from hir_evaluation.tasks import RetrievalTask
+
+log = logging.getLogger(__name__)
+
+# the second protocol's key in metrics.json (evaluation/retrieval/rank.py module doc)
+MASKED = "masked_new_to_user"
+FULL_PROTOCOL = ("full catalogue: every arm ranks every entity, the user's past entities included; "
+                 "relevance = every held-out entity")
+MASKED_PROTOCOL = ("masked new-to-user (LightGCN paper): each user's history entities (the pairs every arm "
+                   "learns from) are removed from the ranking; relevance = the held-out entities new to the user")
+
+
+def evaluate_retrieval(
+    snap: Snapshot,
+    task: RetrievalTask,
+    arms: Mapping[str, RetrievalArm],
+    seed: int,
+    hir: TopK | None = None,
+    content: tuple[np.ndarray, np.ndarray] | None = None,
+    history_splits: list[str] | None = None,
+    run: Sequence[str] | None = None,
+) -> dict[str, Any]:
+    """The ``retrieval`` section of metrics.json: both protocols for every arm.
+
+    Args:
+        arms: name -> arm, in report order (``build_arms(cfg.eval.retrieval)``).
+        hir: the HIR search (Milvus or the file fallback), None when unavailable.
+        content: (entity content vectors (I, d), has-vector (I,)) for the content arm, or None.
+        history_splits: the periods every arm learns from (default train + val); set to the
+            periods the HIR export saw, so every arm gets the same information.
+        run: the arms to run (default all); an arm left out, or one whose input is missing,
+            reports null metrics. Sweeps whose cells differ only in the model skip the baselines
+            they share (LightGCN's fit).
+    """
+    if run is not None and (unknown := sorted(set(run) - set(arms))):
+        raise ValueError(f"eval.retrieval_arms: unknown arms {unknown}; expected some of {list(arms)}")
+    ks = tuple(sorted(task.ks))
+    data = retrieval_data(snap, task, "test", seed, history_splits)
+    log.info("retrieval: %d test users, %d history pairs, %d entities", len(data.users), data.history.height, data.n_items)
+    ctx = RetrievalContext(snap, task, data, seed, hir, content)
+    scores: dict[str, dict[str, dict[str, float]]] = {}
+    seconds: dict[str, float] = {}
+    fits: dict[str, Any] = {}
+    for name, arm in arms.items():
+        if (run is not None and name not in run) or not ctx.has(arm.info.needs):
+            continue
+        t0 = time.perf_counter()
+        ranked = arm.topk(ctx, ks[-1])
+        scores[name] = score_arm(ranked, data, ks)
+        seconds[name] = time.perf_counter() - t0
+        if ranked.fit is not None:
+            fits[name] = ranked.fit
+        log.info("retrieval %s: recall@20 %.4f full, %.4f %s (%.1fs)", name, scores[name]["all"].get("recall@20", math.nan),
+                 scores[name].get(MASKED, {}).get("recall@20", math.nan), MASKED, seconds[name])
+    metric_names = [f"{m}@{k}" for k in ks for m in ("recall", "ndcg")]
+    empty = dict.fromkeys(metric_names)
+    roles = {name: arm.info.role for name, arm in arms.items()}
+
+    def arm_metrics(arm: str, name: str) -> dict[str, Any]:
+        part = scores.get(arm, {}).get(name)
+        return {k: v for k, v in part.items() if k != "users"} if part else dict(empty)
+
+    def users(name: str) -> int:
+        return int(next((s[name]["users"] for s in scores.values() if name in s), 0))
+
+    def section(protocol: str, slices: dict[str, str]) -> dict[str, Any]:
+        """Every arm's metrics under ``protocol`` (a score_arm key), the slices (section key ->
+        score_arm key) and the best arm per metric."""
+        part: dict[str, Any] = {arm: arm_metrics(arm, protocol) for arm in arms}
+        part["slices"] = {key: {"users": users(name)} | {arm: arm_metrics(arm, name) for arm in arms}
+                          for key, name in slices.items()}
+        part["best"] = best_arms(part, tuple(arms), metric_names)
+        return part
+
+    out: dict[str, Any] = {
+        "task": asdict(task),
+        "history_splits": history_splits or ["train", "val"],
+        "ks": list(ks),
+        "users": len(data.users),
+        "protocol": FULL_PROTOCOL,
+        "seconds": seconds,
+        "fits": fits,
+        "arms": roles,
+    }
+    out |= section("all", {"new_to_user": "new_to_user", "item_cold": "item_cold"})
+    out |= model_ratios(out, roles, "recall@20")
+    masked: dict[str, Any] = {"protocol": MASKED_PROTOCOL, "users": users(MASKED)}
+    masked |= section(MASKED, {"item_cold": "masked_item_cold"})
+    masked["skipped"] = {name: arm.info.no_masked for name, arm in arms.items() if arm.info.no_masked}
+    masked |= model_ratios(masked, roles, "recall@20", references=False)
+    out[MASKED] = masked
+    return out
+
+
+def best_arms(section: Mapping[str, Any], arms: tuple[str, ...], metrics: list[str]) -> dict[str, str | None]:
+    """The arm with the highest value of each metric in ``section`` (first in ``arms`` order on a
+    tie; null when no arm has a value)."""
+    out: dict[str, str | None] = {}
+    for metric in metrics:
+        values = {a: (section.get(a) or {}).get(metric) for a in arms}
+        values = {a: v for a, v in values.items() if isinstance(v, float) and v == v}
+        out[metric] = max(values, key=lambda a: values[a]) if values else None
+    return out
+
+
+def best_baseline_ratio(
+    section: Mapping[str, Any], metric: str, baselines: tuple[str, ...], model: str = "hir"
+) -> dict[str, Any]:
+    """``model``'s ``metric`` over the best of ``baselines`` (null when either is missing or the best is 0)."""
+    values = {arm: (section.get(arm) or {}).get(metric) for arm in baselines}
+    values = {a: v for a, v in values.items() if isinstance(v, float) and v == v}
+    value = (section.get(model) or {}).get(metric)
+    if not values:
+        return {"metric": metric, "best_baseline": None, "ratio": None}
+    best = max(values, key=lambda a: values[a])
+    ratio = value / values[best] if isinstance(value, float) and values[best] > 0 else None
+    return {"metric": metric, "best_baseline": best, "best_value": values[best], model: value, "ratio": ratio}
+
+
+def model_ratios(
+    section: Mapping[str, Any], roles: Mapping[str, str], metric: str, references: bool = True
+) -> dict[str, dict[str, Any]]:
+    """Each model arm over the best baseline (``hir_over_best_baseline``) and, with
+    ``references``, over each reference arm (``hir_over_repeat``)."""
+    def named(role: str) -> list[str]:
+        return [arm for arm, r in roles.items() if r == role]
+
+    out = {}
+    for model in named("model"):
+        out[f"{model}_over_best_baseline"] = best_baseline_ratio(section, metric, tuple(named("baseline")), model)
+        for ref in named("reference") if references else []:
+            out[f"{model}_over_{ref}"] = best_baseline_ratio(section, metric, (ref,), model)
+    return out

@@ -1,0 +1,137 @@
+"""Retrieval lift: top-K entities per test user, scored on held-out deep-funnel events.
+
+Every arm sees the same history (``RetrievalData.history``: the history stages' events of the
+periods the arms may learn from), the same users and the same candidate catalogue (every node of
+the entity type). An arm returns :class:`Ranked`, its top-k under two protocols, both computed
+from one scoring pass:
+
+- ``full`` (the first protocol): each arm ranks the whole catalogue, past entities included, so
+  repeat engagement counts for all arms alike; relevance = every held-out entity. Slices:
+  held-out entities new to the user (no event of any stage with it before the period) and
+  item-cold ones (first event in the period).
+- ``masked_new_to_user`` (the LightGCN paper's protocol, He et al. 2020): each user's history
+  entities are removed from the ranking (score -inf) before the top-K is taken, and relevance is
+  the held-out entities new to the user; slice: item-cold entities under the same masking.
+
+Masking lives in one place, :func:`rank_dense` (dense-score arms: -inf on the user's row of the
+sparse history matrix, a chunk of users at a time); the HIR Milvus arm masks its search results
+the equivalent way (evaluation/retrieval/hir_search.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+from hir_evaluation.metrics import recall_ndcg_at_k
+from hir_evaluation.retrieval.data import RetrievalData
+
+
+@dataclass
+class Ranked:
+    """One arm's (U, k) top-k entity ids per protocol, best first (-1 = empty slot).
+
+    full: ranked over the whole catalogue; masked: the user's history entities removed before
+    the top-k was taken (None: the arm has no masked list; ``repeat`` ranks history only).
+    """
+
+    full: np.ndarray
+    masked: np.ndarray | None
+    # what an arm that trains reports about its fit (metrics.json retrieval.fits.<arm>), or None
+    fit: dict[str, Any] | None = None
+
+
+# a search: test data, k -> its top-k lists under both protocols
+TopK = Callable[[RetrievalData, int], Ranked]
+# a dense arm's scorer: user ids (n,) -> (n, I) float32 scores; -inf = never retrieved
+Scores = Callable[[np.ndarray], torch.Tensor]
+
+FULL_SLICES = {"all": "relevant", "new_to_user": "new_to_user", "item_cold": "item_cold"}
+MASKED_SLICES = {"masked_new_to_user": "new_to_user", "masked_item_cold": "item_cold"}
+
+
+def score_arm(ranked: Ranked, data: RetrievalData, ks: tuple[int, ...]) -> dict[str, dict[str, float]]:
+    """recall@K / NDCG@K of one arm per protocol and slice.
+
+    Keys: ``all``, ``new_to_user``, ``item_cold`` (the full ranking against every held-out
+    entity, the new-to-user ones and the item-cold ones) and, when the arm has a masked list,
+    ``masked_new_to_user`` and ``masked_item_cold`` (history masked; relevance = the new-to-user
+    / item-cold held-out entities).
+    """
+    out = {name: recall_ndcg_at_k(ranked.full, getattr(data, sets), ks) for name, sets in FULL_SLICES.items()}
+    if ranked.masked is not None:
+        out |= {name: recall_ndcg_at_k(ranked.masked, getattr(data, sets), ks) for name, sets in MASKED_SLICES.items()}
+    return out
+
+
+def topk_ids(scores: torch.Tensor, k: int) -> np.ndarray:
+    """(U, k) ids of the highest scores per row, best first; -1 pads rows with fewer than k
+    finite scores (a catalogue smaller than k, or items excluded with -inf)."""
+    kk = min(k, scores.shape[1])
+    values, ids = torch.topk(scores, kk, dim=1)
+    ids = ids.numpy().astype(np.int64)
+    ids[~torch.isfinite(values).numpy()] = -1
+    return np.pad(ids, ((0, 0), (0, k - kk)), constant_values=-1)
+
+
+def mask_seen(scores: torch.Tensor, seen_rows: sp.csr_matrix) -> None:
+    """Set ``scores`` (n, I) to -inf, in place, wherever ``seen_rows`` (n, I) has an entry."""
+    rows = np.repeat(np.arange(seen_rows.shape[0]), np.diff(seen_rows.indptr))
+    scores[torch.from_numpy(rows), torch.from_numpy(seen_rows.indices.astype(np.int64))] = -torch.inf
+
+
+def rank_dense(scores: Scores, users: np.ndarray, k: int, seen: sp.csr_matrix | None, chunk: int = 256) -> Ranked:
+    """Both protocols' top-k of a dense-score arm, scoring each chunk of users once.
+
+    Args:
+        scores: the arm's scorer, user ids (n,) -> (n, I) scores.
+        users: (U,) user ids ranked.
+        seen: (n_users, I) history matrix by user id (``RetrievalData.seen``); None = full only.
+    Returns:
+        Ranked with ``full`` (U, k) and ``masked`` (U, k): the same scores with the user's history
+        entities at -inf.
+    """
+    full, masked = [], []
+    for start in range(0, len(users), chunk):
+        block = users[start : start + chunk]
+        s = scores(block)  # (n, I)
+        full.append(topk_ids(s, k))
+        if seen is not None:
+            mask_seen(s, seen[block])
+            masked.append(topk_ids(s, k))
+    empty = np.zeros((0, k), dtype=np.int64)
+    return Ranked(np.concatenate(full) if full else empty,
+                  (np.concatenate(masked) if masked else empty) if seen is not None else None)
+
+
+def inner_product_scores(user_vecs: np.ndarray, item_vecs: np.ndarray, item_mask: np.ndarray | None = None) -> Scores:
+    """Scorer of user_vecs (n_users, d), indexed by user id, times item_vecs (I, d); ``item_mask``
+    (I,) False excludes an item (-inf) from every list (e.g. one without a vector)."""
+    items = torch.from_numpy(np.ascontiguousarray(item_vecs, dtype=np.float32))
+    excluded = None if item_mask is None else torch.from_numpy(~np.asarray(item_mask, dtype=bool))
+
+    def score(users: np.ndarray) -> torch.Tensor:
+        s = torch.from_numpy(np.ascontiguousarray(user_vecs[users], dtype=np.float32)) @ items.T  # (n, I)
+        if excluded is not None:
+            s[:, excluded] = -torch.inf
+        return s
+
+    return score
+
+
+def through_users(rows: sp.csr_matrix, left_t: sp.csr_matrix, right_t: sp.csr_matrix) -> np.ndarray:
+    """(n, I) float32 scores ``rows @ left_t @ right_tᵀ`` for rows (n, I) and left_t, right_t (I, U)
+    CSR: an item-item filter applied through the user dimension, (n, U) then (n, I), so the
+    (I, I) item-item matrix never exists (item-kNN without pruning, GF-CF's linear filter)."""
+    overlap = (rows @ left_t).toarray()  # (n, U)
+    return np.ascontiguousarray((right_t @ overlap.T).T, dtype=np.float32)
+
+
+def col_scaled(x: sp.csr_matrix, scale: np.ndarray) -> sp.csr_matrix:
+    """``x`` (U, I) with column i times ``scale[i]``, float32 CSR."""
+    return sp.csr_matrix(x @ sp.diags(scale.astype(np.float32)), dtype=np.float32)
