@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.train.fixtures import tiny_snapshot
+from tests.train.fixtures import single_thread, tiny_snapshot
 
 
 @pytest.fixture(scope="session")
@@ -18,11 +18,6 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def one_thread() -> Iterator[None]:
-    """torch on one intra-op thread for the test (bitwise reproducible on CPU, and no idle threads
-    spinning against the other processes of a busy 2-core machine); restored afterwards."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    """The test runs torch on one intra-op thread (:func:`tests.train.fixtures.single_thread`)."""
+    with single_thread():
+        yield
