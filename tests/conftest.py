@@ -18,6 +18,9 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# idle OpenMP threads sleep instead of spinning (hir/train/stage.py sets it too, but only
+# takes effect before torch is loaded; under pytest a test module imports torch first)
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # Triton reads TRITON_INTERPRET when its own @jit helpers (triton.language.standard) are defined,
 # i.e. when triton is first imported — and torch/lightning import it early. Without a GPU the
 # kernels run under the interpreter, so set it here, before anything imports torch.
