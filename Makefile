@@ -25,9 +25,10 @@ install: $(STAMP)
 run: install
 	$(VENV)/bin/hir pipeline data=completejourney
 
+# the fast suite (a budget of 5 minutes on 2 cores; the slowest tests are listed at the end)
 test: install redis-server
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -m "not slow"
+	$(PY) -m pytest -m "not slow" --durations=10
 
 test-slow: install redis-server
 	$(PY) -m pytest -m slow

@@ -124,13 +124,13 @@ def run_pipeline(cfg: Any) -> dict[str, Any]:
 
 def _no_validation_hint(cfg: Any) -> str:
     """Why train may return no ``val/`` metric: the snapshot's val split lacks deep-funnel events."""
-    import json
+    from hir.data.snapshot import load_snapshot
 
-    meta_path = Path(str(cfg.paths.graph_dir)) / "meta.json"
     try:
-        meta = json.loads(meta_path.read_text())
+        snap = load_snapshot(str(cfg.paths.graph_dir), strict=False)
     except (OSError, ValueError):
         return ""
+    meta, meta_path = snap.meta, snap.meta_path
     deep = meta.get("deep_stage")
     n_val = (meta.get("stages_per_split") or {}).get("val", {}).get(deep, 0)
     if n_val:

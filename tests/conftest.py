@@ -1,4 +1,7 @@
-"""Shared fixtures: compose real Hydra configs, shrunk for tests, writing under tmp_path."""
+"""Shared fixtures: compose real Hydra configs, shrunk for tests, writing under tmp_path; and the
+serving inputs that tests/publish and tests/validate share, each built once per session: a
+prepared tiny snapshot and a validated export of it (tests only read them; a test that edits an
+export gets its own copy through ``make_run``)."""
 
 from __future__ import annotations
 
@@ -6,7 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -15,6 +18,9 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# idle OpenMP threads sleep instead of spinning (hir/train/stage.py sets it too, but only
+# takes effect before torch is loaded; under pytest a test module imports torch first)
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # Triton reads TRITON_INTERPRET when its own @jit helpers (triton.language.standard) are defined,
 # i.e. when triton is first imported — and torch/lightning import it early. Without a GPU the
 # kernels run under the interpreter, so set it here, before anything imports torch.
@@ -58,3 +64,43 @@ def run_hir(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: i
         [str(exe), *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
         env={**os.environ, **(env or {})},
     )
+
+
+@pytest.fixture(scope="session")
+def tiny_graph(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A prepared synthetic snapshot (graph/) of tests/publish/fixtures.py's TINY, built once per
+    session; read only (``make_run`` and ``export_run`` copy it)."""
+    from hir.data import prepare
+    from tests.publish.fixtures import compose_at
+
+    out = tmp_path_factory.mktemp("tiny") / "run"
+    prepare.run(compose_at(out, stage="prepare"))
+    return out / "graph"
+
+
+@pytest.fixture(scope="session")
+def validated_v1(tiny_graph: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A run dir with a copy of ``tiny_graph``, the contract export ``v1`` (seed 0, created
+    tests/publish/fixtures.py's CREATED) and its passing validation (against an empty store),
+    built once per session. Read only: ``reading(validated_v1, base)`` publishes it into a store
+    of its own. At the end of the session the export must still be the validated one."""
+    from hir.validate import stage as validate
+    from hir.validate.binding import require_validated
+    from tests.publish.fixtures import CREATED, export_run
+
+    run = tmp_path_factory.mktemp("validated") / "v1"
+    validate.run(export_run(tiny_graph, run, "v1", created=CREATED))
+    yield run
+    require_validated(run / "embeddings", run / "validation")  # no test edited the shared export
+
+
+@pytest.fixture
+def make_run(tiny_graph: Path, tmp_path: Path) -> Callable:
+    """``make_run("v2", *overrides, seed=1)`` -> tests/publish/fixtures.py's ``export_run`` under
+    this test's tmp dir (a copy of ``tiny_graph`` and a fresh export the test may edit)."""
+    from tests.publish.fixtures import export_run
+
+    def _make(version: str, *overrides: str, **export: object):
+        return export_run(tiny_graph, tmp_path / version, version, *overrides, **export)
+
+    return _make

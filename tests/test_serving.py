@@ -29,3 +29,27 @@ def test_one_writer_per_store(tmp_path: Path) -> None:
         pass
     with store_lock(tmp_path, "refresh"):  # released when the holder leaves
         pass
+
+
+def test_the_lock_of_a_killed_process_is_free(tmp_path: Path) -> None:
+    """A writer killed with SIGKILL (no Python cleanup, as when a publish is killed mid-way)
+    leaves no stale lock: the next writer gets the store."""
+    import signal
+    import subprocess
+    import sys
+
+    holder = ("import sys, time\nfrom pathlib import Path\nfrom hir.serving import store_lock\n"
+              "with store_lock(Path(sys.argv[1]), 'publish'):\n    print('held', flush=True)\n    time.sleep(120)\n")
+    proc = subprocess.Popen([sys.executable, "-c", holder, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        with pytest.raises(HirError, match=rf"locked by hir publish \(pid {proc.pid}\)"), store_lock(tmp_path, "refresh"):
+            pass
+        proc.send_signal(signal.SIGKILL)
+        assert proc.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    with store_lock(tmp_path, "refresh"):  # the kernel dropped the dead process's lock
+        assert "hir refresh (pid" in (tmp_path / ".lock").read_text()

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import polars as pl
+
+from hir.data.snapshot import EVENTS_FILE, Snapshot, load_snapshot
 
 # meta.json keys that describe the data (not the run: timings, engine, created)
 META_COUNTS = (
@@ -33,22 +34,28 @@ def table_difference(a: pl.DataFrame, b: pl.DataFrame, rel_tol: float = 1e-9) ->
     return None
 
 
+def _tables(snap: Snapshot) -> dict[str, Path]:
+    """``{"nodes/<type>.parquet" | "edges/<rel>.parquet": file}`` of the tables ``snap`` has,
+    node tables first, each kind in file-name order."""
+    files = [*map(snap.node_path, snap.node_types()), *map(snap.edge_path, snap.relations())]
+    return {p.relative_to(snap.dir).as_posix(): p for p in files}
+
+
 def snapshot_differences(a: Path | str, b: Path | str, events: bool = True) -> list[str]:
     """What differs between two ``graph/`` directories: the data keys of meta.json, every node and
     edge table (sorted), and ``events.parquet`` unless ``events`` is false. Empty when equal."""
-    a, b = Path(a), Path(b)
-    out = []
-    ma, mb = (json.loads((d / "meta.json").read_text()) for d in (a, b))
-    out += [f"meta.json {k}: {ma.get(k)!r} != {mb.get(k)!r}" for k in META_COUNTS if ma.get(k) != mb.get(k)]
-    names = [f"{kind}/{p.name}" for kind in ("nodes", "edges") for p in sorted((a / kind).glob("*.parquet"))]
-    names_b = [f"{kind}/{p.name}" for kind in ("nodes", "edges") for p in sorted((b / kind).glob("*.parquet"))]
-    if names != names_b:
-        out.append(f"tables {names} != {names_b}")
+    sa, sb = load_snapshot(a), load_snapshot(b)
+    ma, mb = sa.meta, sb.meta
+    out = [f"meta.json {k}: {ma.get(k)!r} != {mb.get(k)!r}" for k in META_COUNTS if ma.get(k) != mb.get(k)]
+    ta, tb = _tables(sa), _tables(sb)
+    if list(ta) != list(tb):
+        out.append(f"tables {list(ta)} != {list(tb)}")
+    pairs = [(name, path, tb.get(name)) for name, path in ta.items()]
     if events:
-        names.append("events.parquet")
-    for name in names:
-        if (b / name).exists():
-            why = table_difference(pl.read_parquet(a / name), pl.read_parquet(b / name))
+        pairs.append((EVENTS_FILE, sa.events_path, sb.events_path))
+    for name, path_a, path_b in pairs:
+        if path_b is not None and path_b.exists():
+            why = table_difference(pl.read_parquet(path_a), pl.read_parquet(path_b))
             if why:
                 out.append(f"{name}: {why}")
     return out

@@ -14,6 +14,8 @@ scans for callers that stream (:meth:`Snapshot.scan_nodes`, :meth:`Snapshot.scan
     snap.scan_edges(engage_relation("product"))             # LazyFrame, or None without the relation
     snap.metadata_edges()                                   # [(relation, src type, dst type, frame)]
     snap.events                                             # events.parquet with split labels
+    snap.node_types(), snap.relations()                     # the node / edge tables present
+    snap.node_path("product")                               # a table's file, for messages and file checks
 
 Ids: ``node_id`` is dense per type (``0..n-1``), ``key`` is the dataset's id (str).
 """
@@ -54,6 +56,11 @@ class Snapshot:
 
     # -- meta.json ------------------------------------------------------------------------------
     @property
+    def meta_path(self) -> Path:
+        """The ``meta.json`` file (e.g. to hash it)."""
+        return self.dir / META_FILE
+
+    @property
     def dataset(self) -> str:
         return str(self.meta.get("dataset", "unknown"))
 
@@ -93,17 +100,21 @@ class Snapshot:
         return int(self.meta.get("nodes", {}).get(entity_type) or self.nodes(entity_type).height)
 
     # -- nodes/<type>.parquet ---------------------------------------------------------------------
-    def _node_path(self, entity_type: str) -> Path:
+    def node_path(self, entity_type: str) -> Path:
+        """The file ``nodes/<type>.parquet`` (it may not exist; for messages and file checks)."""
         return self.dir / "nodes" / f"{entity_type}.parquet"
 
+    def node_types(self) -> list[str]:
+        """The types that have a node table, in file-name order."""
+        return [p.stem for p in sorted((self.dir / "nodes").glob("*.parquet"))]
+
     def has_nodes(self, entity_type: str) -> bool:
-        return self._node_path(entity_type).exists()
+        return self.node_path(entity_type).exists()
 
     def _require_nodes(self, entity_type: str) -> Path:
-        path = self._node_path(entity_type)
+        path = self.node_path(entity_type)
         if not path.exists():
-            have = sorted(p.stem for p in (self.dir / "nodes").glob("*.parquet"))
-            raise InputError(f"{path} is missing; the snapshot has node types {have}")
+            raise InputError(f"{path} is missing; the snapshot has node types {sorted(self.node_types())}")
         return path
 
     def scan_nodes(self, entity_type: str) -> pl.LazyFrame:
@@ -135,17 +146,22 @@ class Snapshot:
         return dict(zip(frame["key"].cast(pl.String).to_list(), frame["node_id"].to_list()))
 
     # -- edges/<relation>.parquet -----------------------------------------------------------------
-    def _edge_path(self, relation: str) -> Path:
+    def edge_path(self, relation: str) -> Path:
+        """The file ``edges/<relation>.parquet`` (it may not exist; for messages and file checks)."""
         return self.dir / "edges" / f"{relation}.parquet"
+
+    def relations(self) -> list[str]:
+        """The relations that have an edge table (``<src>__<name>__<dst>``), in file-name order."""
+        return [p.stem for p in sorted((self.dir / "edges").glob("*.parquet"))]
 
     def scan_edges(self, relation: str) -> pl.LazyFrame | None:
         """``edges/<relation>.parquet`` as a scan, or None when the dataset lacks the relation."""
-        path = self._edge_path(relation)
+        path = self.edge_path(relation)
         return pl.scan_parquet(path) if path.exists() else None
 
     def edges(self, relation: str, columns: list[str] | None = None) -> pl.DataFrame | None:
         """``edges/<relation>.parquet`` (``src_id``, ``dst_id``, ...), or None without the relation."""
-        path = self._edge_path(relation)
+        path = self.edge_path(relation)
         return pl.read_parquet(path, columns=columns) if path.exists() else None
 
     def engagement(self, entity_type: str) -> pl.LazyFrame | None:
@@ -155,7 +171,7 @@ class Snapshot:
 
     def engaged_types(self) -> list[str]:
         """Entity types users engage with (an engagement relation exists), in ``ENTITY_TYPES`` order."""
-        return [t for t in ENTITY_TYPES if self._edge_path(engage_relation(t)).exists()]
+        return [t for t in ENTITY_TYPES if self.edge_path(engage_relation(t)).exists()]
 
     def metadata_edges(self) -> list[tuple[str, str, str, pl.DataFrame]]:
         """(relation, src type, dst type, ``src_id``/``dst_id`` frame) of every metadata relation
@@ -168,20 +184,25 @@ class Snapshot:
         return out
 
     # -- events.parquet -------------------------------------------------------------------------
-    def _events_path(self) -> Path:
-        path = self.dir / EVENTS_FILE
+    @property
+    def events_path(self) -> Path:
+        """The file ``events.parquet`` (it may not exist; for messages and file checks)."""
+        return self.dir / EVENTS_FILE
+
+    def _require_events(self) -> Path:
+        path = self.events_path
         if not path.exists():
             raise InputError(f"{path} is missing; the graph snapshot is incomplete; rerun `hir prepare force=true`")
         return path
 
     def scan_events(self) -> pl.LazyFrame:
         """``events.parquet`` as a scan (columns of ``EVENT_COLUMNS`` plus quantity, value, session)."""
-        return pl.scan_parquet(self._events_path())
+        return pl.scan_parquet(self._require_events())
 
     @cached_property
     def events(self) -> pl.DataFrame:
         """``events.parquet`` read whole (its columns checked against ``EVENT_COLUMNS``)."""
-        path = self._events_path()
+        path = self._require_events()
         frame = pl.read_parquet(path)
         missing = [c for c in EVENT_COLUMNS if c not in frame.columns]
         if missing:
@@ -199,10 +220,19 @@ class Snapshot:
         return (files[0].name, pl.read_parquet(files[0])) if files else None
 
 
-def load_snapshot(graph_dir: str | Path) -> Snapshot:
-    """Open a graph snapshot; a missing or partial one is a user error with the fix."""
+def load_snapshot(graph_dir: str | Path, strict: bool = True) -> Snapshot:
+    """Open a graph snapshot; a missing or partial one is a user error with the fix.
+
+    Args:
+        graph_dir: the snapshot directory.
+        strict: False opens the directory as it is, for readers of its tables alone (enrich's
+            node tables, validate's engagement contexts): ``meta`` is ``meta.json`` when present,
+            else ``{}``, and is not checked; a missing table is reported when it is read.
+    """
     graph_dir = Path(graph_dir)
     meta_path = graph_dir / META_FILE
+    if not strict:
+        return Snapshot(graph_dir, json.loads(meta_path.read_text()) if meta_path.exists() else {})
     if not meta_path.exists():
         raise InputError(
             f"no graph snapshot at {graph_dir} (meta.json missing); run `hir prepare` in this run dir first, "

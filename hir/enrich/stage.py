@@ -20,10 +20,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import polars as pl
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from hir.data.snapshot import Snapshot, load_snapshot
 from hir.enrich.attributes import AttributeEncoder
 from hir.enrich.cache import Encoder
 from hir.enrich.content import ATTR_ENCODERS_FILE, META_FILE, encode_frame, stats_json
@@ -80,21 +80,23 @@ def enrich(
     t_start = time.perf_counter()
     graph_dir, content_dir, cache_root = Path(graph_dir), Path(content_dir), Path(cache_root)
     configs = configs or {}
-    node_files = sorted((graph_dir / "nodes").glob("*.parquet"))
-    if not node_files:
-        raise InputError(f"no node tables in {graph_dir / 'nodes'}; run `hir prepare` first (or set paths.graph_dir)")
-    graph_meta_path = graph_dir / "meta.json"
-    graph_meta = json.loads(graph_meta_path.read_text()) if graph_meta_path.exists() else {}
+    snap = load_snapshot(graph_dir, strict=False)  # node tables only; meta.json may be partial
+    node_types = snap.node_types()
+    if not node_types:
+        raise InputError(
+            f"no node tables (nodes/*.parquet) in {graph_dir}; run `hir prepare` first (or set paths.graph_dir)"
+        )
+    graph_meta = snap.meta
 
     if content_dir.exists():
         shutil.rmtree(content_dir)
     content_dir.mkdir(parents=True)
     types: dict[str, dict[str, Any]] = {}
     fitted: dict[str, AttributeEncoder] = {}
-    for path in node_files:
-        etype = path.stem
+    for etype in node_types:
+        path = snap.node_path(etype)
         t0 = time.perf_counter()
-        frame = pl.read_parquet(path)
+        frame = snap.scan_nodes(etype).collect()  # not snap.nodes(): one table in memory at a time
         missing = {"node_id", "key"} - set(frame.columns)
         if missing:
             raise InputError(f"{path} lacks columns {sorted(missing)}; it is not a `hir prepare` node table")
@@ -144,11 +146,10 @@ def enrich(
     return meta
 
 
-def _inputs_changed(meta: dict[str, Any], graph_dir: Path, text_encoder: Encoder, image_name: str | None,
+def _inputs_changed(meta: dict[str, Any], snap: Snapshot, text_encoder: Encoder, image_name: str | None,
                     attributes: Any) -> str | None:
     """Why existing content/ does not belong to these inputs, or None when it does."""
-    graph_meta_path = graph_dir / "meta.json"
-    created = json.loads(graph_meta_path.read_text()).get("created") if graph_meta_path.exists() else None
+    created = snap.meta.get("created")
     if meta.get("graph", {}).get("created") != created:
         return f"the graph snapshot changed (built {created}, content/ was made from {meta.get('graph')})"
     if meta.get("text_encoder", {}).get("name") != text_encoder.name:
@@ -179,7 +180,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     if meta_path.exists() and not cfg.force:
         meta = json.loads(meta_path.read_text())
         why = _inputs_changed(
-            meta, graph_dir, text_encoder, image_encoder.name if image_encoder else None, configs["attributes"]
+            meta, load_snapshot(graph_dir, strict=False), text_encoder, image_encoder.name if image_encoder else None,
+            configs["attributes"],
         )
         if why is None:
             log.info("content vectors exist at %s; reusing them (force=true rebuilds)", content_dir)

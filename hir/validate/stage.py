@@ -22,6 +22,7 @@ import polars as pl
 from omegaconf import DictConfig, OmegaConf
 
 from hir.data.schema import relation_types
+from hir.data.snapshot import Snapshot, load_snapshot
 from hir.errors import HirError, InputError
 from hir.progress import progress_steps
 from hir.serving import live_entry
@@ -53,41 +54,41 @@ def _utc(value: str | datetime) -> datetime:
     return ts.replace(tzinfo=UTC) if ts.tzinfo is None else ts.astimezone(UTC)
 
 
-def _stage_set(cfg: DictConfig, graph_meta: dict[str, Any]) -> list[str]:
+def _stage_set(cfg: DictConfig, snap: Snapshot) -> list[str]:
     """validate.graph.stages, else the dataset's configured stage order, else meta.json's."""
     for key in ("validate.graph.stages", "data.stage_order", "data.adapter.stage_order"):
         value = OmegaConf.select(cfg, key, default=None)
         if value:
             return list(value)
-    return list(graph_meta["stage_order"])
+    return snap.stage_order
 
 
-def graph_tables(graph_dir: Path, meta: dict[str, Any], stages: list[str], ts_min: datetime, ts_max: datetime,
+def graph_tables(snap: Snapshot, stages: list[str], ts_min: datetime, ts_max: datetime,
                  split_share: dict[str, tuple[float, float]], max_quarantine: float) -> list:
     """The prepared snapshot's tables and their suites."""
     from hir.validate import suites
 
+    meta = snap.meta
     nodes: dict[str, int] = {t: int(n) for t, n in meta["nodes"].items()}
-    bounds = {k: _utc(v) for k, v in meta["split_bounds"].items()}
-    events = pl.scan_parquet(graph_dir / "events.parquet")
+    bounds = {k: _utc(v) for k, v in snap.split_bounds.items()}
+    events = snap.scan_events()
     tables = [
         suites.events_table(views.events_view(events, nodes, bounds), stages, ts_min, ts_max),
         suites.splits_table(views.split_view(events), split_share),
         suites.sources_table(views.sources_view(meta), max_quarantine),
     ]
     for etype, n in nodes.items():
-        frame = pl.read_parquet(graph_dir / "nodes" / f"{etype}.parquet", columns=["node_id", "key"])
-        tables.append(suites.nodes_table(etype, frame, n))
-    for path in sorted((graph_dir / "edges").glob("*.parquet")):
-        src, dst = relation_types(path.stem)
-        view = views.edges_view(pl.scan_parquet(path), nodes.get(src, 0), nodes.get(dst, 0))
-        tables.append(suites.edges_table(path.stem, view, stages))
+        tables.append(suites.nodes_table(etype, snap.nodes(etype, ["node_id", "key"]), n))
+    for rel in snap.relations():
+        src, dst = relation_types(rel)
+        view = views.edges_view(snap.scan_edges(rel), nodes.get(src, 0), nodes.get(dst, 0))
+        tables.append(suites.edges_table(rel, view, stages))
     return tables
 
 
 def embedding_tables(
-    emb_dir: Path, emb_meta: dict[str, Any], graph_dir: Path, graph_meta: dict[str, Any], expected_dim: int,
-    vcfg: DictConfig, previous: dict[str, Any] | None,
+    emb_dir: Path, emb_meta: dict[str, Any], snap: Snapshot, expected_dim: int, vcfg: DictConfig,
+    previous: dict[str, Any] | None,
 ) -> tuple[list, dict[str, Any]]:
     """Suites for every ``embeddings/<type>.parquet`` and ``meta.json``; returns (tables, report):
     the report holds per type ``drift``, ``duplicate_share`` (rows with an exact twin),
@@ -97,7 +98,8 @@ def embedding_tables(
 
     levels: list[int] = [int(v) for v in emb_meta.get("levels", [])]
     top_k = emb_meta.get("top_k")
-    test_start = _utc(graph_meta["split_bounds"]["test_start"])
+    graph_meta = snap.meta
+    test_start = _utc(snap.split_bounds["test_start"])
     expected = dict(EMBEDDING_COLUMNS)
     for k in range(len(levels)):
         expected |= {f"tokens_l{k}": "list<int>", f"weights_l{k}": "list<float>"}
@@ -105,7 +107,7 @@ def embedding_tables(
     counts: dict[str, int] = {t: int(n) for t, n in (emb_meta.get("counts") or {}).items()}
     tables, drift, meta_rows, duplicates, twins, coverage = [], {}, [], {}, {}, {}
     # engagement contexts as the export saw them: twins with one context are not a collapse
-    contexts = views.context_labels(graph_dir, emb_meta.get("visible_splits"))
+    contexts = views.context_labels(snap, emb_meta.get("visible_splits"))
     for etype in sorted(set(files) | set(counts)):
         n_rows = None
         if etype in files:
@@ -116,8 +118,7 @@ def embedding_tables(
                           "file_ok": etype in files and etype in counts, "type_ok": etype in graph_meta["nodes"]})
         if etype not in files or "entity_id" not in frame.columns or etype not in graph_meta["nodes"]:
             continue
-        graph_nodes = pl.read_parquet(graph_dir / "nodes" / f"{etype}.parquet",
-                                      columns=["node_id", "key", "first_seen", "text"])
+        graph_nodes = snap.nodes(etype, ["node_id", "key", "first_seen", "text"])
         e = vcfg.embeddings
         view = views.embedding_view(frame, graph_nodes, len(levels), float(e.twin_tolerance), int(e.twin_sample),
                                     contexts)
@@ -180,7 +181,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     graph_dir, emb_dir = Path(cfg.paths.graph_dir), Path(cfg.paths.embeddings_dir)
     val_dir = Path(cfg.paths.validation_dir)
     vcfg = cfg.validate
-    graph_meta = _read_json(graph_dir / "meta.json", "run `hir prepare` first (or point paths.graph_dir at a snapshot)")
+    snap = load_snapshot(graph_dir)
     emb_meta = _read_json(emb_dir / "meta.json", "run `hir export` first (or point paths.embeddings_dir at an export)")
     expected_dim = int(vcfg.embeddings.dim if vcfg.embeddings.dim is not None else emb_meta["dim"])
     store_dir = OmegaConf.select(cfg, "publish.store_dir", default=None)
@@ -188,7 +189,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     prev_manifest = previous["manifest"] if previous and previous["version"] != emb_meta.get("model_version") else None
     binding = {
         "files": export_hashes(emb_dir),
-        "graph_meta_sha256": sha256(graph_dir / "meta.json"),
+        "graph_meta_sha256": sha256(snap.meta_path),
         "config_sha256": hashlib.sha256(
             json.dumps([OmegaConf.to_container(vcfg, resolve=True), expected_dim], sort_keys=True).encode()
         ).hexdigest(),
@@ -199,7 +200,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         log.info("validation of these exact files exists at %s; reusing it (force=true re-runs)", val_dir / RESULT_FILE)
         result = old
     else:
-        result = _validate(cfg, graph_dir, emb_dir, val_dir, graph_meta, emb_meta, expected_dim, prev_manifest, binding)
+        result = _validate(cfg, snap, emb_dir, val_dir, emb_meta, expected_dim, prev_manifest, binding)
     summary = _summary(result)
     if not result["success"]:
         raise ValidationFailed(summary)  # the hir command logs and prints it
@@ -209,8 +210,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     return {k: result.get(k) for k in keys}
 
 
-def _validate(cfg: DictConfig, graph_dir: Path, emb_dir: Path, val_dir: Path, graph_meta: dict, emb_meta: dict,
-              expected_dim: int, prev_manifest: dict | None, binding: dict[str, Any]) -> dict[str, Any]:
+def _validate(cfg: DictConfig, snap: Snapshot, emb_dir: Path, val_dir: Path, emb_meta: dict, expected_dim: int,
+              prev_manifest: dict | None, binding: dict[str, Any]) -> dict[str, Any]:
     from hir.validate.checkpoint import run_checkpoint
 
     vcfg = cfg.validate
@@ -221,12 +222,12 @@ def _validate(cfg: DictConfig, graph_dir: Path, emb_dir: Path, val_dir: Path, gr
         shutil.rmtree(val_dir / sub, ignore_errors=True)
     with progress_steps("validate", 3) as step:
         t0 = time.perf_counter()
-        tables = graph_tables(graph_dir, graph_meta, _stage_set(cfg, graph_meta), _utc(g.min_timestamp), ts_max,
+        tables = graph_tables(snap, _stage_set(cfg, snap), _utc(g.min_timestamp), ts_max,
                               {k: tuple(v) for k, v in g.split_share.items()}, g.max_quarantine_share)
         timings["graph_tables"] = time.perf_counter() - t0
         step("embedding tables")
         t0 = time.perf_counter()
-        emb_tables, report = embedding_tables(emb_dir, emb_meta, graph_dir, graph_meta, expected_dim, vcfg, prev_manifest)
+        emb_tables, report = embedding_tables(emb_dir, emb_meta, snap, expected_dim, vcfg, prev_manifest)
         timings["embedding_tables"] = time.perf_counter() - t0
         step("checkpoint")
         t0 = time.perf_counter()
@@ -241,7 +242,7 @@ def _validate(cfg: DictConfig, graph_dir: Path, emb_dir: Path, val_dir: Path, gr
         **outcome.to_json(),
         "validated_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "embeddings_dir": str(emb_dir.resolve()),
-        "graph_dir": str(graph_dir.resolve()),
+        "graph_dir": str(snap.dir.resolve()),
         "model_version": str(emb_meta.get("model_version")),
         "created": created,
         "dim": expected_dim,

@@ -15,6 +15,7 @@ import numpy as np
 import polars as pl
 
 from hir.data.schema import SPLITS, TS
+from hir.data.snapshot import Snapshot, load_snapshot
 
 # a sampled row is compared with at most this many rows of its table (all of them below it)
 TWIN_POOL = 200_000
@@ -312,7 +313,7 @@ def edges_view(edges: pl.LazyFrame, n_src: int, n_dst: int) -> pl.DataFrame:
     ).collect()
 
 
-def context_labels(graph_dir: Path, visible_splits: list[str] | None = None, depth: int = 3) -> pl.DataFrame:
+def context_labels(graph: Snapshot | Path, visible_splits: list[str] | None = None, depth: int = 3) -> pl.DataFrame:
     """``entity_type``, ``node_id`` (the type's local id), ``context``: an int64 label equal for
     two nodes of a type with the same engagement evidence, the input of their spectral base.
 
@@ -321,16 +322,18 @@ def context_labels(graph_dir: Path, visible_splits: list[str] | None = None, dep
     labels through the metadata edges (an advertiser's or a category's products, a parent
     category's children), ``depth`` levels up, as the base of such a node is its members' mean.
     Nodes with neither have no row.
+
+    ``graph``: the snapshot, or its directory (only its edge tables are read; meta.json may be absent).
     """
-    edges = sorted((Path(graph_dir) / "edges").glob("*.parquet"))
+    snap = graph if isinstance(graph, Snapshot) else load_snapshot(graph, strict=False)
     own: list[pl.DataFrame] = []
     meta: list[pl.DataFrame] = []
-    for path in edges:
-        parts = path.stem.split("__")
+    for rel in snap.relations():
+        parts = rel.split("__")
         if len(parts) != 3:
             continue
         s_t, _, d_t = parts
-        lf = pl.scan_parquet(path)
+        lf = snap.scan_edges(rel)
         cols = lf.collect_schema().names()
         if "split" in cols:
             if visible_splits is not None:

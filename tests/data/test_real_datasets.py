@@ -43,7 +43,10 @@ def test_online_retail_cancellations_and_non_products(compose):
     assert products["text"].null_count() < products.height * 0.05
 
 
+@pytest.mark.slow
 def test_completejourney_funnel(compose):
+    """The whole default dataset (1.47M transactions, so slow); the adapter's funnel on a cut of
+    the same tables is tests/data/test_completejourney.py, in the fast suite."""
     meta, cfg = _graph(compose, "data=completejourney")
     assert meta["stage_order"] == ["exposure", "coupon", "purchase"]
     # transactions 1,469,307 + campaigns 6,589 + coupon redemptions 2,102

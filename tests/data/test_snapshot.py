@@ -65,3 +65,29 @@ def test_missing_or_partial_snapshots_say_how_to_fix(tmp_path: Path, snap) -> No
         load_snapshot(tmp_path)
     with pytest.raises(InputError, match=r"coupon.parquet is missing; the snapshot has node types \['advertiser'"):
         snap.nodes("coupon")
+
+
+def test_listings_and_paths_match_the_files(snap) -> None:
+    assert snap.node_types() == sorted(t for t, n in snap.node_counts.items() if n)
+    assert snap.relations() == sorted(snap.meta["edges"])
+    for etype in snap.node_types():
+        assert snap.node_path(etype).relative_to(snap.dir).as_posix() == f"nodes/{etype}.parquet"
+    for rel in snap.relations():
+        assert snap.edge_path(rel).is_file() and snap.scan_edges(rel) is not None
+    assert snap.events_path.is_file() and snap.meta_path.is_file()
+    assert not snap.node_path("coupon").exists() and not snap.has_nodes("coupon")
+
+
+def test_a_lenient_open_reads_tables_without_a_complete_meta(tmp_path: Path) -> None:
+    nodes = tmp_path / "graph" / "nodes"
+    nodes.mkdir(parents=True)
+    pl.DataFrame({"node_id": [0, 1], "key": ["a", "b"]}).write_parquet(nodes / "product.parquet")
+    loose = load_snapshot(tmp_path / "graph", strict=False)
+    assert loose.meta == {} and loose.node_types() == ["product"] and loose.relations() == []
+    assert loose.nodes("product")["key"].to_list() == ["a", "b"]
+    (tmp_path / "graph" / "meta.json").write_text(json.dumps({"created": "2026-01-01"}))
+    assert load_snapshot(tmp_path / "graph", strict=False).meta == {"created": "2026-01-01"}
+    with pytest.raises(InputError, match="no 'stage_order'"):
+        load_snapshot(tmp_path / "graph")
+    with pytest.raises(InputError, match=r"events.parquet is missing.*rerun `hir prepare force=true`"):
+        loose.scan_events()

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import polars as pl
 import pytest
 
 from tests.conftest import REES46, run_hir
@@ -38,7 +39,8 @@ def test_pipeline_publishes_and_refresh_serves_new_products(tmp_path: Path) -> N
         out = csv.DictWriter(fh, fieldnames=["entity_id", "text", "attr_price", "attr_brand", "category", "advertiser",
                                              "user_id", "stage", "timestamp"])
         out.writeheader()
-        out.writerows({"entity_id": pid, "text": f"{r['brand']} {r['category_code'].replace('.', ' > ')}",
+        texts = {pid: f"{r['brand']} {r['category_code'].replace('.', ' > ')}" for r, pid in zip(rows, NEW)}
+        out.writerows({"entity_id": pid, "text": texts[pid],
                        "attr_price": r["price"], "attr_brand": r["brand"], "category": r["category_code"],
                        "advertiser": r["brand"], "user_id": r["user_id"], "stage": "view", "timestamp": r["event_time"]}
                       for r, pid in zip(rows, NEW))
@@ -52,11 +54,16 @@ def test_pipeline_publishes_and_refresh_serves_new_products(tmp_path: Path) -> N
     try:
         z = r.embeddings("product", NEW)  # from the Feast online store
         assert z.shape == (len(NEW), manifest["dim"]) and np.allclose(np.linalg.norm(z, axis=1), 1, atol=1e-3)
-        # Milvus, through the alias: each new product is its own nearest hit, or ties with a
-        # product of the same text that export placed at the same point (a content twin)
-        for key, hits in zip(NEW, r.search(z, "product", k=5)):
+        # Milvus, through the alias: each new product is its own nearest hit, or ties with the
+        # products of the same text that export placed at the same point (its content twins: up
+        # to ~100 in rees46, so the search is deep enough to hold them all)
+        nodes = pl.read_parquet(run / "graph" / "nodes" / "product.parquet", columns=["key", "text"])
+        twins = {pid: set(nodes.filter(pl.col("text") == text)["key"].cast(pl.String)) for pid, text in texts.items()}
+        k = 5 + max(len(t) for t in twins.values())
+        for key, hits in zip(NEW, r.search(z, "product", k=k)):
             keys, scores = [h[0] for h in hits], [h[1] for h in hits]
-            assert key in keys and scores[keys.index(key)] >= scores[0] - 1e-5, (key, hits)
+            assert key in keys and scores[keys.index(key)] >= scores[0] - 1e-5, (key, len(twins[key]), hits[:10])
+            assert set(keys[:keys.index(key)]) <= twins[key], (key, hits[:10])  # only twins rank before it
         assert r.manifest["refreshes"][-1]["rows"] == {"product": len(NEW)}
     finally:
         r.close()

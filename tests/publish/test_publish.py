@@ -1,12 +1,13 @@
 """`hir publish` into Feast (duckdb offline, SQLite online) + Milvus Lite, read back with plain
-Feast calls and the retrieval helper. One published store is shared by the module."""
+Feast calls and the retrieval helper. One published store (of the session's validated export) is
+shared by the module."""
 
 from __future__ import annotations
 
 import json
 import logging
 import re
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -20,20 +21,19 @@ from hir.serving import read_state
 from hir.validate import stage as validate
 from hir.validate.binding import NotValidated
 from tests.conftest import ROOT
-from tests.publish.conftest import assert_serving, export_run
-
-CREATED = datetime(2026, 1, 1, tzinfo=UTC)
+from tests.publish.fixtures import CREATED, assert_serving, export_run, reading
 
 
 @pytest.fixture(scope="module")
-def served(tiny_graph: Path, tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
+def served(validated_v1: Path, tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
+    """The session's validated v1 (created CREATED) published into this module's store."""
     base = tmp_path_factory.mktemp("served")
-    cfg = export_run(tiny_graph, base / "v1", "v1", created=CREATED)
-    validate.run(cfg)
+    cfg = reading(validated_v1, base)
     metrics = publish.run(cfg)
-    manifest = json.loads((base / "v1" / "publish" / "manifest.json").read_text())
+    manifest = json.loads((base / "publish" / "manifest.json").read_text())
     return SimpleNamespace(cfg=cfg, base=base, store_dir=base / "store", metrics=metrics, manifest=manifest,
-                           emb={t: pl.read_parquet(base / "v1" / "embeddings" / f"{t}.parquet") for t in ("user", "product")})
+                           manifest_path=base / "publish" / "manifest.json",
+                           emb={t: pl.read_parquet(validated_v1 / "embeddings" / f"{t}.parquet") for t in ("user", "product")})
 
 
 def test_manifest_says_what_was_published_where(served: SimpleNamespace) -> None:
@@ -110,10 +110,14 @@ def _readme_blocks(section: str) -> list[str]:
     return re.findall(r"```python\n(.*?)```", body, flags=re.S)
 
 
-def test_readme_serving_snippets_run_as_written(served: SimpleNamespace, tmp_path: Path) -> None:
-    """The README's serving code, in a fresh process as a user runs it, with only the manifest
-    path, the ids and the dates replaced by this store's: Feast online (an unknown id comes back
-    as None and the coverage count says so), point in time, and plain pymilvus."""
+def _check_readme_snippets(served: SimpleNamespace, tmp_path: Path, fresh_process: bool) -> None:
+    """The README's serving code with only the manifest path, the ids and the dates replaced by
+    this store's, run as one script (``fresh_process``: in a new Python, as a user runs it; else
+    in this process, with a namespace of its own): Feast online (an unknown id comes back as None
+    and the coverage count says so), point in time, and plain pymilvus."""
+    import contextlib
+    import io
+    import runpy
     import subprocess
     import sys
 
@@ -122,7 +126,7 @@ def test_readme_serving_snippets_run_as_written(served: SimpleNamespace, tmp_pat
     user, product = served.emb["user"]["entity_id"][5], served.emb["product"]["entity_id"][7]
     code = "\n".join(blocks)
     for old, new in (("outputs/completejourney/default/publish/manifest.json",
-                      str(served.base / "v1" / "publish" / "manifest.json")),
+                      str(served.manifest_path)),
                      ('"1234"', repr(user)), ('"1082185"', repr(product)),
                      ('"2017-06-01"', repr(str(CREATED.date() - timedelta(days=1)))),
                      ('"2017-12-01"', repr(str(CREATED.date() + timedelta(days=1))))):
@@ -136,9 +140,15 @@ print("RESULT", _json.dumps({"covered": covered, "status": manifest["status"], "
 """
     script = tmp_path / "readme.py"
     script.write_text(code)
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))[7:])
+    if fresh_process:
+        proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        stdout = proc.stdout
+    else:
+        with contextlib.redirect_stdout(io.StringIO()) as buf:
+            runpy.run_path(str(script), run_name="__main__")
+        stdout = buf.getvalue()
+    out = json.loads(next(line for line in stdout.splitlines() if line.startswith("RESULT "))[7:])
     assert out["covered"] == 1 and out["missing"] is True       # the unknown product: None, counted
     assert out["status"] == "live"
     assert out["pit"] == [None, "v1"]                           # before / after the export's cutoff
@@ -148,9 +158,21 @@ print("RESULT", _json.dumps({"covered": covered, "status": manifest["status"], "
     assert len(out["hits"]) == 10 and out["hits"][0] == best    # plain pymilvus finds the exact top-1
 
 
+def test_readme_serving_snippets_run_as_written(served: SimpleNamespace, tmp_path: Path) -> None:
+    """The README's serving code runs as written (in this process; the fresh-process run, which
+    pays Feast's and pymilvus' imports again, is the slow test below)."""
+    _check_readme_snippets(served, tmp_path, fresh_process=False)
+
+
+@pytest.mark.slow
+def test_readme_serving_snippets_run_in_a_fresh_process(served: SimpleNamespace, tmp_path: Path) -> None:
+    """The same, in a new Python process as a user runs it: the snippets import all they use."""
+    _check_readme_snippets(served, tmp_path, fresh_process=True)
+
+
 def test_online_and_point_in_time_values_are_the_exported_ones(served: SimpleNamespace) -> None:
     """What the README's calls return, value by value, against the export files."""
-    manifest_path = served.base / "v1" / "publish" / "manifest.json"
+    manifest_path = served.manifest_path
     user, product = served.emb["user"]["entity_id"][5], served.emb["product"]["entity_id"][7]
     t_known = CREATED + timedelta(days=1)
     t_before = CREATED - timedelta(days=1)

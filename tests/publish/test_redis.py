@@ -18,7 +18,7 @@ import pytest
 
 from hir.publish import stage as publish
 from hir.validate import stage as validate
-from tests.publish.conftest import assert_serving
+from tests.publish.fixtures import assert_serving
 
 pytestmark = pytest.mark.redis
 

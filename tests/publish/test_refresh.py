@@ -25,8 +25,8 @@ from hir.serving import read_state
 from hir.validate import stage as validate
 from hir.validate.binding import sha256
 from tests.conftest import REES46
-from tests.publish.conftest import compose_at
 from tests.publish.export_fixture import contract_rows, write_export
+from tests.publish.fixtures import compose_at
 
 NEW = ["990000001", "990000002", "990000003"]
 EXPORT_TS = datetime(2026, 1, 1, tzinfo=UTC)

@@ -2,7 +2,8 @@
 re-run completes; versions are immutable, rollbacks explicit, old versions retired.
 
 The tests of this module run in order on one store: v1 live -> failed attempts at v2 -> v2 ->
-an interrupted switch to v3 -> v3 -> rollback to v1.
+an interrupted switch to v3 -> v3 -> rollback to v1 (-> with -m slow, a real SIGKILL of
+`hir publish` staging v2, then v2).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -22,27 +23,27 @@ from hir.publish import stage as publish
 from hir.serving import read_state
 from hir.validate import stage as validate
 from tests.conftest import run_hir
-from tests.publish.conftest import TINY, assert_serving, export_run
+from tests.publish.fixtures import CREATED, TINY, assert_serving, export_run, reading
 
-T0 = datetime(2026, 1, 1, tzinfo=UTC)
+T0 = CREATED  # v1's created
 # every point before the commit record is written; the full list runs with -m slow
 FAST_POINTS = ["feast_materialize", "milvus_sanity", "switch_milvus", "commit"]
 SLOW_POINTS = [p for p in faults.POINTS if p not in FAST_POINTS and p != "cleanup"]
 
 
 @pytest.fixture(scope="module")
-def runs(tiny_graph: Path, tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
-    """v1 published; v2 and v3 exported and validated (validated before any publish, so the
-    drift report compares against v1 and stays valid)."""
+def runs(tiny_graph: Path, validated_v1: Path, tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
+    """v1 (the session's validated export, created T0, seed 0) published; v2 and v3 exported and
+    validated (validated before any publish, so the drift report compares against v1 and stays
+    valid)."""
     base = tmp_path_factory.mktemp("reliability")
-    cfgs = {}
-    for i, version in enumerate(("v1", "v2", "v3")):
+    cfgs = {"v1": reading(validated_v1, base)}
+    for i, version in enumerate(("v2", "v3"), start=1):
         cfgs[version] = export_run(tiny_graph, base / version, version, created=T0 + timedelta(days=i), seed=i)
-    validate.run(cfgs["v1"])
     publish.run(cfgs["v1"])
     for v in ("v2", "v3"):
         validate.run(cfgs[v])
-    return SimpleNamespace(cfg=cfgs, store_dir=base / "store", base=base)
+    return SimpleNamespace(cfg=cfgs, store_dir=base / "store", base=base, v1_dir=validated_v1)
 
 
 def _run_manifest(runs: SimpleNamespace, version: str) -> dict:
@@ -124,8 +125,7 @@ def test_versions_are_immutable_and_rollback_is_explicit(runs) -> None:
     with pytest.raises(HirError, match="allow_rollback=true"):
         publish.run(runs.cfg["v1"])
     assert_serving(runs.store_dir, "v3")
-    rollback = export_run(Path(runs.cfg["v1"].paths.graph_dir), runs.base / "v1", "v1", "publish.allow_rollback=true",
-                          created=T0, seed=0)
+    rollback = reading(runs.v1_dir, runs.base, "publish.allow_rollback=true")  # the same files, with the flag
     assert publish.run(rollback)["version"] == "v1"
     assert_serving(runs.store_dir, "v1")
 
@@ -136,9 +136,12 @@ def test_versions_are_immutable_and_rollback_is_explicit(runs) -> None:
         publish.run(edited)
 
 
+@pytest.mark.slow
 def test_real_sigkill_mid_publish_then_rerun(runs) -> None:
     """A real SIGKILL (no Python cleanup at all) while Milvus is being staged: v1 keeps serving,
-    the lock dies with the process, and the re-run publishes v2."""
+    the lock dies with the process, and the re-run publishes v2. (`hir publish` in a process of
+    its own, so slow; the fast suite has the kill between alias flips above, the failure at
+    every phase, and tests/test_serving.py's lock of a SIGKILLed process.)"""
     run = Path(runs.cfg["v2"].paths.output_dir)
     proc = run_hir("publish", f"hydra.run.dir={run}", f"paths.cache_dir={run.parent}/.cache",
                    f"publish.store_dir={runs.store_dir}", *TINY, cwd=run.parent,

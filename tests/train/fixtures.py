@@ -4,9 +4,11 @@ encoder (hashed bag of words), so no sentence model is loaded."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,22 @@ TINY_MODEL = [
     "datamodule.embed_batch_size=256", "datamodule.val_candidates=null", "model.objective.init_nodes=256",
     "export.batch_size=256", "trainer.max_epochs=2", "trainer.log_every_n_steps=1", "trainer.enable_progress_bar=false",
 ]
+
+
+@contextlib.contextmanager
+def single_thread() -> Iterator[None]:
+    """torch on one intra-op thread inside the block, restored after it: bitwise reproducible on
+    CPU, and no OpenMP threads spinning against the other processes of a busy 2-core machine
+    (a test process imports torch before `hir train` can set ``OMP_WAIT_POLICY=PASSIVE``;
+    measured under load: tests/train/test_learns.py's training 67 s with two threads, 15 s with one)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def compose(out: Path, *overrides: str, stage: str = "train"):

@@ -17,7 +17,7 @@ from hir.train.stage import run as train
 from hir_evaluation.metrics import recall_ndcg_at_k
 from hir_evaluation.retrieval.data import interaction_matrix, retrieval_data
 from hir_evaluation.tasks import RetrievalTask
-from tests.train.fixtures import compose, write_content
+from tests.train.fixtures import compose, single_thread, write_content
 
 # enough purchases that the val and test periods hold purchases new to their users
 SMALL_DATA = [
@@ -49,8 +49,9 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("learns")
     prepare(compose(out, *SMALL_DATA, stage="prepare"))
     write_content(out / "graph", out / "content")
-    train(compose(out, *SMALL_DATA, *SMALL_MODEL))
-    export(compose(out, *SMALL_DATA, *SMALL_MODEL, stage="export"))
+    with single_thread():
+        train(compose(out, *SMALL_DATA, *SMALL_MODEL))
+        export(compose(out, *SMALL_DATA, *SMALL_MODEL, stage="export"))
     return out
 
 

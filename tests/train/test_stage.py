@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from hir.train.stage import run
-from tests.train.fixtures import TINY_DATA, TINY_MODEL, compose, graph_options
+from tests.train.fixtures import TINY_DATA, TINY_MODEL, compose, graph_options, single_thread
 
 
 @pytest.fixture(scope="module")
@@ -18,7 +18,8 @@ def trained(tiny_run: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[P
     out = tmp_path_factory.mktemp("trained")
     shutil.copytree(tiny_run / "graph", out / "graph")
     shutil.copytree(tiny_run / "content", out / "content")
-    return out, run(compose(out, *TINY_DATA, *TINY_MODEL))
+    with single_thread():
+        return out, run(compose(out, *TINY_DATA, *TINY_MODEL))
 
 
 def test_train_returns_and_writes_metrics(trained):

@@ -11,10 +11,9 @@ import numpy as np
 import polars as pl
 import pytest
 
+from hir.stages import user_error
 from hir.validate import stage
 from hir.validate.binding import NotValidated, require_validated
-from tests.conftest import run_hir
-from tests.publish.conftest import TINY
 
 
 def _run_dir(cfg) -> Path:
@@ -43,8 +42,9 @@ def test_clean_outputs_pass_and_are_bound_to_their_files(make_run) -> None:
 
 
 def test_corrupted_embeddings_fail_with_table_column_and_ids(make_run) -> None:
-    """A NaN, a short vector and a duplicate id: `hir validate` exits non-zero naming each, and
-    `hir publish` refuses the outputs."""
+    """A NaN, a short vector and a duplicate id: validation fails naming each (a user error: the
+    `hir validate` command prints the message, no traceback, and exits 2, as tests/test_cli.py
+    checks for such errors), and `hir publish` refuses the outputs."""
     cfg = make_run("v1")
     run = _run_dir(cfg)
     path = run / "embeddings" / "product.parquet"
@@ -56,10 +56,10 @@ def test_corrupted_embeddings_fail_with_table_column_and_ids(make_run) -> None:
     ids[12] = ids[11]
     frame.with_columns(pl.Series("embedding", emb, dtype=pl.List(pl.Float32)), pl.Series("entity_id", ids)).write_parquet(path)
 
-    proc = run_hir("validate", f"hydra.run.dir={run}", f"paths.cache_dir={run.parent}/.cache",
-                   f"publish.store_dir={run.parent}/store", *TINY, cwd=run.parent)
-    assert proc.returncode != 0
-    err = proc.stdout + proc.stderr  # the hir command logs user errors (Hydra's console handler)
+    with pytest.raises(stage.ValidationFailed) as failed:
+        stage.run(cfg)
+    assert user_error(failed.value) is failed.value  # the hir command: exit 2, the message, no traceback
+    err = str(failed.value)
     assert "validation FAILED" in err and "Traceback" not in err
     nan_id, short_id, dup_id = frame["entity_id"][3], frame["entity_id"][7], frame["entity_id"][11]
     for needle in ("embeddings/product.parquet | column embedding | all values finite", nan_id,

@@ -1,12 +1,13 @@
-"""Fixtures for the serving tests: a tiny prepared snapshot, an export per the contract, and a
-config composer whose outputs (and serving store) live under a tmp dir shared by a module."""
+"""Helpers of the serving tests (publish, validate): the tiny synthetic dataset, configs whose
+outputs and serving store live under a given dir, an export per the contract in a run dir, and
+what each serving system actually serves. The shared fixtures built from them (one prepared
+snapshot and one validated export per session) are in tests/conftest.py."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 
-import pytest
 from omegaconf import DictConfig
 
 from tests.publish.export_fixture import write_export
@@ -18,6 +19,8 @@ TINY = [
     "data=synthetic", "data.adapter.n_users=200", "data.adapter.n_products=300", "data.adapter.n_events=5000",
     "data.adapter.n_advertisers=10", "data.adapter.n_campaigns=20",
 ]
+# ``created`` of the session's validated v1 export (tests/conftest.py ``validated_v1``)
+CREATED = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def compose_at(out: Path, *overrides: str, stage: str = "pipeline", data: tuple[str, ...] = tuple(TINY)) -> DictConfig:
@@ -35,16 +38,6 @@ def compose_at(out: Path, *overrides: str, stage: str = "pipeline", data: tuple[
         ])
 
 
-@pytest.fixture(scope="session")
-def tiny_graph(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A prepared synthetic snapshot (graph/), built once per session."""
-    from hir.data import prepare
-
-    out = tmp_path_factory.mktemp("tiny") / "run"
-    prepare.run(compose_at(out, stage="prepare"))
-    return out / "graph"
-
-
 def export_run(graph: Path, run: Path, version: str, *overrides: str, **export: object) -> DictConfig:
     """A run dir holding a copy of ``graph`` and an export written by :func:`write_export`
     (keyword arguments go to it); returns its config (store: ``run.parent / "store"``)."""
@@ -56,14 +49,13 @@ def export_run(graph: Path, run: Path, version: str, *overrides: str, **export: 
     return compose_at(run, *overrides)
 
 
-@pytest.fixture
-def make_run(tiny_graph: Path, tmp_path: Path) -> Callable[..., DictConfig]:
-    """``make_run("v2", *overrides, seed=1)`` -> :func:`export_run` under this test's tmp dir."""
-
-    def _make(version: str, *overrides: str, **export: object) -> DictConfig:
-        return export_run(tiny_graph, tmp_path / version, version, *overrides, **export)
-
-    return _make
+def reading(run: Path, base: Path, *overrides: str) -> DictConfig:
+    """A config that publishes the validated export of ``run`` (read only: its graph/, embeddings/
+    and validation/) into the store ``base / "store"``, with this run's manifest in
+    ``base / "publish"`` (what `hir publish paths.embeddings_dir=... paths.validation_dir=...`
+    does from another run dir). For the session's ``validated_v1``, shared by several stores."""
+    return compose_at(run, f"publish.store_dir={base}/store", f"paths.publish_dir={base}/publish",
+                      f"paths.cache_dir={base}/.cache", *overrides)
 
 
 def live_state(store_dir: Path) -> dict:
