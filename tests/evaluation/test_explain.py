@@ -20,7 +20,7 @@ import pytest
 from hir.errors import HirError
 from hir.publish.explain import explain, shared_tokens
 from tests.conftest import ROOT, run_hir
-from tests.publish.conftest import compose_at, export_run
+from tests.publish.fixtures import compose_at, export_run
 
 CREATED = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -11,7 +11,8 @@ import pytest
 from hir.data.snapshot import load_snapshot
 from hir.errors import InputError
 from hir_evaluation.ranking.arms.content import content_blocks
-from hir_evaluation.ranking.arms.hir import side_blocks
+from hir_evaluation.ranking.arms.hir import vector_blocks
+from hir_evaluation.ranking.arms.hir_tokens import shared_weight
 from hir_evaluation.sources.hir import from_files
 from hir_evaluation.tasks import RankingTask, build_candidates
 from tests.evaluation.fixtures import write_content
@@ -53,8 +54,11 @@ def test_files_point_in_time(tiny_graph: Path, tmp_path: Path) -> None:
     assert bag.vocab == 3
     assert bag.ids[split == "test"].tolist()[0] == [1, 2]
     assert np.allclose(bag.weights[split == "train"], 0.0)  # padding rows weigh nothing
-    dense, vectors, bags = side_blocks("hir_user", user)
-    assert set(dense) == {"has_hir_user"} and set(vectors) == {"hir_user"} and set(bags) == {"hir_user_l0"}
+    dense, vectors = vector_blocks(user, user)
+    assert set(dense) == {"has_hir_user", "has_hir_entity", "hir_affinity"} and set(vectors) == {"hir_user", "hir_entity"}
+    # a bag shares with itself Σ w² on present rows (0.75² + 0.25²), nothing on padding rows
+    shared = shared_weight(bag, bag)
+    assert np.allclose(shared[split == "test"], 0.75**2 + 0.25**2) and np.allclose(shared[split == "train"], 0.0)
 
 
 def test_missing_export_names_the_fix(tiny_graph: Path, tmp_path: Path) -> None:
