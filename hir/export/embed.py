@@ -24,6 +24,7 @@ import torch
 from hir.data.snapshot import Snapshot, load_snapshot
 from hir.errors import InputError
 from hir.model import (
+    INIT_CHECKPOINT,
     SPECTRAL_FILE,
     ContextSampler,
     EmbedBatches,
@@ -31,6 +32,7 @@ from hir.model import (
     content_rows,
     embed_batch,
     load_graph,
+    refit_aligned,
 )
 from hir.model.context import topk_edges
 from hir.nn import HirNet
@@ -89,7 +91,8 @@ class Embedder:
     """
 
     def __init__(self, checkpoint: str | Path, snapshot: Snapshot | str | Path, content_dir: str | Path,
-                 visible_splits: Sequence[str] = ("train", "val")) -> None:
+                 visible_splits: Sequence[str] = ("train", "val"), refit_base: bool = False, n_iter: int = 6,
+                 seed: int = 0) -> None:
         self.checkpoint = Path(checkpoint)
         self.net, self.hp = load_checkpoint(checkpoint)
         data = self.hp.get("data", {})
@@ -110,10 +113,31 @@ class Embedder:
         if self.basis.rank != self.net.base_dim:
             raise InputError(f"{spectral} has rank {self.basis.rank} but {checkpoint} was trained on rank "
                              f"{self.net.base_dim}: the two files come from different runs")
-        self.base = self.basis.base_for(self.store)
+        self.refit = self.refit_report(refit_base, visible_splits)
+        if self.refit["done"]:
+            self.basis, self.base = refit_aligned(self.store, self.basis, n_iter, seed)
+            log.info("export: the spectral base refit on %s (rank %d, %s)", "+".join(visible_splits), self.basis.rank,
+                     self.basis.filter.label())
+        else:
+            self.base = self.basis.base_for(self.store)
         self.sampler = ContextSampler(self.store, **data.get("context", {}))
         self.version = checkpoint_version(checkpoint)
         self._key_index: dict[str, dict[str, int]] = {}
+
+    def refit_report(self, wanted: bool, visible_splits: Sequence[str]) -> dict[str, Any]:
+        """Whether the base is refit on the visible splits (``done``) and why not (``reason``).
+
+        Only an engagement view that *is* the base can take a refit base: the net without the
+        transformer, or the step-0 checkpoint (``init.ckpt``: the transformer's correction is
+        zero). A trained correction was fit to the train basis and keeps it."""
+        if not wanted:
+            return {"done": False, "reason": "export.refit_base=false"}
+        if tuple(visible_splits) == ("train",):
+            return {"done": False, "reason": "only train is visible: the basis already saw it all"}
+        if self.net.use_transformer and self.checkpoint.name != INIT_CHECKPOINT:
+            return {"done": False, "reason": f"{self.checkpoint.name} holds a trained transformer correction of the "
+                                             "train basis"}
+        return {"done": True, "visible_splits": list(visible_splits)}
 
     @property
     def dim(self) -> int:

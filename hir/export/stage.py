@@ -45,6 +45,8 @@ class ExportConfig:
     visible_splits: list[str]
     label_members: int
     cold: ColdPlacement
+    refit_base: bool = True
+    refit_n_iter: int = 6
 
 
 def export_meta(embedder: Any, ckpt: Path, ex: ExportConfig, z: Any, codes: list[Any], keys: dict[str, list[str]],
@@ -64,6 +66,8 @@ def export_meta(embedder: Any, ckpt: Path, ex: ExportConfig, z: Any, codes: list
         "event_timestamp": event_ts.isoformat(), "created": created.isoformat(),
         "visible_splits": list(ex.visible_splits), "norm_min": float(norms.min()), "norm_max": float(norms.max()),
         "supergraph_gain": {f"l{s['level']}": s["gain"] for s in sg["levels"]}, "cold_placement": cold_report,
+        "spectral": {"rank": embedder.basis.rank, "stage_base": embedder.basis.stage_base,
+                     "filter": embedder.basis.filter.label(), "refit": embedder.refit},
         "seconds": seconds,
     }
     return meta | ({"planted_hierarchy": planted} if planted else {})
@@ -113,7 +117,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         log.info("embeddings of model %s exist at %s; reusing them (force=true re-exports)", meta["model_version"], emb_dir)
         return meta
     t0 = time.perf_counter()
-    embedder = Embedder(ckpt, cfg.paths.graph_dir, cfg.paths.content_dir, tuple(ex.visible_splits))
+    embedder = Embedder(ckpt, cfg.paths.graph_dir, cfg.paths.content_dir, tuple(ex.visible_splits), ex.refit_base,
+                        ex.refit_n_iter, int(cfg.seed))
     z, cold_report = embed_snapshot(embedder, ex, int(cfg.seed))
     t_embed = time.perf_counter() - t0
     codes, weights = embedder.tokens(z)

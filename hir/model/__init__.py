@@ -12,15 +12,28 @@
 from hir.model.batches import EmbedBatches, catalogue, catalogue_vectors, embed_batch, to_tensors, views
 from hir.model.content import content_rows
 from hir.model.context import ContextSampler
+from hir.model.filters import RESPONSES
 from hir.model.metrics import masked_recall, usage_stats
-from hir.model.spectral import SPECTRAL_FILE, SpectralBase, SpectralBasis, SpectralConfig, fit_base
+from hir.model.spectral import (
+    INIT_CHECKPOINT,
+    SPECTRAL_FILE,
+    Filter,
+    SpectralBase,
+    SpectralBasis,
+    SpectralConfig,
+    fit_base,
+    refit_aligned,
+)
 from hir.model.store import GraphStore, load_graph
 from hir.model.valset import ValSet, validation_set
 
 __all__ = [
+    "INIT_CHECKPOINT",
+    "RESPONSES",
     "SPECTRAL_FILE",
     "ContextSampler",
     "EmbedBatches",
+    "Filter",
     "GraphStore",
     "SpectralBase",
     "SpectralBasis",
@@ -33,6 +46,7 @@ __all__ = [
     "fit_base",
     "load_graph",
     "masked_recall",
+    "refit_aligned",
     "to_tensors",
     "usage_stats",
     "validation_set",

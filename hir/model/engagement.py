@@ -55,6 +55,11 @@ def _recency_edges(age_days: np.ndarray) -> list[float]:
     return [float(x) for x in np.quantile(age_days, [0.25, 0.5, 0.75])]
 
 
+def span_days(start: str, end: str) -> float:
+    """Days between two ISO times (at least 1e-6: ages are fractions of it)."""
+    return max((_ts(end) - _ts(start)) / SECONDS_PER_DAY, 1e-6)
+
+
 def visible_end(snap: Snapshot, visible_splits: tuple[str, ...]) -> str:
     """ISO time the visible engagement ends: ``test_start`` when val is visible, else ``val_start``."""
     bounds = snap.split_bounds
@@ -77,7 +82,7 @@ def load_engagement(snap: Snapshot, offsets: np.ndarray, visible_splits: tuple[s
     deep_stage = snap.deep_stage
     # contexts see edges up to the end of the visible window
     t_ref = _ts(visible_end(snap, visible_splits))
-    span_days = max((t_ref - _ts(snap.split_bounds["min"])) / SECONDS_PER_DAY, 1e-6)
+    span = span_days(snap.split_bounds["min"], visible_end(snap, visible_splits))
     stage_rank = pl.col("stage").replace_strict(stage_order, list(range(len(stage_order))), return_dtype=pl.Int8)
 
     pairs, deep, val, trained = [], [], [], []
@@ -118,7 +123,7 @@ def load_engagement(snap: Snapshot, offsets: np.ndarray, visible_splits: tuple[s
         "stage": (rank + 1).astype(np.int8),
         "recency": (np.searchsorted(rec_edges, age_days) + 1).astype(np.int8),
         "count": np.log1p(cnt).astype(np.float32),
-        "age": (age_days / span_days).astype(np.float32),
+        "age": (age_days / span).astype(np.float32),
     }
     both = lambda a, b: np.concatenate([a, b])  # noqa: E731 - user->entity plus entity->user
     eng = CSR.build(n, both(u, v), both(v, u), both(weight, weight), **{k: both(x, x) for k, x in feats.items()})

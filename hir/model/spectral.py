@@ -1,38 +1,42 @@
 """Spectral base of the engagement view: every node's collaborative starting vector.
 
-A truncated SVD of the degree-normalised, stage-weighted user x entity matrix (the *ideal
-low-pass filter* of GF-CF, Shen et al. 2021, and SVD-GCN, Peng et al. 2022)::
+A truncated SVD of the degree-normalised, stage-weighted user x entity matrix, filtered as the
+best published training-free recommenders filter it (GF-CF, Shen et al. 2021; BSPM, Choi et al.
+2023; ChebyCF, Kim et al. 2025), in a form that serves as embeddings::
 
     R[u, e]  = stage_base ** (r_ue - S)       deepest funnel stage r_ue of the pair, S the deepest
     R~       = D_u^-1/2 R D_e^-1/2  ~  U_K diag(s_K) V_K^T          (randomised SVD)
-    entity:  b_e = d_e^1/2 V_K[e]                                   (norm grows with popularity)
-    user:    b_u = (r_u D_e^-1/2 V_K) diag(1 + c s_K^2)             (fold-in of the user's history)
+    entity:  b_e = t_e d_e^b V_K[e]                                 (t_e: trend factor, default 1)
+    user:    b_u = (r_u D_e^-b V_K) diag(g(s_K))                    (fold-in of the user's history)
 
-``b_u . b_e`` ranks like the ideal low-pass filter plus a truncated linear filter (the ``c s^2``
-term). Users are folded in from their history, so a user's vector follows whatever engagement
-is visible (export can see more than training did) and users unseen at fit time get one too.
-Entities engaged in the visible window but absent at fit time are folded in through U
-(``V[e] = R~[:, e]^T U_K / s_K``); entities nobody engages with (categories, advertisers) get
-the mean vector of their members (a category's products); the rest (cold start) get none and
-are embedded by the knowledge view.
+``b_u . b_e = t_e r_u D^-b V g(s) V^T D^b [:, e]``: the filter ``g(s) = a + h(s^2)`` (the ideal
+low-pass at weight ``a`` plus a polynomial of the item-item graph, :mod:`hir.model.filters`) with
+the item-degree re-weighting of BSPM/ChebyCF (input x D^-b, output x D^b; b = 1/2 is GF-CF's).
+The trend factor ``t_e = ((users of e in the last W days + 1) / (users of e + 1)) ** p`` lifts
+what is engaged now on data with time (p = 0: none). Users are folded in from their history, so
+a user's vector follows whatever engagement is visible (export can see more than training did)
+and users unseen at fit time get one too. Entities engaged in the visible window but absent at
+fit time are folded in through U (``V[e] = R~[:, e]^T U_K / s_K``); entities nobody engages
+with (categories, advertisers) get the mean vector of their members (a category's products);
+the rest (cold start) get none and are embedded by the knowledge view.
 
-Measured on the Gowalla LightGCN split (train items masked, full ranking): recall@20 0.1867 at
-K = 512 without any training, against 0.1830 published for LightGCN. The rank is chosen on the
-validation split among ``ranks`` (:func:`select_rank`), so a small catalogue is not given 512
-noisy directions.
+Every choice (rank, b, the response h, a, the trend window and power, and the stage weighting)
+is made on the validation split from one SVD per stage weighting (:func:`select_filter`): a
+prefix of the SVD is the lower-rank solution, and the filter only rescales its columns.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
 
+from hir.model.filters import trend_factor, user_filter
 from hir.model.metrics import masked_recall
 from hir.model.store import GraphStore
 from hir.model.valset import ValSet
@@ -41,6 +45,8 @@ log = logging.getLogger(__name__)
 
 # the basis file `hir train` writes beside its checkpoints (export reads it)
 SPECTRAL_FILE = "spectral.npz"
+# the step-0 checkpoint `hir train` writes (the base before any correction; export can refit it)
+INIT_CHECKPOINT = "init.ckpt"
 
 # a scale logit is log(r / (1 - r)) of the entity's base norm relative to the largest of its
 # type, r <= R_MAX: the largest entity keeps a little headroom to grow during training
@@ -49,25 +55,64 @@ R_MAX = 0.95
 R_MIN = 1e-4
 
 
+@dataclass(frozen=True)
+class Filter:
+    """The filter of the base (see the module doc): ``beta`` = b, the item-degree exponent;
+    ``response`` = h and ``ideal_weight`` = a of ``g(s) = a + h(s^2)``; ``trend_days`` = W and
+    ``trend_power`` = p of the entity trend factor (p = 0: none)."""
+
+    beta: float = 0.5
+    response: str = "linear"
+    ideal_weight: float = 1.0
+    trend_days: float = 28.0
+    trend_power: float = 0.0
+
+    def label(self) -> str:
+        trend = f", trend {self.trend_power:g} over {self.trend_days:g} d" if self.trend_power else ""
+        return f"{self.response} + {self.ideal_weight:g} ideal, degree {self.beta:g}{trend}"
+
+
 @dataclass
 class SpectralConfig:
     """How `hir train` fits the base (conf/spectral).
 
-    rank: an int, or ``"auto"`` = the best of ``ranks`` on the val split (the base alone);
-    stage_base: a pair r stages short of the deepest weighs ``stage_base ** -r``; sigma_weight:
-    c of the users' filter ``1 + c s^2``; n_iter: randomised-SVD power iterations.
+    rank: an int, or ``"auto"`` = the best of ``ranks`` on the val split; stage_base: a pair r
+    stages short of the deepest weighs ``stage_base ** -r``, or ``"auto"`` = the best of
+    ``stage_bases`` (one SVD each; single-stage data skips it); betas, responses, ideal_weights,
+    trend_days, trend_powers: the filter candidates (:class:`Filter`; ``filter`` is the starting
+    point of the search and what a one-candidate list leaves); select_users: val users the choice
+    is scored on (a seeded sample, null = all); n_iter: randomised-SVD power iterations.
     """
 
     rank: int | str
     ranks: list[int]
-    stage_base: float
-    sigma_weight: float
+    stage_base: float | str
     n_iter: int
+    stage_bases: list[float] = field(default_factory=lambda: [4.0])
+    filter: dict[str, Any] = field(default_factory=dict)
+    betas: list[float] = field(default_factory=list)
+    responses: list[str] = field(default_factory=list)
+    ideal_weights: list[float] = field(default_factory=list)
+    trend_days: list[float] = field(default_factory=list)
+    trend_powers: list[float] = field(default_factory=list)
+    select_users: int | None = None
+    min_gain: float = 0.0
+    probe_rank: int = 256
 
     @property
     def candidate_ranks(self) -> list[int]:
         """The ranks tried: ``ranks`` with ``rank: auto``, else ``[rank]``."""
         return sorted(int(r) for r in self.ranks) if self.rank == "auto" else [int(self.rank)]
+
+    @property
+    def candidate_stage_bases(self) -> list[float]:
+        """The stage weightings tried: ``stage_bases`` with ``stage_base: auto``, else ``[stage_base]``."""
+        return [float(x) for x in self.stage_bases] if self.stage_base == "auto" else [float(self.stage_base)]
+
+    @property
+    def start(self) -> Filter:
+        """The filter the search starts from (``filter``)."""
+        return Filter(**self.filter)
 
 
 @dataclass
@@ -76,13 +121,14 @@ class SpectralBase:
 
     vectors: (n, K) float32 per node (zero rows: none, cold start); logit: (n,) float32 scale
     logit of each node's base norm (:func:`scale_logits`); degree: (n,) float32 column degree
-    (entities); filter: (K,) float32 the users' spectral filter ``1 + c s^2``.
+    (entities); filter: (K,) float32 the users' spectral filter g(s); beta: the degree exponent b.
     """
 
     vectors: np.ndarray
     logit: np.ndarray
     degree: np.ndarray
     filter: np.ndarray
+    beta: float = 0.5
 
     @property
     def rank(self) -> int:
@@ -90,10 +136,11 @@ class SpectralBase:
 
     def leave_one_out(self, users: np.ndarray, entities: np.ndarray, weight: np.ndarray) -> np.ndarray:
         """Users' base vectors without one engaged entity each: (P,) users, (P,) entities, (P,)
-        the pair's weight in ``R`` -> (P, K) ``b_u - w d_e^-1 b_e (1 + c s^2)`` (exact: removes the
-        entity's term of the user's fold-in). Training targets a held-out entity with the user's
-        base computed as if the pair were unseen, as at test time, where the positives are new."""
-        d = np.maximum(self.degree[entities], 1e-12)[:, None]
+        the pair's weight in ``R`` -> (P, K) ``b_u - w d_e^-b V[e] g``, where ``V[e] = d_e^-b b_e
+        / t_e`` (exact up to the trend factor t_e: removes the entity's term of the user's fold-in).
+        Training targets a held-out entity with the user's base computed as if the pair were
+        unseen, as at test time, where the positives are new."""
+        d = np.power(np.maximum(self.degree[entities], 1e-12), 2 * self.beta)[:, None]
         return self.vectors[users] - (weight[:, None] / d) * self.vectors[entities] * self.filter[None, :]
 
 
@@ -110,15 +157,32 @@ def engagement_matrix(store: GraphStore, stage_base: float) -> sp.csr_matrix:
     return m
 
 
+def engaged_users(store: GraphStore, days: float) -> tuple[np.ndarray, np.ndarray, bool]:
+    """Per node (n,): distinct visible users engaging it in the last ``days`` of the visible
+    window, and ever; and whether the window has time at all (False when every visible pair has
+    the same age: data without timestamps, where a trend means nothing)."""
+    lo, hi = store.type_range("user")
+    eng = store.eng
+    rows = np.repeat(np.arange(store.n_nodes), np.diff(eng.indptr))
+    keep = (rows >= lo) & (rows < hi)
+    age = eng.age[keep].astype(np.float64) * store.span_days
+    dst = eng.dst[keep]
+    total = np.bincount(dst, minlength=store.n_nodes).astype(np.float64)
+    recent = np.bincount(dst[age <= days], minlength=store.n_nodes).astype(np.float64)
+    timed = bool(len(age)) and float(age.max() - age.min()) > 1e-9
+    return recent, total, timed
+
+
 @dataclass
 class SpectralBasis:
-    """The fitted SVD: enough to compute :func:`base_vectors` for any visible window.
+    """The fitted SVD and the chosen filter: enough to compute :func:`base_vectors` for any
+    visible window.
 
     cols: (E,) global ids of the entity columns at fit time; v: (E, K) their right singular
     vectors; u: (n_users, K) left singular vectors; sigma: (K,) singular values (descending);
     col_degree: (E,) the columns' weighted degree at fit time; scale_ref: per type id, the
-    largest base norm at fit time (the scale logits' reference); sigma_weight: c of the filter;
-    stage_base: the stage weighting of ``R``.
+    largest base norm at fit time (the scale logits' reference); stage_base: the stage weighting
+    of ``R``; filter: the :class:`Filter`.
     """
 
     cols: np.ndarray
@@ -127,8 +191,8 @@ class SpectralBasis:
     sigma: np.ndarray
     col_degree: np.ndarray
     scale_ref: np.ndarray
-    sigma_weight: float
     stage_base: float
+    filter: Filter = Filter()
 
     @property
     def rank(self) -> int:
@@ -136,37 +200,48 @@ class SpectralBasis:
 
     def truncate(self, k: int) -> SpectralBasis:
         """The first ``k`` components (the SVD is nested: a prefix is the rank-k solution)."""
-        return SpectralBasis(self.cols, self.v[:, :k], self.u[:, :k], self.sigma[:k], self.col_degree,
-                             self.scale_ref, self.sigma_weight, self.stage_base)
+        return replace(self, v=self.v[:, :k], u=self.u[:, :k], sigma=self.sigma[:k])
+
+    def with_filter(self, filt: Filter) -> SpectralBasis:
+        return replace(self, filter=filt)
 
     def save(self, path: str | Path) -> None:
+        f = self.filter
         np.savez(path, cols=self.cols, v=self.v, u=self.u, sigma=self.sigma, col_degree=self.col_degree,
-                 scale_ref=self.scale_ref, sigma_weight=self.sigma_weight, stage_base=self.stage_base)
+                 scale_ref=self.scale_ref, stage_base=self.stage_base, beta=f.beta, response=f.response,
+                 ideal_weight=f.ideal_weight, trend_days=f.trend_days, trend_power=f.trend_power)
 
     def base_for(self, store: GraphStore) -> SpectralBase:
         """The :class:`SpectralBase` of ``store``'s visible engagement (users folded in from it)."""
         vectors, degree, filt = _base(store, self)
-        return SpectralBase(vectors, scale_logits(store, self, vectors), degree, filt)
+        return SpectralBase(vectors, scale_logits(store, self, vectors), degree, filt, self.filter.beta)
 
     @classmethod
     def load(cls, path: str | Path) -> SpectralBasis:
-        # (bases written while a `holdout` option existed carry a `heldout` array; it is not read)
         with np.load(path) as f:
-            return cls(f["cols"], f["v"], f["u"], f["sigma"], f["col_degree"], f["scale_ref"],
-                       float(f["sigma_weight"]), float(f["stage_base"]))
+            if "beta" in f:
+                filt = Filter(float(f["beta"]), str(f["response"]), float(f["ideal_weight"]), float(f["trend_days"]),
+                              float(f["trend_power"]))
+            else:
+                # written before the filter family: g = 1 + c s^2 (c = sigma_weight), degree 1/2
+                c = float(f["sigma_weight"])
+                filt = Filter(0.5, "linear", 1.0 / c) if c > 0 else Filter(0.5, "none", 1.0)
+            # (bases written while a `holdout` option existed carry a `heldout` array; it is not read)
+            return cls(f["cols"], f["v"], f["u"], f["sigma"], f["col_degree"], f["scale_ref"], float(f["stage_base"]),
+                       filt)
 
 
-def fit_spectral(store: GraphStore, rank: int, stage_base: float, sigma_weight: float, n_iter: int,
-                 seed: int) -> SpectralBasis:
+def fit_spectral(store: GraphStore, rank: int, stage_base: float, n_iter: int, seed: int,
+                 filt: Filter | None = None) -> SpectralBasis:
     """Randomised truncated SVD of the store's normalised engagement matrix.
 
     Args:
-        store: the training snapshot (train-visible engagement).
+        store: the snapshot's visible engagement (training: train).
         rank: components K (capped below the matrix's smaller side).
         stage_base: a pair whose deepest stage is r stages short of the deepest weighs stage_base^-r.
-        sigma_weight: c in the user filter ``1 + c s^2``.
         n_iter: power iterations of the randomised SVD (accuracy of the trailing components).
         seed: its random state.
+        filt: the filter the basis carries (default: :class:`Filter`'s defaults).
     """
     from sklearn.utils.extmath import randomized_svd
 
@@ -180,40 +255,43 @@ def fit_spectral(store: GraphStore, rank: int, stage_base: float, sigma_weight: 
     dc = col_deg[cols]
     rn = sp.diags(1.0 / np.sqrt(np.maximum(du, 1e-12))) @ r @ sp.diags(1.0 / np.sqrt(dc))
     k = max(1, min(int(rank), min(rn.shape) - 1))
+    t0 = time.perf_counter()
     u, s, vt = randomized_svd(rn, k, n_iter=n_iter, random_state=seed)
     basis = SpectralBasis(cols.astype(np.int64), vt.T.astype(np.float32), u.astype(np.float32), s.astype(np.float32),
-                          dc.astype(np.float32), np.ones(len(store.types), np.float32), float(sigma_weight),
-                          float(stage_base))
-    base = base_vectors(store, basis)
-    norms = np.linalg.norm(base, axis=1)
+                          dc.astype(np.float32), np.ones(len(store.types), np.float32), float(stage_base),
+                          filt or Filter())
+    log.info("spectral base: rank %d of a %d x %d matrix (%d pairs) in %.1fs, singular values %.3f .. %.3f",
+             k, r.shape[0], r.shape[1], r.nnz, time.perf_counter() - t0, float(s[0]), float(s[-1]))
+    return with_scale_ref(store, basis)
+
+
+def with_scale_ref(store: GraphStore, basis: SpectralBasis) -> SpectralBasis:
+    """``basis`` with ``scale_ref`` set to the largest base norm of each type on ``store``."""
+    norms = np.linalg.norm(base_vectors(store, basis), axis=1)
     ref = np.ones(len(store.types), np.float32)
     for t in range(len(store.types)):
         sel = (store.node_type == t) & (norms > 0)
         if sel.any():
             ref[t] = float(norms[sel].max())
-    basis.scale_ref = ref
-    log.info("spectral base: rank %d of a %d x %d matrix (%d pairs), singular values %.3f .. %.3f",
-             k, r.shape[0], r.shape[1], r.nnz, float(s[0]), float(s[-1]))
-    return basis
+    return replace(basis, scale_ref=ref)
 
 
 def base_vectors(store: GraphStore, basis: SpectralBasis) -> np.ndarray:
     """(n_nodes, K) float32 base vector of every node of ``store`` (zeros: no base, cold start).
 
-    Entities: ``d^1/2 V`` (fit-time columns) or their fold-in through U (columns new in the
+    Entities: ``t d^b V`` (fit-time columns) or their fold-in through U (columns new in the
     visible window); users: fold-in of their visible history; entities without engagement: the
     mean of their members' vectors (``store.down``). See the module doc.
     """
     return _base(store, basis)[0]
 
 
-def _base(store: GraphStore, basis: SpectralBasis) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """:func:`base_vectors`, plus each node's column degree d (n,) and the user filter (K,)."""
+def _entity_frame(store: GraphStore, basis: SpectralBasis, r: sp.csr_matrix) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(item_v (n, K) singular vectors of every visible entity column, deg (n,) their degree,
+    ent (n,) bool: has a vector). Columns known at fit time keep their fit-time vector and
+    degree; new ones are folded in through U."""
     n, k = store.n_nodes, basis.rank
-    out = np.zeros((n, k), np.float32)
-    r = engagement_matrix(store, basis.stage_base)  # (n_users, n_nodes) visible pairs
     deg = np.asarray(r.sum(0)).ravel()
-    # entity columns known at fit time keep their fit-time vector and degree
     item_v = np.zeros((n, k), np.float32)
     item_v[basis.cols] = basis.v
     known = np.zeros(n, bool)
@@ -228,12 +306,30 @@ def _base(store: GraphStore, basis: SpectralBasis) -> tuple[np.ndarray, np.ndarr
         vn = (rc.T @ basis.u) / np.sqrt(deg[new])[:, None] / np.maximum(basis.sigma, 1e-12)[None, :]
         item_v[new] = vn.astype(np.float32)
         deg_fit[new] = deg[new]
-    ent = known | (deg > 0)
-    out[ent] = item_v[ent] * np.sqrt(deg_fit[ent])[:, None].astype(np.float32)
-    # users: r_u D^-1/2 V (1 + c s^2), over every visible entity column with a vector
-    inv = np.where(ent, 1.0 / np.sqrt(np.maximum(deg_fit, 1e-12)), 0.0)
+    return item_v, deg_fit, known | (deg > 0)
+
+
+def trend_of(store: GraphStore, filt: Filter) -> np.ndarray:
+    """(n,) float32 trend factor of every node on ``store``'s visible window (1 without time)."""
+    if not filt.trend_power:
+        return np.ones(store.n_nodes, np.float32)
+    recent, total, timed = engaged_users(store, filt.trend_days)
+    return trend_factor(recent, total, filt.trend_power) if timed else np.ones(store.n_nodes, np.float32)
+
+
+def _base(store: GraphStore, basis: SpectralBasis) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`base_vectors`, plus each node's column degree d (n,) and the user filter (K,)."""
+    n, k = store.n_nodes, basis.rank
+    f = basis.filter
+    out = np.zeros((n, k), np.float32)
+    r = engagement_matrix(store, basis.stage_base)  # (n_users, n_nodes) visible pairs
+    item_v, deg_fit, ent = _entity_frame(store, basis, r)
+    trend = trend_of(store, f)
+    out[ent] = item_v[ent] * (np.power(deg_fit[ent], f.beta) * trend[ent])[:, None].astype(np.float32)
+    # users: r_u D^-b V g(s), over every visible entity column with a vector
+    inv = np.where(ent, np.power(np.maximum(deg_fit, 1e-12), -f.beta), 0.0)
     lo, hi = store.type_range("user")
-    filt = (1.0 + basis.sigma_weight * basis.sigma.astype(np.float64) ** 2).astype(np.float32)
+    filt = user_filter(basis.sigma, f.response, f.ideal_weight)
     out[lo:hi] = np.asarray(r @ sp.diags(inv) @ item_v) * filt[None, :]
     # entities nobody engages with: the mean of their members' vectors (a category's products)
     down = store.down
@@ -258,10 +354,64 @@ def scale_logits(store: GraphStore, basis: SpectralBasis, base: np.ndarray) -> n
     return np.log(ratio / (1 - ratio)).astype(np.float32)
 
 
+def _candidate(basis: SpectralBasis, recall: float) -> dict[str, Any]:
+    return {"stage_base": basis.stage_base, "rank": basis.rank, **asdict(basis.filter), "val_recall@20": round(recall, 5)}
+
+
+class FilterScorer:
+    """Val recall@20 of filter candidates on one SVD: the users' fold-in per degree exponent is
+    computed once at full rank, and a candidate slices it and rescales its columns.
+
+    users: val users scored (a seeded sample of ``val``'s, at most ``max_users``); every
+    candidate entity of ``val`` is ranked (no candidate sampling: the choice is made on the
+    ranking the test uses).
+    """
+
+    def __init__(self, store: GraphStore, basis: SpectralBasis, val: ValSet, max_users: int | None, seed: int) -> None:
+        self.store, self.basis = store, basis
+        keep = np.arange(len(val))
+        if max_users and len(val) > max_users:
+            keep = np.sort(np.random.default_rng([seed, 11]).choice(len(val), int(max_users), replace=False))
+        self.users = val.users[keep]
+        self.positives = [val.positives[i] for i in keep]
+        self.masked = [val.masked[i] for i in keep]
+        self.cands = val.cands
+        r = engagement_matrix(store, basis.stage_base)
+        self.item_v, self.deg, self.ent = _entity_frame(store, basis, r)
+        lo, _ = store.type_range("user")
+        self.r_users = r[self.users - lo]
+        self._fold: dict[float, np.ndarray] = {}
+        self._trend: dict[tuple[float, float], np.ndarray] = {}
+        self.timed = engaged_users(store, 0.0)[2]
+
+    def fold(self, beta: float) -> np.ndarray:
+        """(U, K) users' fold-in ``r_u D^-b V`` at full rank."""
+        if beta not in self._fold:
+            inv = np.where(self.ent, np.power(np.maximum(self.deg, 1e-12), -beta), 0.0)
+            self._fold[beta] = np.asarray(self.r_users @ sp.diags(inv) @ self.item_v, np.float32)
+        return self._fold[beta]
+
+    def trend(self, filt: Filter) -> np.ndarray:
+        key = (filt.trend_days, filt.trend_power)
+        if key not in self._trend:
+            self._trend[key] = trend_of(self.store, filt)[self.cands]
+        return self._trend[key]
+
+    def __call__(self, rank: int, filt: Filter) -> float:
+        k = min(int(rank), self.basis.rank)
+        g = user_filter(self.basis.sigma[:k], filt.response, filt.ideal_weight)
+        users = self.fold(filt.beta)[:, :k] * g[None, :]
+        users /= np.maximum(np.linalg.norm(users, axis=1, keepdims=True), 1e-12)
+        scale = np.power(np.maximum(self.deg[self.cands], 1e-12), filt.beta) * self.trend(filt)
+        cands = self.item_v[self.cands, :k] * (scale * self.ent[self.cands])[:, None].astype(np.float32)
+        return float(masked_recall(users, cands, self.positives, self.masked, 20))
+
+
 def select_rank(store: GraphStore, basis: SpectralBasis, val: ValSet, ranks: list[int],
                 k: int = 20) -> tuple[int, dict[int, float]]:
-    """The rank among ``ranks`` (prefixes of ``basis``) with the best validation recall@k of the
-    base alone; ties go to the smaller rank. Returns (rank, {rank: recall})."""
+    """The rank among ``ranks`` (prefixes of ``basis``, with its filter) with the best validation
+    recall@k of the base alone (every val user; ties go to the smaller rank). Returns (rank,
+    {rank: recall})."""
     table: dict[int, float] = {}
     for r in sorted({min(int(x), basis.rank) for x in ranks}):
         b = base_vectors(store, basis.truncate(r))
@@ -272,13 +422,48 @@ def select_rank(store: GraphStore, basis: SpectralBasis, val: ValSet, ranks: lis
     return best, table
 
 
+def select_filter(store: GraphStore, basis: SpectralBasis, val: ValSet, config: SpectralConfig, seed: int,
+                  tried: list[dict[str, Any]]) -> tuple[int, Filter]:
+    """Coordinate ascent on val over the rank, then the degree exponent, the response and the
+    ideal weight, the rank again, then the trend (on data with time), from ``config.start``; a
+    step is taken only when it beats the current choice by ``config.min_gain`` (relative), so
+    noise does not move the defaults. Every candidate scored is appended to ``tried``."""
+    score = FilterScorer(store, basis, val, config.select_users, seed)
+    ranks = [r for r in config.candidate_ranks if r <= basis.rank] or [basis.rank]
+    best_k, best_f = max(ranks), config.start
+    best = -1.0
+
+    def step(cands: list[tuple[int, Filter]]) -> None:
+        nonlocal best_k, best_f, best
+        for k, f in cands:
+            known = next((t for t in tried if t["stage_base"] == basis.stage_base and t["rank"] == k
+                          and Filter(*(t[x] for x in ("beta", "response", "ideal_weight", "trend_days", "trend_power"))) == f),
+                         None)
+            got = known["val_recall@20"] if known else score(k, f)
+            if not known:
+                tried.append(_candidate(replace(basis.truncate(k), filter=f), got))
+            if best < 0 or got > best * (1 + config.min_gain):
+                best_k, best_f, best = k, f, got
+
+    step([(k, best_f) for k in sorted(ranks, reverse=True)])
+    step([(best_k, replace(best_f, beta=float(b))) for b in config.betas])
+    step([(best_k, replace(best_f, response=str(h), ideal_weight=float(a)))
+          for h in config.responses for a in config.ideal_weights])
+    step([(k, best_f) for k in sorted(ranks, reverse=True)])
+    if score.timed:
+        step([(best_k, replace(best_f, trend_days=float(d), trend_power=float(p)))
+              for d in config.trend_days for p in config.trend_powers])
+    return best_k, best_f
+
+
 def fit_base(store: GraphStore, val: ValSet | None, config: SpectralConfig, seed: int, path: Path,
              reuse: bool) -> tuple[SpectralBasis, dict[str, Any]]:
-    """Fit the basis (or, with ``reuse``, reload it from ``path``), choose its rank on ``val``
-    when ``config.rank`` is ``auto``, and save it to ``path``.
+    """Fit the basis (or, with ``reuse``, reload it from ``path``), choose its stage weighting,
+    rank and filter on ``val`` (:func:`select_filter`), and save it to ``path``.
 
-    Returns the (truncated) basis and a report: the rank, the val recall@20 of each rank tried,
-    seconds.
+    Returns the (truncated) basis and a report: the chosen ``rank``, ``stage_base`` and
+    ``filter``, every candidate scored (``candidates``: its settings and val recall@20 on the
+    sampled val users), ``val_recall@20_by_rank`` of the chosen filter, seconds.
     """
     t0 = time.perf_counter()
     report: dict[str, Any] = {}
@@ -287,16 +472,53 @@ def fit_base(store: GraphStore, val: ValSet | None, config: SpectralConfig, seed
         report["reused"] = str(path)
     else:
         ranks = config.candidate_ranks
-        basis = fit_spectral(store, max(ranks), float(config.stage_base), float(config.sigma_weight),
-                             int(config.n_iter), seed)
-        if len(ranks) > 1:
-            best, table = select_rank(store, basis, val, ranks)
-            report["val_recall@20_by_rank"] = table
-            basis = basis.truncate(best)
+        tried: list[dict[str, Any]] = []
+        stage_bases = config.candidate_stage_bases
+        if len(stage_bases) > 1 and val is not None and len(np.unique(store.eng.stage[store.eng.stage > 0])) > 1:
+            # one smaller SVD per stage weighting, scored with the starting filter
+            probe = min(max(ranks), config.probe_rank)
+            for sb in stage_bases:
+                b = fit_spectral(store, probe, sb, int(config.n_iter), seed, config.start)
+                tried.append(_candidate(b, FilterScorer(store, b, val, config.select_users, seed)(b.rank, config.start)))
+            stage_base = max((t for t in tried), key=lambda t: t["val_recall@20"])["stage_base"]
+        else:
+            stage_base = stage_bases[0]
+        basis = fit_spectral(store, max(ranks), float(stage_base), int(config.n_iter), seed, config.start)
+        if val is not None and len(val):
+            k, filt = select_filter(store, basis, val, config, seed, tried)
+            basis = with_scale_ref(store, basis.truncate(k).with_filter(filt))
+            report["candidates"] = tried
+            report["val_recall@20_by_rank"] = {
+                str(t["rank"]): t["val_recall@20"] for t in tried
+                if t["stage_base"] == basis.stage_base and (t["beta"], t["response"], t["ideal_weight"], t["trend_days"],
+                                                            t["trend_power"]) == tuple(asdict(filt).values())}
         path.parent.mkdir(parents=True, exist_ok=True)
         basis.save(path)
-    report |= {"rank": basis.rank, "seconds": round(time.perf_counter() - t0, 2)}
-    log.info("spectral base: rank %d%s in %.1fs", basis.rank,
-             f" (val recall@20 by rank {report['val_recall@20_by_rank']})" if "val_recall@20_by_rank" in report else "",
-             report["seconds"])
+    report |= {"rank": basis.rank, "stage_base": basis.stage_base, "filter": asdict(basis.filter),
+               "seconds": round(time.perf_counter() - t0, 2)}
+    log.info("spectral base: rank %d, stage_base %g, %s (%d candidates scored on val) in %.1fs", basis.rank,
+             basis.stage_base, basis.filter.label(), len(report.get("candidates", [])), report["seconds"])
     return basis, report
+
+
+def refit_aligned(store: GraphStore, basis: SpectralBasis, n_iter: int, seed: int) -> tuple[SpectralBasis, SpectralBase]:
+    """The chosen filter refit on ``store``'s visible engagement (export: train + val), its base
+    rotated into ``basis``'s coordinates.
+
+    A refit SVD spans the same directions in another frame (signs, rotations within close
+    singular values), so its base is turned by the orthogonal Q minimising ``|B_new Q - B_old|``
+    over the entities both embed (Procrustes): inner products, and so every score, are the
+    refit's, while the coordinates stay those the network and the hierarchy were fitted in.
+    Returns the refit basis and its rotated base.
+    """
+    new = fit_spectral(store, basis.rank, basis.stage_base, n_iter, seed, basis.filter)
+    base_new, base_old = new.base_for(store), basis.base_for(store)
+    lo, hi = store.type_range("user")
+    ents = np.ones(store.n_nodes, bool)
+    ents[lo:hi] = False
+    both = ents & (np.abs(base_new.vectors).sum(1) > 0) & (np.abs(base_old.vectors).sum(1) > 0)
+    m = base_new.vectors[both].astype(np.float64).T @ base_old.vectors[both].astype(np.float64)
+    left, _, right = np.linalg.svd(m)
+    q = (left @ right).astype(np.float32)
+    vectors = base_new.vectors @ q
+    return new, SpectralBase(vectors, scale_logits(store, new, vectors), base_new.degree, base_new.filter, basis.filter.beta)

@@ -25,7 +25,7 @@ from hir.data.schema import ENTITY_TYPES
 from hir.data.snapshot import Snapshot, load_snapshot
 from hir.model.content import load_content
 from hir.model.csr import CSR
-from hir.model.engagement import N_RECENCY, load_engagement, visible_end
+from hir.model.engagement import N_RECENCY, load_engagement, span_days, visible_end
 from hir.model.metadata import closure, inherit_exposure, members, metadata_links, spread_warm
 
 log = logging.getLogger(__name__)
@@ -57,6 +57,12 @@ class GraphStore:
     @property
     def n_nodes(self) -> int:
         return int(self.offsets[-1])
+
+    @property
+    def span_days(self) -> float:
+        """Days from the snapshot's first event to the end of the visible window (``eng.age`` is
+        an age over this span)."""
+        return span_days(self.split_bounds["min"], self.visible_end)
 
     def global_ids(self, etype: str, node_id: np.ndarray) -> np.ndarray:
         return self.offsets[self.types.index(etype)] + np.asarray(node_id, dtype=np.int64)

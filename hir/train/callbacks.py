@@ -13,9 +13,10 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint, TQDMProgressBar
 
+from hir.model import INIT_CHECKPOINT
+
 log = logging.getLogger(__name__)
 
-INIT_CHECKPOINT = "init.ckpt"
 
 
 class CrashAfterEpoch(Callback):

@@ -197,7 +197,10 @@ class HirDataModule(L.LightningDataModule):
                 "or use datamodule.val_protocol=all"
             )
         self.basis: SpectralBasis
-        self.basis, self.spectral_report = fit_base(self.store, self.val, self.spectral, self.seed, self.spectral_file,
+        # the base's filter is chosen on the ranking the test uses: every candidate entity
+        select = self.val if self.val_candidates is None else validation_set(self.store, None, self.seed,
+                                                                              self.val_protocol)
+        self.basis, self.spectral_report = fit_base(self.store, select, self.spectral, self.seed, self.spectral_file,
                                                     self.reuse_spectral)
         self.base: SpectralBase = self.basis.base_for(self.store)
         self.sampler = ContextSampler(self.store, **self.context)

@@ -1,4 +1,5 @@
-"""The spectral basis file: its round trip, and bases written by older versions."""
+"""The spectral basis file (round trip, bases written by older versions), the filter family and
+its choice on val, the trend factor, and the export's refit."""
 
 from __future__ import annotations
 
@@ -7,38 +8,74 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hir.model import SpectralBasis, SpectralConfig
+from hir.model import Filter, SpectralBasis, SpectralConfig
+from hir.model.filters import RESPONSES, response, trend_factor, user_filter
 
 
-def _basis() -> SpectralBasis:
+def _basis(filt: Filter | None = None) -> SpectralBasis:
     rng = np.random.default_rng(0)
     return SpectralBasis(cols=np.array([5, 6, 9]), v=rng.random((3, 2), np.float32), u=rng.random((4, 2), np.float32),
-                         sigma=np.array([2.0, 1.0], np.float32), col_degree=np.array([3.0, 1.0, 2.0], np.float32),
-                         scale_ref=np.ones(5, np.float32), sigma_weight=1.0, stage_base=4.0)
+                         sigma=np.array([0.9, 0.5], np.float32), col_degree=np.array([3.0, 1.0, 2.0], np.float32),
+                         scale_ref=np.ones(5, np.float32), stage_base=4.0, filter=filt or Filter())
 
 
 def _same(a: SpectralBasis, b: SpectralBasis) -> None:
     for name in ("cols", "v", "u", "sigma", "col_degree", "scale_ref"):
         np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
-    assert (a.sigma_weight, a.stage_base) == (b.sigma_weight, b.stage_base)
+    assert (a.filter, a.stage_base) == (b.filter, b.stage_base)
 
 
 def test_round_trip_and_prefix(tmp_path: Path) -> None:
-    basis = _basis()
+    basis = _basis(Filter(beta=0.4, response="cheby", ideal_weight=0.3, trend_days=14.0, trend_power=0.5))
     basis.save(tmp_path / "spectral.npz")
     _same(SpectralBasis.load(tmp_path / "spectral.npz"), basis)
     assert basis.truncate(1).rank == 1 and basis.truncate(1).v.shape == (3, 1)
+    assert basis.truncate(1).filter == basis.filter
 
 
-def test_a_basis_written_with_the_old_heldout_pairs_still_loads(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("sigma_weight", "want"), [(1.0, Filter(0.5, "linear", 1.0)), (2.0, Filter(0.5, "linear", 0.5)),
+                                                    (0.0, Filter(0.5, "none", 1.0))])
+def test_a_basis_written_before_the_filter_family_still_loads(tmp_path: Path, sigma_weight: float, want: Filter) -> None:
+    """Old files carry sigma_weight c of g = 1 + c s^2 (and some a `heldout` array): the same
+    ranking is g = 1/c + s^2, degree 1/2."""
     basis = _basis()
-    fields = {k: getattr(basis, k) for k in ("cols", "v", "u", "sigma", "col_degree", "scale_ref", "sigma_weight",
-                                              "stage_base")}
-    np.savez(tmp_path / "old.npz", **fields, heldout=np.array([[0, 5]], np.int64))
-    _same(SpectralBasis.load(tmp_path / "old.npz"), basis)
+    fields = {k: getattr(basis, k) for k in ("cols", "v", "u", "sigma", "col_degree", "scale_ref", "stage_base")}
+    np.savez(tmp_path / "old.npz", **fields, sigma_weight=sigma_weight, heldout=np.array([[0, 5]], np.int64))
+    old = SpectralBasis.load(tmp_path / "old.npz")
+    assert old.filter == want
+    g = user_filter(basis.sigma, want.response, want.ideal_weight)
+    np.testing.assert_allclose(g / g[0], (1 + sigma_weight * basis.sigma**2) / (1 + sigma_weight * basis.sigma[0] ** 2),
+                               rtol=1e-6)
 
 
 @pytest.mark.parametrize(("rank", "want"), [("auto", [64, 128]), (32, [32])])
 def test_the_ranks_tried(rank, want) -> None:
-    config = SpectralConfig(rank=rank, ranks=[128, 64], stage_base=4.0, sigma_weight=1.0, n_iter=6)
+    config = SpectralConfig(rank=rank, ranks=[128, 64], stage_base=4.0, n_iter=6)
     assert config.candidate_ranks == want
+    assert config.candidate_stage_bases == [4.0]
+    assert SpectralConfig(rank=8, ranks=[8], stage_base="auto", stage_bases=[2, 16], n_iter=2).candidate_stage_bases == [2.0, 16.0]
+
+
+def test_responses_are_low_pass_and_the_filter_is_scaled() -> None:
+    sigma = np.linspace(1.0, 0.05, 50)
+    for name in RESPONSES:
+        h = response(name, sigma)
+        assert h.shape == (50,) and np.isfinite(h).all()
+    # linear is GF-CF's s^2; sharp falls faster; ChebyCF's plateau is ~1 at the top and ~0 at the bottom
+    np.testing.assert_allclose(response("linear", sigma), sigma**2)
+    assert (response("sharp", sigma) <= response("linear", sigma) + 1e-12).all()
+    cheby = response("cheby", sigma)
+    assert cheby[0] > 0.9 and abs(cheby[-1]) < 0.1 and np.all(np.diff(cheby) <= 1e-6)
+    g = user_filter(sigma, "linear", 0.3)
+    assert g.max() == pytest.approx(1.0) and g[-1] == pytest.approx((0.3 + 0.05**2) / 1.3, rel=1e-5)
+    with pytest.raises(ValueError, match="expected one of"):
+        response("gaussian", sigma)
+    with pytest.raises(ValueError, match="ideal_weight > 0"):
+        user_filter(sigma, "none", 0.0)
+
+
+def test_trend_factor() -> None:
+    recent, total = np.array([0.0, 5.0, 9.0]), np.array([9.0, 9.0, 9.0])
+    np.testing.assert_allclose(trend_factor(recent, total, 1.0), [0.1, 0.6, 1.0], rtol=1e-6)
+    np.testing.assert_allclose(trend_factor(recent, total, 0.5), np.sqrt([0.1, 0.6, 1.0]), rtol=1e-6)
+    assert (trend_factor(recent, total, 0.0) == 1).all()

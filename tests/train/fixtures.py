@@ -89,7 +89,9 @@ def context_sizes(**overrides: int) -> dict[str, int]:
 def spectral_fit(**overrides: Any) -> dict[str, Any]:
     """``spectral`` as keyword arguments of :func:`hir.model.spectral.fit_spectral` after the rank."""
     spec = defaults("spectral")
-    return {k: spec[k] for k in ("stage_base", "sigma_weight", "n_iter")} | {"seed": 0} | overrides
+    # `auto` chooses among stage_bases on val; a direct fit takes the sampling graph's weighting
+    stage_base = defaults("datamodule")["graph"]["stage_base"] if spec["stage_base"] == "auto" else spec["stage_base"]
+    return {"stage_base": float(stage_base), "n_iter": spec["n_iter"], "seed": 0} | overrides
 
 
 def hashed_text_vectors(texts: list[str | None], dim: int = TEXT_DIM) -> np.ndarray:

@@ -1,0 +1,82 @@
+"""The spectral base's filter is chosen on val from one SVD (every candidate scored and recorded,
+the choice the best of them), the trend factor only acts on data with time, and the export's
+refit of the chosen filter on train + val keeps every score of a direct fit while its
+coordinates stay the train basis's."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hir.model import Filter, SpectralConfig, fit_base, load_graph, refit_aligned, validation_set
+from hir.model.spectral import FilterScorer, base_vectors, engaged_users, fit_spectral
+from tests.train.fixtures import graph_options
+
+
+def _config(**kw) -> SpectralConfig:
+    base = dict(rank="auto", ranks=[4, 8, 16], stage_base=4.0, n_iter=4, filter={}, betas=[0.3, 0.5],
+                responses=["linear", "cheby"], ideal_weights=[0.3, 3.0], trend_days=[7.0], trend_powers=[1.0],
+                select_users=None, min_gain=0.0)
+    return SpectralConfig(**(base | kw))
+
+
+@pytest.fixture(scope="module")
+def store(tiny_run: Path):
+    return load_graph(tiny_run / "graph", tiny_run / "content", ("train",), **graph_options())
+
+
+def test_the_choice_is_the_best_candidate_scored_and_is_recorded(store, tmp_path: Path) -> None:
+    val = validation_set(store, None, 0, "masked_new")
+    basis, report = fit_base(store, val, _config(), 0, tmp_path / "spectral.npz", reuse=False)
+    cands = report["candidates"]
+    assert {c["rank"] for c in cands} == {4, 8, 16}
+    assert {c["beta"] for c in cands} >= {0.3, 0.5} and {c["response"] for c in cands} >= {"linear", "cheby"}
+    best = max(c["val_recall@20"] for c in cands)
+    chosen = [c for c in cands if (c["rank"], c["beta"], c["response"], c["ideal_weight"], c["trend_power"])
+              == (basis.rank, basis.filter.beta, basis.filter.response, basis.filter.ideal_weight, basis.filter.trend_power)]
+    assert chosen and chosen[0]["val_recall@20"] == best
+    assert report["rank"] == basis.rank and report["filter"]["response"] == basis.filter.response
+    # the scorer agrees with the base the basis gives (candidate sampling off, every val user)
+    b = base_vectors(store, basis)
+    from hir.model import masked_recall
+
+    users = b[val.users] / np.maximum(np.linalg.norm(b[val.users], axis=1, keepdims=True), 1e-12)
+    assert masked_recall(users, b[val.cands], val.positives, val.masked) == pytest.approx(best, abs=2e-5)
+    # a one-candidate search keeps the start, and min_gain holds a step back
+    one, _ = fit_base(store, val, _config(ranks=[8], betas=[], responses=[], ideal_weights=[], trend_powers=[],
+                                          filter={"beta": 0.4}), 0, tmp_path / "one.npz", reuse=False)
+    assert one.rank == 8 and one.filter == Filter(beta=0.4)
+    held, rep = fit_base(store, val, _config(min_gain=10.0), 0, tmp_path / "held.npz", reuse=False)
+    assert held.filter == Filter() and held.rank == 16 and len(rep["candidates"]) > 1
+
+
+def test_the_trend_factor_needs_time(store) -> None:
+    recent, total, timed = engaged_users(store, 7.0)
+    assert timed and (recent <= total).all() and recent.sum() < total.sum()
+    basis = fit_spectral(store, 8, 4.0, 4, 0)
+    plain = base_vectors(store, basis)
+    trend = base_vectors(store, basis.with_filter(replace(basis.filter, trend_power=1.0, trend_days=7.0)))
+    lo, hi = store.type_range("user")
+    np.testing.assert_allclose(plain[lo:hi], trend[lo:hi], rtol=1e-5, atol=1e-6)  # users are not scaled
+    ratio = np.linalg.norm(trend, axis=1)[total > 0] / np.maximum(np.linalg.norm(plain, axis=1)[total > 0], 1e-12)
+    np.testing.assert_allclose(ratio, ((recent + 1) / (total + 1))[total > 0], rtol=1e-4)
+    val = validation_set(store, None, 0, "masked_new")
+    assert FilterScorer(store, basis, val, None, 0).timed
+
+
+def test_refit_scores_as_a_direct_fit_in_the_train_coordinates(tiny_run: Path) -> None:
+    train = load_graph(tiny_run / "graph", tiny_run / "content", ("train",), **graph_options())
+    visible = load_graph(tiny_run / "graph", tiny_run / "content", ("train", "val"), **graph_options())
+    basis = fit_spectral(train, 8, 4.0, 8, 0, Filter(beta=0.4, response="cheby", ideal_weight=0.3))
+    new, base = refit_aligned(visible, basis, 8, 0)
+    direct = base_vectors(visible, fit_spectral(visible, 8, 4.0, 8, 0, basis.filter))
+    lo, hi = visible.type_range("user")
+    # every user x entity score of the refit equals the direct fit's (the rotation is orthogonal)
+    np.testing.assert_allclose(base.vectors[lo:hi] @ base.vectors[hi:].T, direct[lo:hi] @ direct[hi:].T, atol=1e-4)
+    # and the rotated entity vectors sit closer to the train basis's than the unrotated refit's
+    old = basis.base_for(visible).vectors[hi:]
+    assert np.linalg.norm(base.vectors[hi:] - old) < np.linalg.norm(direct[hi:] - old)
+    assert new.filter == basis.filter and base.rank == 8
