@@ -91,6 +91,7 @@ def retrieval_section(cfg: DictConfig, snap: Snapshot, task: RetrievalTask, sour
         snap, task, build_arms(ev.retrieval), int(ev.seed), hir_search(sources), sources.content_vectors(),
         sources.history_splits(ev.get("retrieval_history_splits")),
         list(ev.retrieval_arms) if ev.get("retrieval_arms") else None,
+        int(ev.retrieval_few_events),
     )
 
 

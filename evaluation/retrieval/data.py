@@ -35,6 +35,13 @@ class RetrievalData:
         protocol removes from each user's ranking."""
         return interaction_matrix(self.history, self.n_users, self.n_items)
 
+    def few_events(self, max_events: int) -> np.ndarray:
+        """(U,) bool: the test users whose history (the events of ``history``, summed over their
+        pairs) has at most ``max_events`` events; a user without history has 0."""
+        counts = np.bincount(self.history["user_id"].to_numpy(), weights=self.history["n"].to_numpy(),
+                             minlength=self.n_users)
+        return counts[self.users] <= max_events
+
 
 def history_frame(snap: Snapshot, task: RetrievalTask, splits: list[str]) -> pl.DataFrame:
     ev = snap.events.filter((pl.col("entity_type") == task.entity_type) & pl.col("split").is_in(splits))

@@ -38,6 +38,7 @@ def evaluate_retrieval(
     content: tuple[np.ndarray, np.ndarray] | None = None,
     history_splits: list[str] | None = None,
     run: Sequence[str] | None = None,
+    few_events: int | None = None,
 ) -> dict[str, Any]:
     """The ``retrieval`` section of metrics.json: both protocols for every arm.
 
@@ -50,12 +51,15 @@ def evaluate_retrieval(
         run: the arms to run (default all); an arm left out, or one whose input is missing,
             reports null metrics. Sweeps whose cells differ only in the model skip the baselines
             they share (LightGCN's fit).
+        few_events: adds the ``few_events`` slice to both protocols: the users whose history
+            (the pairs every arm learns from) has at most this many events (None: no slice).
     """
     if run is not None and (unknown := sorted(set(run) - set(arms))):
         raise ValueError(f"eval.retrieval_arms: unknown arms {unknown}; expected some of {list(arms)}")
     ks = tuple(sorted(task.ks))
     data = retrieval_data(snap, task, "test", seed, history_splits)
     log.info("retrieval: %d test users, %d history pairs, %d entities", len(data.users), data.history.height, data.n_items)
+    few = None if few_events is None else data.few_events(few_events)
     ctx = RetrievalContext(snap, task, data, seed, hir, content)
     scores: dict[str, dict[str, dict[str, float]]] = {}
     seconds: dict[str, float] = {}
@@ -65,7 +69,7 @@ def evaluate_retrieval(
             continue
         t0 = time.perf_counter()
         ranked = arm.topk(ctx, ks[-1])
-        scores[name] = score_arm(ranked, data, ks)
+        scores[name] = score_arm(ranked, data, ks, few)
         seconds[name] = time.perf_counter() - t0
         if ranked.fit is not None:
             fits[name] = ranked.fit
@@ -101,10 +105,14 @@ def evaluate_retrieval(
         "fits": fits,
         "arms": roles,
     }
-    out |= section("all", {"new_to_user": "new_to_user", "item_cold": "item_cold"})
+    few_slice = {} if few is None else {"few_events": "few_events"}
+    out |= section("all", {"new_to_user": "new_to_user", "item_cold": "item_cold"} | few_slice)
     out |= model_ratios(out, roles, "recall@20")
     masked: dict[str, Any] = {"protocol": MASKED_PROTOCOL, "users": users(MASKED)}
-    masked |= section(MASKED, {"item_cold": "masked_item_cold"})
+    masked |= section(MASKED, {"item_cold": "masked_item_cold"} | {k: f"masked_{v}" for k, v in few_slice.items()})
+    if few_events is not None:
+        for part in (out, masked):
+            part["slices"]["few_events"]["max_events"] = few_events
     masked["skipped"] = {name: arm.info.no_masked for name, arm in arms.items() if arm.info.no_masked}
     masked |= model_ratios(masked, roles, "recall@20", references=False)
     out[MASKED] = masked

@@ -13,6 +13,9 @@ from one scoring pass:
   entities are removed from the ranking (score -inf) before the top-K is taken, and relevance is
   the held-out entities new to the user; slice: item-cold entities under the same masking.
 
+Both protocols also have a few-events slice when asked for (``eval.retrieval_few_events``): the
+same relevance, restricted to the users whose history has at most that many events.
+
 Masking lives in one place, :func:`rank_dense` (dense-score arms: -inf on the user's row of the
 sparse history matrix, a chunk of users at a time); the HIR Milvus arm masks its search results
 the equivalent way (evaluation/retrieval/hir_search.py).
@@ -55,18 +58,34 @@ FULL_SLICES = {"all": "relevant", "new_to_user": "new_to_user", "item_cold": "it
 MASKED_SLICES = {"masked_new_to_user": "new_to_user", "masked_item_cold": "item_cold"}
 
 
-def score_arm(ranked: Ranked, data: RetrievalData, ks: tuple[int, ...]) -> dict[str, dict[str, float]]:
+def score_arm(
+    ranked: Ranked, data: RetrievalData, ks: tuple[int, ...], few_events: np.ndarray | None = None
+) -> dict[str, dict[str, float]]:
     """recall@K / NDCG@K of one arm per protocol and slice.
 
     Keys: ``all``, ``new_to_user``, ``item_cold`` (the full ranking against every held-out
     entity, the new-to-user ones and the item-cold ones) and, when the arm has a masked list,
     ``masked_new_to_user`` and ``masked_item_cold`` (history masked; relevance = the new-to-user
-    / item-cold held-out entities).
+    / item-cold held-out entities). With ``few_events`` ((U,) bool over ``data.users``, e.g.
+    ``data.few_events(5)``) also ``few_events`` and ``masked_few_events``: ``all`` and
+    ``masked_new_to_user`` restricted to those users.
     """
     out = {name: recall_ndcg_at_k(ranked.full, getattr(data, sets), ks) for name, sets in FULL_SLICES.items()}
+    if few_events is not None:
+        out["few_events"] = recall_ndcg_at_k(ranked.full, only_users(data.relevant, few_events), ks)
     if ranked.masked is not None:
         out |= {name: recall_ndcg_at_k(ranked.masked, getattr(data, sets), ks) for name, sets in MASKED_SLICES.items()}
+        if few_events is not None:
+            out["masked_few_events"] = recall_ndcg_at_k(ranked.masked, only_users(data.new_to_user, few_events), ks)
     return out
+
+
+def only_users(sets: list[set[int]], keep: np.ndarray) -> list[set[int]]:
+    """``sets`` (one per user) with the users where ``keep`` (U,) is False emptied, so
+    recall_ndcg_at_k scores only the kept users."""
+    if len(keep) != len(sets):
+        raise ValueError(f"user mask has {len(keep)} entries for {len(sets)} users")
+    return [s if k else set() for s, k in zip(sets, keep, strict=True)]
 
 
 def topk_ids(scores: torch.Tensor, k: int) -> np.ndarray:
