@@ -14,8 +14,8 @@ run_name=learner``, reused when it exists). Then, for each seed and arm, one cel
 - ``full``: ``model.net.transformer=true``, the full model (the default).
 
 A cell runs ``hir train``, ``hir export`` and ``hir evaluate eval.hir_source=files
-eval.retrieval_arms=[hir] force=true`` (without the ranking arms unless ``--with-ranking``:
-NO_RANKING) and reads the test masked new-to-user recall@20 of hir
+eval.retrieval_arms=[hir] force=true`` (with NO_RANKING's shortcuts unless ``--with-ranking``)
+and reads the test masked new-to-user recall@20 of hir
 (``retrieval.masked_new_to_user.hir.recall@20``) and its ``few_events`` slice (users whose history
 has at most ``eval.retrieval_few_events`` events) from ``report/metrics.json``, the training
 seconds and the exported validation point from ``checkpoints/train_metrics.json`` (``best.epoch``
@@ -50,11 +50,12 @@ ARMS = {"base": "model.net.transformer=false", "full": "model.net.transformer=tr
 RECALL = "retrieval.masked_new_to_user.hir.recall@20"
 FEW = "retrieval.masked_new_to_user.slices.few_events"
 CELL_FILE = "learner_cell.json"
-# `hir evaluate` without the ranking arms (the baseline ranker once, no "why this?"): the cells read
-# retrieval only, and the ranking section is independent of it (online_retail seed 0, base: the
-# retrieval section was identical, its seconds aside, and evaluate took 37 s instead of 124 s, of
-# which ranking 108 s); --with-ranking runs evaluate's defaults
-NO_RANKING = ["eval.ranking={}", "eval.ranker_seeds=1", "eval.explain.pairs=0"]
+# `hir evaluate` with one ranker seed (eval.ranker_seeds) and no "why this?": the cells read retrieval
+# only, and the ranking section is independent of it (online_retail seed 0, base: the retrieval
+# section was identical, its seconds aside, and evaluate took 37 s instead of 124 s, of which ranking
+# 108 s). The cells of the first learner.json also carried `eval.ranking={}`, which Hydra merges
+# into the arms' registry and so removes nothing. --with-ranking runs evaluate's defaults
+NO_RANKING = ["eval.ranker_seeds=1", "eval.explain.pairs=0"]
 # issue 19's targets (defaults, 2 cores, test split, mean of seeds 0, 1, 2)
 MIN_RATIO = 1.03  # full >= 1.03 x base, with mean(full) - 2 sd(full) > mean(base)
 FEW_RATIO = 1.05  # few-events slice, on FEW_DATASETS
@@ -65,6 +66,13 @@ BEGIN, END = "<!-- learner:begin -->", "<!-- learner:end -->"
 def git_sha() -> str | None:
     res = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     return res.stdout.strip() or None
+
+
+def same_code(shas: list[str]) -> bool:
+    """Whether the commits ``shas`` have the same project code (everything but benchmarks/ and docs)."""
+    paths = ["hir", "evaluation", "kernels", "conf", "pyproject.toml"]
+    return all(subprocess.run(["git", "-C", str(ROOT), "diff", "--quiet", shas[0], sha, "--", *paths]).returncode == 0
+               for sha in shas[1:])
 
 
 def hir(*args: str) -> dict[str, Any]:
@@ -208,6 +216,7 @@ def collect(dataset: str, seeds: list[int]) -> dict[str, Any]:
                            paired("base", "few_events_recall@20"), paired("full", "few_events_recall@20")),
         "cells": {arm: {str(s): c for s, c in v.items()} for arm, v in cells.items()},
         "git": gits[0] if len(gits) == 1 else gits or None,
+        "git_same_code": same_code(gits) if gits else None,
         "date": dates[-1] if dates else None,
         "machine": f"{platform.machine()}, {len(os.sched_getaffinity(0))} cores",
     }
@@ -227,24 +236,32 @@ def markdown(doc: dict[str, Any]) -> str:
              "defaults; `base` = `model.net.transformer=false`, `full` = the default model. Each cell trains, exports "
              "and evaluates on the dataset's one shared snapshot; few-events = the same metric over test users whose "
              "history has at most `eval.retrieval_few_events` events. Exported = the validation point export took "
-             "(`base` = the step-0 spectral base). Walls: train + export + evaluate seconds of the cell. Targets (issue "
+             "(`base` = the step-0 spectral base). The base arm trains too: without the transformer, what trains "
+             "is the knowledge (content) view of the nodes without engagement, so its val can move (online_retail) "
+             "or not at all (beibei, which has no text). Train s: `seconds.fit` of train_metrics.json. Walls: train + export + evaluate seconds of the cell. Targets (issue "
              f"19): full >= {MIN_RATIO} x base with mean(full) - 2 sd(full) > mean(base) on three of four datasets; "
              f"never worse; few-events >= {FEW_RATIO} x on {' and '.join(FEW_DATASETS)}.", ""]
     for ds, r in doc.items():
         v = r["verdict"]
-        lines += [f"### {ds}", "", f"Measured {r['date']} on {r['machine']}, git {r['git']}; few-events slice: "
+        if r["date"] is None:
+            lines += [f"### {ds}", "", f"Not run (budget): every cell ({', '.join(r['missing'])}).", ""]
+            continue
+        git = r["git"] if isinstance(r["git"], str) else (
+            f"{', '.join(r['git'])} ({'the same code: they differ in benchmarks/ and docs only' if r['git_same_code'] else 'DIFFERENT code'})")
+        lines += [f"### {ds}", "", f"Measured {r['date']} on {r['machine']}, git {git}; few-events slice: "
                   f"{r['few_events']['users']} users (<= {r['few_events']['max_events']} events).", "",
                   "| seed | base | full | full / base | few-events base | few-events full | val base → best (full) | "
-                  "exported (full) | train s base / full | walls base | walls full |",
+                  "exported base / full | train s base / full | walls base | walls full |",
                   "|---|---|---|---|---|---|---|---|---|---|---|"]
         for i, s in enumerate(r["seeds"]):
             b, f = r["base"][i], r["full"][i]
-            ep = r["exported_epoch"]["full"][i]
+            exported = " / ".join("–" if (ep := r["exported_epoch"][arm][i]) is None else "base" if ep == -1
+                                  else f"epoch {ep}" for arm in ARMS)
             lines.append(
                 f"| {s} | {_f(b)} | {_f(f)} | {_f(f / b, 3) if b and f is not None else '–'} | "
                 f"{_f(r['few_events']['base'][i])} | {_f(r['few_events']['full'][i])} | "
                 f"{_f(r['val']['full']['base'][i])} → {_f(r['val']['full']['best'][i])} | "
-                f"{'–' if ep is None else 'base' if ep == -1 else f'epoch {ep}'} | "
+                f"{exported} | "
                 f"{_f(r['base_train_s'][i], 0)} / {_f(r['train_s'][i], 0)} | {_wall(r['cell_wall_s']['base'][i])} | "
                 f"{_wall(r['cell_wall_s']['full'][i])} |")
         lines += ["", f"Mean over the {v['seeds']} seed(s) with both arms: base {_f(v.get('mean_base'))}, full "
@@ -252,6 +269,12 @@ def markdown(doc: dict[str, Any]) -> str:
         if r["missing"]:
             lines.append(f"Not run (budget): {', '.join(r['missing'])}.")
         lines.append("")
+    measured = {ds: r["verdict"] for ds, r in doc.items() if "ratio" in r["verdict"]}
+    beats = [ds for ds, v in measured.items() if v[f"beats_base_{MIN_RATIO}x_and_2sd"]]
+    worse = [ds for ds, v in measured.items() if not v["never_worse"]]
+    lines += [f"**Across datasets:** the full model beats its base on {len(beats)} of the {len(measured)} datasets "
+              f"measured ({', '.join(beats) or 'none'}; the target is three of four) and is worse than it on "
+              f"{', '.join(worse) or 'none'}.", ""]
     return "\n".join(lines) + END + "\n"
 
 
@@ -274,7 +297,7 @@ def main() -> None:
     ap.add_argument("--reuse", action="store_true", help="read finished cells only; run nothing")
     ap.add_argument("--budget-min", type=float, default=None,
                     help="launch no new cell after this many minutes (the cells not run are listed as missing)")
-    ap.add_argument("--with-ranking", action="store_true", help="evaluate with every ranking arm (defaults)")
+    ap.add_argument("--with-ranking", action="store_true", help="evaluate with every ranker seed (defaults)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "learner.json")
     ap.add_argument("--md", type=Path, default=ROOT / "docs" / "results.md")
     args = ap.parse_args()
