@@ -134,7 +134,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     from hydra.utils import instantiate
 
     from hir.export.embed import Embedder, resolve_checkpoint
-    from hir.export.supergraph import hierarchy_diagnostics
+    from hir.export.hierarchy import hierarchy_diagnostics
     from hir.export.tables import keys_and_texts, write_embeddings, write_prototypes
 
     ex: ExportConfig = instantiate(cfg.export)

@@ -113,30 +113,3 @@ def planted_recovery(snapshot: Snapshot, keys: dict[str, list[str]], offsets: np
         }
         out[scope]["n"] = int(sel.sum())
     return out
-
-
-def hierarchy_diagnostics(snapshot: Snapshot, offsets: np.ndarray, node_type: np.ndarray, keys: dict[str, list[str]],
-                          top1: list[np.ndarray], levels: tuple[int, ...], z: np.ndarray | None = None,
-                          seed: int = 0) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """The export's hierarchy diagnostics: :func:`supergraph_stats` of every user -> entity pair of
-    the snapshot against the engaged entity types, each level's NMI against the product taxonomy
-    (``taxonomy_nmi``, when products have categories), with ``z`` (n_nodes, dim) the exported
-    embeddings the same figures for a plain k-means on them (``kmeans_reference``,
-    :func:`hir.export.hierarchy.kmeans_reference`), and :func:`planted_recovery` (None without a
-    planted hierarchy). top1: per level, (n_nodes,) every node's top-1 token."""
-    from hir.export.hierarchy import kmeans_reference, taxonomy_labels, taxonomy_nmi
-
-    users, ents = engagement_pairs(snapshot, offsets)
-    engaged = np.unique(node_type[ents]) if len(ents) else np.zeros(0, np.int64)
-    n_ent = int(np.isin(node_type, engaged).sum())
-    n_users = int(offsets[1] - offsets[0])
-    sg = supergraph_stats(users, ents, n_users, n_ent, top1, levels)
-    pi = ENTITY_TYPES.index("product")
-    labels = taxonomy_labels(snapshot, "product") if "product" in keys else {}
-    labels = {k: v for k, v in labels.items() if k.startswith("taxonomy_")}
-    for entry, nmi in zip(sg["levels"], taxonomy_nmi(labels, int(offsets[pi]), top1)):
-        entry["taxonomy_nmi"] = nmi
-    if z is not None and len(ents):
-        sg["kmeans_reference"], _ = kmeans_reference(z, np.flatnonzero(np.isin(node_type, engaged)), users, ents,
-                                                     n_users, levels, seed, labels, int(offsets[pi]))
-    return sg, planted_recovery(snapshot, keys, offsets, top1)
