@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -134,15 +135,9 @@ class DLRM(nn.Module):
         for bag in self.bags.values():
             nn.init.normal_(bag.weight, std=self.table_init)
 
-    def forward(
-        self,
-        dense: torch.Tensor,
-        sparse: torch.Tensor,
-        vectors: dict[str, torch.Tensor],
-        bags: dict[str, tuple[torch.Tensor, torch.Tensor]],
-    ) -> torch.Tensor:
-        """dense (B, F), sparse (B, S), vectors name -> (B, d_v), bags name -> ((B, k), (B, k)) -> logits (B,)."""
-        return self.forward_with_penalty(dense, sparse, vectors, bags)[0]
+    def forward(self, *inputs: Any) -> torch.Tensor:
+        """(dense, sparse, vectors, bags) as :meth:`forward_with_penalty` takes them -> logits (B,)."""
+        return self.forward_with_penalty(*inputs)[0]
 
     def forward_with_penalty(
         self,

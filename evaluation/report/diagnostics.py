@@ -16,6 +16,7 @@ from sklearn.metrics import normalized_mutual_info_score
 
 from hir.data.snapshot import Snapshot
 from hir.errors import InputError
+from hir.export.hierarchy import taxonomy_labels
 from hir_evaluation.sources.hir import embeddings_meta, read_embeddings, token_levels
 
 log = logging.getLogger(__name__)
@@ -48,47 +49,6 @@ def token_usage(frames: dict[str, pl.DataFrame], vocab: list[int] | None) -> lis
             "perplexity": float(np.exp(-(p * np.log(p)).sum())) if p.size else 0.0,
             "counts": sorted((int(c) for c in counts), reverse=True),
         })
-    return out
-
-
-def taxonomy_labels(snap: Snapshot, entity_type: str) -> dict[str, np.ndarray]:
-    """Known classes per entity node_id (-1 = unknown): ``taxonomy_d<k>`` = the category ancestor at
-    depth k (1 = root) through ``<type>__in_category__category`` and the child_of edges, and for
-    the synthetic data the planted ``truth_coarse`` / ``truth_fine`` interests."""
-    n = snap.num_nodes(entity_type)
-    out: dict[str, np.ndarray] = {}
-    in_cat = snap.edges(f"{entity_type}__in_category__category")
-    parents = snap.edges("category__child_of__category")
-    if in_cat is not None and snap.has_nodes("category"):
-        n_cat = snap.num_nodes("category")
-        parent = np.full(n_cat, -1)
-        if parents is not None:
-            parent[parents["src_id"].to_numpy()] = parents["dst_id"].to_numpy()
-        # path root -> leaf for every category, by walking up (taxonomies are shallow)
-        paths: list[list[int]] = []
-        for c in range(n_cat):
-            path, node = [], c
-            while node >= 0 and len(path) < 32:
-                path.append(node)
-                node = parent[node]
-            paths.append(path[::-1])
-        depth = max((len(p) for p in paths), default=0)
-        leaf = np.full(n, -1)
-        first = in_cat.unique(subset=["src_id"], keep="first")
-        leaf[first["src_id"].to_numpy()] = first["dst_id"].to_numpy()
-        for d in range(1, depth + 1):
-            labels = np.array([paths[c][d - 1] if c >= 0 and len(paths[c]) >= d else -1 for c in leaf])
-            if (labels >= 0).sum() > 1:
-                out[f"taxonomy_d{d}"] = labels
-    truth_path = snap.dir / "synthetic_truth.parquet"
-    if truth_path.exists():
-        truth = pl.read_parquet(truth_path).filter(pl.col("entity_type") == entity_type)
-        keyed = snap.nodes(entity_type).select("node_id", "key").join(truth, on="key", how="inner")
-        for col in ("coarse", "fine"):
-            if col in keyed.columns:
-                labels = np.full(n, -1)
-                labels[keyed["node_id"].to_numpy()] = keyed[col].to_numpy()
-                out[f"truth_{col}"] = labels
     return out
 
 

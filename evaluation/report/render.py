@@ -248,14 +248,36 @@ def diagnostics_md(d: Mapping[str, Any]) -> str:
                 ["tokens", *labels], [[lvl, *[fmt(row.get(lab), 3) for lab in labels]] for lvl, row in table.items()]))
     sg = d.get("supergraph") or {}
     if sg.get("levels"):
+        # beside the learned tokens: a plain k-means per level on the exported vectors (the
+        # reference the hierarchy has to beat), and NMI of each against the deepest taxonomy level
+        ref = {e.get("level"): e for e in (sg.get("kmeans_reference") or {}).get("levels") or []}
+        tax = sorted({k for e in sg["levels"] for k in (e.get("taxonomy_nmi") or {})},
+                     key=lambda k: int(k.removeprefix("taxonomy_d")))  # taxonomy_d<depth>
+        deepest = tax[-1] if tax else None
+        header = ["level", "prototypes", "density", "gain over raw", "random gain", "concentration"]
+        if ref:
+            header.append("k-means concentration")
+        if deepest:
+            header += [f"NMI {deepest}", *([f"k-means NMI {deepest}"] if ref else [])]
+        rows = []
+        for e in sg["levels"]:
+            km = ref.get(e.get("level")) or {}
+            row = [str(e.get("level")), str(e.get("prototypes", "")), fmt(e.get("density"), 6), fmt(e.get("gain"), 1),
+                   fmt(e.get("random_gain"), 1), fmt(e.get("concentration"), 3)]
+            if ref:
+                row.append(fmt(km.get("concentration"), 3))
+            if deepest:
+                row += [fmt((e.get("taxonomy_nmi") or {}).get(deepest), 3),
+                        *([fmt((km.get("taxonomy_nmi") or {}).get(deepest), 3)] if ref else [])]
+            rows.append(row)
+        fit = f" Tokens from the {sg['hierarchy_fit']} prototypes (export.hierarchy_fit)." if sg.get("hierarchy_fit") else ""
         parts.append(f"Super-graph density (raw user->entity graph: {fmt(sg.get('raw_density'), 6)}). The gain "
                      "over raw is above 1 for any assignment; beside it, a random assignment of the same token "
                      "sizes, and the concentration (user-token edges / the random assignment's: below 1 when "
-                     "users' entities share tokens more than chance):\n\n" + _md_table(
-            ["level", "prototypes", "density", "gain over raw", "random gain", "concentration"],
-            [[str(e.get("level")), str(e.get("prototypes", "")), fmt(e.get("density"), 6), fmt(e.get("gain"), 1),
-              fmt(e.get("random_gain"), 1), fmt(e.get("concentration"), 3)]
-             for e in sg["levels"]]))
+                     "users' entities share tokens more than chance)"
+                     + (", the same for a plain k-means per level on the exported vectors" if ref else "")
+                     + (", and the NMI of products' top-1 token against the taxonomy" if deepest else "")
+                     + f".{fit}\n\n" + _md_table(header, rows))
     if d.get("stability"):
         parts.append("Token stability vs the comparison export:\n\n" + _md_table(
             ["level", "entities", "Jaccard", "top-1 agreement", "NMI"],

@@ -10,6 +10,7 @@ entities from content alone (``hir refresh``).
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import logging
@@ -35,7 +36,7 @@ from hir.model import (
     refit_aligned,
 )
 from hir.model.context import topk_edges
-from hir.nn import HirNet
+from hir.nn import HierarchicalTokenizer, HirNet
 from hir.nn.buckets import METADATA, SELF
 
 log = logging.getLogger(__name__)
@@ -122,6 +123,9 @@ class Embedder:
             self.base = self.basis.base_for(self.store)
         self.sampler = ContextSampler(self.store, **data.get("context", {}))
         self.version = checkpoint_version(checkpoint)
+        # tokens come from this tokenizer: the checkpoint's, or the export's refit of it
+        # (:meth:`use_tokenizer`); the network's own prototypes keep feeding its contexts
+        self.tokenizer: HierarchicalTokenizer = self.net.tokenizer
         self._key_index: dict[str, dict[str, int]] = {}
 
     def refit_report(self, wanted: bool, visible_splits: Sequence[str]) -> dict[str, Any]:
@@ -145,7 +149,29 @@ class Embedder:
 
     @property
     def levels(self) -> tuple[int, ...]:
-        return self.net.tokenizer.levels
+        return self.tokenizer.levels
+
+    def use_tokenizer(self, tokenizer: HierarchicalTokenizer) -> None:
+        """Tokenise with ``tokenizer`` (the same levels and width as the checkpoint's) from now on."""
+        own = self.net.tokenizer
+        if (tokenizer.levels, tokenizer.dim) != (own.levels, own.dim):
+            raise InputError(f"tokenizer with levels {tokenizer.levels} and width {tokenizer.dim} does not fit "
+                             f"checkpoint {self.checkpoint} (levels {own.levels}, width {own.dim})")
+        self.tokenizer = tokenizer.eval()
+
+    def save_tokenizer(self, path: str | Path) -> None:
+        """Write the tokenizer in use to ``path`` (``hierarchy/tokenizer.pt``) with this model's version."""
+        torch.save({"model_version": self.version, "state_dict": self.tokenizer.state_dict()}, Path(path))
+
+    def load_tokenizer(self, path: str | Path) -> None:
+        """Tokenise with the tokenizer an export of this model saved (:meth:`save_tokenizer`)."""
+        saved = torch.load(Path(path), map_location="cpu", weights_only=True)
+        if saved["model_version"] != self.version:
+            raise InputError(f"{path} was saved by the export of model {saved['model_version']!r}, not "
+                             f"{self.version!r} ({self.checkpoint}); use the hierarchy/ of the run that exported it")
+        tokenizer = copy.deepcopy(self.net.tokenizer)
+        tokenizer.load_state_dict(saved["state_dict"])
+        self.use_tokenizer(tokenizer)
 
     @torch.inference_mode()
     def embed_nodes(self, nodes: np.ndarray, batch_size: int = 2048, seed: int = 0) -> np.ndarray:
@@ -181,11 +207,11 @@ class Embedder:
         codes: list[list[np.ndarray]] = [[] for _ in self.levels]
         weights: list[list[np.ndarray]] = [[] for _ in self.levels]
         for lo in range(0, len(z), batch_size):
-            c, w, _ = self.net.tokens(torch.from_numpy(z[lo:lo + batch_size]))
+            c, w, _ = self.tokenizer(self.net.semantic(torch.from_numpy(z[lo:lo + batch_size])))
             for lvl in range(len(self.levels)):
                 codes[lvl].append(c[lvl].numpy().astype(np.int32))
                 weights[lvl].append(w[lvl].numpy().astype(np.float32))
-        k = [min(self.net.tokenizer.top_k, n) for n in self.levels]
+        k = [min(self.tokenizer.top_k, n) for n in self.levels]
         return ([np.concatenate(c) if c else np.zeros((0, k[i]), np.int32) for i, c in enumerate(codes)],
                 [np.concatenate(w) if w else np.zeros((0, k[i]), np.float32) for i, w in enumerate(weights)])
 

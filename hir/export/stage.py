@@ -28,6 +28,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 log = logging.getLogger(__name__)
 
 META_FILE = "meta.json"
+TOKENIZER_FILE = "tokenizer.pt"  # hierarchy/: the tokenizer the export's tokens come from (refresh reuses it)
 
 
 @dataclass
@@ -37,7 +38,10 @@ class ExportConfig:
     checkpoint: ``best`` (train_metrics.json's best validation point), ``last`` or a path;
     batch_size: nodes embedded at a time; visible_splits: engagement the exported contexts may
     see; label_members: member entities whose text labels a prototype; cold: the placement of
-    cold entities with text.
+    cold entities with text; hierarchy_fit: the prototypes the tokens come from (``checkpoint``:
+    as trained; ``entities``: the checkpoint's tree refitted on the exported directions of the warm
+    entities, :func:`hir.export.hierarchy.refit_tokenizer`); kmeans_reference: also report the
+    hierarchy figures of a plain k-means on the exported vectors.
     """
 
     checkpoint: str
@@ -45,8 +49,16 @@ class ExportConfig:
     visible_splits: list[str]
     label_members: int
     cold: ColdPlacement
+    hierarchy_fit: str
+    kmeans_reference: bool
     refit_base: bool = True
     refit_n_iter: int = 6
+
+    def __post_init__(self) -> None:
+        from hir.export.hierarchy import HIERARCHY_FITS
+
+        if self.hierarchy_fit not in HIERARCHY_FITS:
+            raise ValueError(f"export.hierarchy_fit={self.hierarchy_fit!r}; expected one of {list(HIERARCHY_FITS)}")
 
 
 def export_meta(embedder: Any, ckpt: Path, ex: ExportConfig, z: Any, codes: list[Any], keys: dict[str, list[str]],
@@ -102,12 +114,27 @@ def embed_snapshot(embedder: Any, ex: ExportConfig, seed: int) -> tuple[Any, dic
     return place_cold(z, st, valset, ex.cold)
 
 
+def refit_hierarchy(embedder: Any, z: Any, seed: int) -> None:
+    """``export.hierarchy_fit=entities``: tokenise with the checkpoint's tree refitted on the exported
+    directions of the warm entities of the engaged types (those the super-graph counts)."""
+    import numpy as np
+
+    from hir.export.hierarchy import refit_tokenizer
+
+    st = embedder.store
+    engaged = [st.types.index(t) for t in embedder.snapshot.engaged_types()]
+    rows = np.flatnonzero(np.isin(st.node_type, engaged) & st.warm)
+    t0 = time.perf_counter()
+    embedder.use_tokenizer(refit_tokenizer(embedder.tokenizer, embedder.semantic(z[rows]), seed))
+    log.info("hierarchy refitted on the directions of %d warm entities in %.1fs", len(rows), time.perf_counter() - t0)
+
+
 def run(cfg: DictConfig) -> dict[str, Any]:
     """Export embeddings + tokens for every snapshot entity; returns counts, version, stats."""
     from hydra.utils import instantiate
 
     from hir.export.embed import Embedder, resolve_checkpoint
-    from hir.export.supergraph import hierarchy_diagnostics
+    from hir.export.hierarchy import hierarchy_diagnostics
     from hir.export.tables import keys_and_texts, write_embeddings, write_prototypes
 
     ex: ExportConfig = instantiate(cfg.export)
@@ -121,6 +148,10 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                         ex.refit_n_iter, int(cfg.seed))
     z, cold_report = embed_snapshot(embedder, ex, int(cfg.seed))
     t_embed = time.perf_counter() - t0
+    t_fit = time.perf_counter()
+    if ex.hierarchy_fit == "entities":
+        refit_hierarchy(embedder, z, int(cfg.seed))
+    t_fit = time.perf_counter() - t_fit
     codes, weights = embedder.tokens(z)
     top1 = [c[:, 0].astype("int64") for c in codes]
     created, event_ts = datetime.now(UTC), datetime.fromisoformat(embedder.store.visible_end)
@@ -129,11 +160,14 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     keys, texts = keys_and_texts(embedder.snapshot, embedder.store)
     write_embeddings(emb_dir, embedder, keys, z, codes, weights, event_ts, created)
     write_prototypes(hier_dir / "prototypes.parquet", embedder, z, top1, texts, ex.label_members)
+    embedder.save_tokenizer(hier_dir / TOKENIZER_FILE)
     sg, planted = hierarchy_diagnostics(embedder.snapshot, embedder.store.offsets, embedder.store.node_type, keys,
-                                        top1, embedder.levels)
+                                        top1, embedder.levels, z if ex.kmeans_reference else None, int(cfg.seed))
+    sg["hierarchy_fit"] = ex.hierarchy_fit
     (hier_dir / "supergraph.json").write_text(json.dumps(sg, indent=2))
     meta = export_meta(embedder, ckpt, ex, z, codes, keys, event_ts, created, sg, planted, cold_report,
-                       {"embed": round(t_embed, 2), "total": round(time.perf_counter() - t0, 2)})
+                       {"embed": round(t_embed, 2), "hierarchy_fit": round(t_fit, 2),
+                        "total": round(time.perf_counter() - t0, 2)})
     (emb_dir / META_FILE).write_text(json.dumps(meta, indent=2))
     log.info("exported %s (cold start %s) as model %s in %.1fs; super-graph density gain %s%s",
              meta["counts"], meta["cold_start"], embedder.version, meta["seconds"]["total"],

@@ -113,15 +113,3 @@ def planted_recovery(snapshot: Snapshot, keys: dict[str, list[str]], offsets: np
         }
         out[scope]["n"] = int(sel.sum())
     return out
-
-
-def hierarchy_diagnostics(snapshot: Snapshot, offsets: np.ndarray, node_type: np.ndarray, keys: dict[str, list[str]],
-                          top1: list[np.ndarray], levels: tuple[int, ...]) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """The export's hierarchy diagnostics: :func:`supergraph_stats` of every user -> entity pair of
-    the snapshot against the engaged entity types, and :func:`planted_recovery` (None without a
-    planted hierarchy). top1: per level, (n_nodes,) every node's top-1 token."""
-    users, ents = engagement_pairs(snapshot, offsets)
-    engaged = np.unique(node_type[ents]) if len(ents) else np.zeros(0, np.int64)
-    n_ent = int(np.isin(node_type, engaged).sum())
-    sg = supergraph_stats(users, ents, int(offsets[1] - offsets[0]), n_ent, top1, levels)
-    return sg, planted_recovery(snapshot, keys, offsets, top1)

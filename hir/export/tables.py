@@ -61,7 +61,7 @@ def write_prototypes(path: Path, embedder: Embedder, z: np.ndarray, top1: list[n
     """``hierarchy/prototypes.parquet``: per level and prototype its parent, vector, a label from
     the text of its ``label_members`` most probable members (entities with text) and its usage
     (share of nodes whose top-1 token it is; top1: per level (n_nodes,))."""
-    tokenizer = embedder.net.tokenizer
+    tokenizer = embedder.tokenizer
     with_text = np.array([i for i, t in enumerate(texts) if t], dtype=np.int64)
     # prototypes live in the direction part of the embedding (without the scale slack)
     members = top_members(tokenizer, embedder.semantic(z), with_text, label_members)

@@ -423,14 +423,15 @@ def select_rank(store: GraphStore, basis: SpectralBasis, val: ValSet, ranks: lis
 
 
 def select_filter(store: GraphStore, basis: SpectralBasis, val: ValSet, config: SpectralConfig, seed: int,
-                  tried: list[dict[str, Any]]) -> tuple[int, Filter]:
+                  tried: list[dict[str, Any]], start: Filter | None = None) -> tuple[int, Filter]:
     """Coordinate ascent on val over the rank, then the degree exponent, the response and the
     ideal weight, the rank again, then the trend (on data with time), from ``config.start``; a
     step is taken only when it beats the current choice by ``config.min_gain`` (relative), so
-    noise does not move the defaults. Every candidate scored is appended to ``tried``."""
+    noise does not move the defaults. Every candidate scored is appended to ``tried`` (a candidate
+    already there is not scored again); ``start`` replaces ``config.start``."""
     score = FilterScorer(store, basis, val, config.select_users, seed)
     ranks = [r for r in config.candidate_ranks if r <= basis.rank] or [basis.rank]
-    best_k, best_f = max(ranks), config.start
+    best_k, best_f = max(ranks), start or config.start
     best = -1.0
 
     def step(cands: list[tuple[int, Filter]]) -> None:
@@ -473,25 +474,36 @@ def fit_base(store: GraphStore, val: ValSet | None, config: SpectralConfig, seed
     else:
         ranks = config.candidate_ranks
         tried: list[dict[str, Any]] = []
+        n_iter = int(config.n_iter)
+        # a probe SVD per stage weighting at the probe rank; the larger SVD only when the val
+        # curve still rises at the probe's top rank (a small catalogue never pays for it)
+        probe = min(max(ranks), int(config.probe_rank))
         stage_bases = config.candidate_stage_bases
-        if len(stage_bases) > 1 and val is not None and len(np.unique(store.eng.stage[store.eng.stage > 0])) > 1:
-            # one smaller SVD per stage weighting, scored with the starting filter
-            probe = min(max(ranks), config.probe_rank)
-            for sb in stage_bases:
-                b = fit_spectral(store, probe, sb, int(config.n_iter), seed, config.start)
+        has_val = val is not None and len(val) > 0
+        if not has_val or len(np.unique(store.eng.stage[store.eng.stage > 0])) < 2:
+            stage_bases = stage_bases[:1]  # nothing to choose with, or one stage: the weighting is moot
+        probes = {sb: fit_spectral(store, probe, sb, n_iter, seed, config.start) for sb in stage_bases}
+        if len(probes) > 1:
+            for b in probes.values():
                 tried.append(_candidate(b, FilterScorer(store, b, val, config.select_users, seed)(b.rank, config.start)))
-            stage_base = max((t for t in tried), key=lambda t: t["val_recall@20"])["stage_base"]
+            stage_base = max(tried, key=lambda t: t["val_recall@20"])["stage_base"]
         else:
             stage_base = stage_bases[0]
-        basis = fit_spectral(store, max(ranks), float(stage_base), int(config.n_iter), seed, config.start)
-        if val is not None and len(val):
+        basis = probes[float(stage_base)]
+        if has_val:
             k, filt = select_filter(store, basis, val, config, seed, tried)
+            if k >= basis.rank == probe and max(ranks) > probe:
+                log.info("spectral base: val recall still rises at rank %d; fitting rank %d", basis.rank, max(ranks))
+                basis = fit_spectral(store, max(ranks), float(stage_base), n_iter, seed, filt)
+                k, filt = select_filter(store, basis, val, config, seed, tried, filt)
             basis = with_scale_ref(store, basis.truncate(k).with_filter(filt))
             report["candidates"] = tried
             report["val_recall@20_by_rank"] = {
                 str(t["rank"]): t["val_recall@20"] for t in tried
                 if t["stage_base"] == basis.stage_base and (t["beta"], t["response"], t["ideal_weight"], t["trend_days"],
                                                             t["trend_power"]) == tuple(asdict(filt).values())}
+        elif max(ranks) > basis.rank:
+            basis = fit_spectral(store, max(ranks), float(stage_base), n_iter, seed, config.start)
         path.parent.mkdir(parents=True, exist_ok=True)
         basis.save(path)
     report |= {"rank": basis.rank, "stage_base": basis.stage_base, "filter": asdict(basis.filter),

@@ -302,6 +302,7 @@ def embed(cfg: DictConfig, source: dict[str, Path], snapshot: Snapshot, delta: D
     from hir.enrich.content import encode_new_entities
     from hir.export.cold import place_like_export
     from hir.export.embed import Embedder
+    from hir.export.stage import TOKENIZER_FILE
 
     emb_meta_path = Path(manifest.get("source", {}).get("embeddings_dir", "")) / "meta.json"
     visible = tuple(json.loads(emb_meta_path.read_text()).get("visible_splits") or cfg.export.visible_splits) \
@@ -313,6 +314,10 @@ def embed(cfg: DictConfig, source: dict[str, Path], snapshot: Snapshot, delta: D
             f"{manifest['version']!r}: new entities must be embedded by the model that is served. Set "
             "refresh.run_dir to the run that exported the live version"
         )
+    # the tokens of the live version came from the tokenizer its export saved (export.hierarchy_fit)
+    tokenizer_path = emb_meta_path.parent.parent / "hierarchy" / TOKENIZER_FILE
+    if emb_meta_path.exists() and tokenizer_path.exists():
+        embedder.load_tokenizer(tokenizer_path)
     now = datetime.now(UTC).replace(microsecond=0)
     frames = {}
     store_dir = Path(cfg.publish.store_dir).resolve()

@@ -73,3 +73,20 @@ def test_embedding_map_shape() -> None:
     pts = diag.embedding_map(f, 20, seed=0)
     assert len(pts["x"]) == 20 and set(pts["token"]) <= {0, 1, 2}
     assert np.isfinite(pts["y"]).all()
+
+
+def test_supergraph_table_sets_the_kmeans_reference_beside_the_learned_tokens():
+    from evaluation.report.render import diagnostics_md
+
+    level = {"level": 0, "prototypes": 8, "density": 0.5, "gain": 2.0, "random_gain": 2.1, "concentration": 0.95,
+             "taxonomy_nmi": {"taxonomy_d1": 0.1, "taxonomy_d2": 0.2}}
+    ref = {"levels": [{"level": 0, "prototypes": 8, "concentration": 0.97,
+                       "taxonomy_nmi": {"taxonomy_d1": 0.11, "taxonomy_d2": 0.25}}]}
+    md = diagnostics_md({"supergraph": {"raw_density": 0.25, "levels": [level], "kmeans_reference": ref,
+                                        "hierarchy_fit": "entities"}})
+    assert "| level | prototypes | density | gain over raw | random gain | concentration | k-means concentration " \
+           "| NMI taxonomy_d2 | k-means NMI taxonomy_d2 |" in md
+    assert "| 0 | 8 | 0.500000 | 2.0 | 2.1 | 0.950 | 0.970 | 0.200 | 0.250 |" in md and "entities prototypes" in md
+    # an export without the reference (older runs) keeps the old table
+    plain = diagnostics_md({"supergraph": {"raw_density": 0.25, "levels": [{**level, "taxonomy_nmi": {}}]}})
+    assert "| level | prototypes | density | gain over raw | random gain | concentration |\n" in plain

@@ -83,6 +83,28 @@ def test_hierarchy_files(exported):
         assert lv["density"] == pytest.approx(lv["edges"] / (sg["raw"]["rows"] * lv["prototypes"]))
         assert lv["gain"] == pytest.approx(lv["density"] / sg["raw"]["density"])
     assert set(meta["planted_hierarchy"]["product"]["coarse"]) == {"l0", "l1", "l2"}
+    # beside the learned tokens: a plain k-means per level on the exported vectors, same figures
+    ref = sg["kmeans_reference"]
+    assert [lv["prototypes"] for lv in ref["levels"]] == LEVELS
+    engaged = [f.stem.split("__")[-1] for f in (out / "graph" / "edges").glob("user__engages__*.parquet")]
+    assert ref["entities"] == sum(meta["counts"][t] for t in engaged)
+    for learned, km in zip(sg["levels"], ref["levels"]):
+        assert km["concentration"] == pytest.approx(km["edges"] / km["random_edges"]) and 0 < km["concentration"] < 2
+        assert set(km["taxonomy_nmi"]) == set(learned["taxonomy_nmi"]) and learned["taxonomy_nmi"]
+        assert all(0 <= v <= 1 for v in (*km["taxonomy_nmi"].values(), *learned["taxonomy_nmi"].values()))
+    assert sg["hierarchy_fit"] in ("checkpoint", "entities")
+
+
+def test_saved_tokenizer_gives_the_exported_tokens(exported):
+    """``hierarchy/tokenizer.pt`` is what the export tokenised with (refresh loads it): an Embedder
+    of the exported checkpoint that loads it reproduces the exported tokens."""
+    out, meta = exported
+    emb = Embedder(meta["checkpoint"], out / "graph", out / "content")
+    emb.load_tokenizer(out / "hierarchy" / "tokenizer.pt")
+    products = pl.read_parquet(out / "embeddings" / "product.parquet")
+    codes, _ = emb.tokens(np.stack(products["embedding"].to_numpy()))
+    for lvl in range(len(LEVELS)):
+        assert (codes[lvl] == np.stack(products[f"tokens_l{lvl}"].to_numpy())).all()
 
 
 def test_tokens_recover_the_planted_hierarchy_well_above_chance(exported):

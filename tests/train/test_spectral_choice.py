@@ -80,3 +80,15 @@ def test_refit_scores_as_a_direct_fit_in_the_train_coordinates(tiny_run: Path) -
     old = basis.base_for(visible).vectors[hi:]
     assert np.linalg.norm(base.vectors[hi:] - old) < np.linalg.norm(direct[hi:] - old)
     assert new.filter == basis.filter and base.rank == 8
+
+
+def test_the_larger_svd_is_fitted_only_while_val_still_rises(store, tmp_path: Path) -> None:
+    val = validation_set(store, None, 0, "masked_new")
+    basis, rep = fit_base(store, val, _config(probe_rank=8), 0, tmp_path / "grow.npz", reuse=False)
+    cands = rep["candidates"]
+    probe = [c for c in cands if c["rank"] <= 8]
+    top = max(probe, key=lambda c: c["val_recall@20"])
+    grew = any(c["rank"] == 16 for c in cands)
+    # the rank-16 SVD exists exactly when the probe's best was its top rank
+    assert grew == (top["rank"] == 8)
+    assert basis.rank <= (16 if grew else 8)
