@@ -135,6 +135,7 @@ def test_errors_name_what_is_missing(served: SimpleNamespace, tmp_path: Path) ->
         explain("1", "2", store_dir=tmp_path / "empty")
 
 
+@pytest.mark.slow  # three fresh `hir` processes (~30 s each on 2 cores); test_explains_a_pair_from_the_live_version is its in-process equivalent
 def test_the_readme_command_runs_as_written(served: SimpleNamespace, tmp_path: Path) -> None:
     """The README's serving section names one `hir explain` command for the default dataset; run
     it with only the ids and the store (`--store`, the default is outputs/serving/completejourney)
