@@ -44,6 +44,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from _results_md import markers, write_section  # benchmarks/ (the script's folder is on sys.path)
+
 ROOT = Path(__file__).resolve().parents[1]
 DATASETS = ("online_retail", "beibei", "completejourney", "gowalla")
 ARMS = {"base": "model.net.transformer=false", "full": "model.net.transformer=true"}
@@ -60,7 +62,7 @@ NO_RANKING = ["eval.ranker_seeds=1", "eval.explain.pairs=0"]
 MIN_RATIO = 1.03  # full >= 1.03 x base, with mean(full) - 2 sd(full) > mean(base)
 FEW_RATIO = 1.05  # few-events slice, on FEW_DATASETS
 FEW_DATASETS = ("online_retail", "completejourney")
-BEGIN, END = "<!-- learner:begin -->", "<!-- learner:end -->"
+BEGIN, END = markers("learner")
 
 
 def git_sha() -> str | None:
@@ -278,17 +280,6 @@ def markdown(doc: dict[str, Any]) -> str:
     return "\n".join(lines) + END + "\n"
 
 
-def write_results_md(section: str, path: Path) -> None:
-    """Put ``section`` between the markers of ``path`` (appended when they are missing)."""
-    text = path.read_text() if path.exists() else ""
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        text = head + section.rstrip("\n") + rest.split(END, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    path.write_text(text)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--datasets", default=",".join(DATASETS))
@@ -328,7 +319,7 @@ def main() -> None:
         print(f"{ds}: base {doc[ds]['base']}, full {doc[ds]['full']}; {doc[ds]['verdict']['verdict']}", flush=True)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(doc, indent=2, default=str) + "\n")
-        write_results_md(markdown(doc), args.md)
+        write_section(markdown(doc), args.md, "learner")
     print(markdown(doc))
     if failed:
         sys.exit(f"failed cells: {failed}")

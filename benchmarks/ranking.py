@@ -32,6 +32,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from _results_md import markers, write_section  # benchmarks/ (the script's folder is on sys.path)
+
 from hir_evaluation.ranking.registry import BASELINE, lift_key
 from hir_evaluation.report.sections import ranking_arms
 
@@ -41,7 +43,7 @@ DATASETS = ("completejourney", "online_retail", "beibei")
 MAX_WIDTH = {"completejourney": 0.003}  # NE-lift 95% interval width (a fraction: 0.3 points)
 LOWER_BOUND_ABOVE_ZERO = ("completejourney", "beibei")  # hir's NE lift
 SLICES = ("few_events", "cold_entity")
-BEGIN, END = "<!-- ranking:begin -->", "<!-- ranking:end -->"
+BEGIN, END = markers("ranking")
 
 
 def run(*args: str) -> dict[str, Any]:
@@ -213,17 +215,6 @@ def markdown(doc: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n" + END + "\n"
 
 
-def write_results_md(section: str, path: Path) -> None:
-    """Put ``section`` between the markers of ``path`` (appended when they are missing)."""
-    text = path.read_text() if path.exists() else ""
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        text = head + section.rstrip("\n") + rest.split(END, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    path.write_text(text)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--datasets", default=",".join(DATASETS))
@@ -258,7 +249,7 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=2, default=str) + "\n")
     section = markdown(doc)
-    write_results_md(section, args.md)
+    write_section(section, args.md, "ranking")
     print(section)
     if failed:
         sys.exit(f"failed: {failed}")

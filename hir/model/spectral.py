@@ -358,6 +358,11 @@ def _candidate(basis: SpectralBasis, recall: float) -> dict[str, Any]:
     return {"stage_base": basis.stage_base, "rank": basis.rank, **asdict(basis.filter), "val_recall@20": round(recall, 5)}
 
 
+def _candidate_key(c: dict[str, Any]) -> tuple[float, int, Filter]:
+    """(stage_base, rank, filter) of a recorded candidate."""
+    return c["stage_base"], c["rank"], Filter(**{k: c[k] for k in asdict(Filter())})
+
+
 class FilterScorer:
     """Val recall@20 of filter candidates on one SVD: the users' fold-in per degree exponent is
     computed once at full rank, and a candidate slices it and rescales its columns.
@@ -434,15 +439,16 @@ def select_filter(store: GraphStore, basis: SpectralBasis, val: ValSet, config: 
     best_k, best_f = max(ranks), start or config.start
     best = -1.0
 
+    scored = {_candidate_key(t): t["val_recall@20"] for t in tried}
+
     def step(cands: list[tuple[int, Filter]]) -> None:
         nonlocal best_k, best_f, best
         for k, f in cands:
-            known = next((t for t in tried if t["stage_base"] == basis.stage_base and t["rank"] == k
-                          and Filter(*(t[x] for x in ("beta", "response", "ideal_weight", "trend_days", "trend_power"))) == f),
-                         None)
-            got = known["val_recall@20"] if known else score(k, f)
-            if not known:
-                tried.append(_candidate(replace(basis.truncate(k), filter=f), got))
+            key = (basis.stage_base, k, f)
+            if key not in scored:
+                tried.append(_candidate(replace(basis.truncate(k), filter=f), score(k, f)))
+                scored[key] = tried[-1]["val_recall@20"]
+            got = scored[key]
             if best < 0 or got > best * (1 + config.min_gain):
                 best_k, best_f, best = k, f, got
 
@@ -500,8 +506,7 @@ def fit_base(store: GraphStore, val: ValSet | None, config: SpectralConfig, seed
             report["candidates"] = tried
             report["val_recall@20_by_rank"] = {
                 str(t["rank"]): t["val_recall@20"] for t in tried
-                if t["stage_base"] == basis.stage_base and (t["beta"], t["response"], t["ideal_weight"], t["trend_days"],
-                                                            t["trend_power"]) == tuple(asdict(filt).values())}
+                if (_candidate_key(t)[0], _candidate_key(t)[2]) == (basis.stage_base, filt)}
         elif max(ranks) > basis.rank:
             basis = fit_spectral(store, max(ranks), float(stage_base), n_iter, seed, config.start)
         path.parent.mkdir(parents=True, exist_ok=True)
