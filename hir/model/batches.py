@@ -74,7 +74,7 @@ class EmbedBatches(Dataset):
 def views(batch: dict[str, Any]) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
     """A batch's (engagement, knowledge) views, each with the shared content rows (and the
     engagement view with the spectral base rows), as :meth:`hir.nn.HirNet.forward` takes them."""
-    base = {k: batch[k] for k in ("base", "base_logit", "seed_base") if k in batch}
+    base = {k: batch[k] for k in ("base", "base_logit") if k in batch}
     return {**batch["eng"], "content": batch["content"], **base}, {**batch["kno"], "content": batch["content"]}
 
 

@@ -129,19 +129,28 @@ class SpectralBase:
     degree: np.ndarray
     filter: np.ndarray
     beta: float = 0.5
+    trend: np.ndarray | None = None  # (n,) float32 the entities' trend factor t_e (None: 1)
 
     @property
     def rank(self) -> int:
         return int(self.vectors.shape[1])
 
-    def leave_one_out(self, users: np.ndarray, entities: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    def leave_one_out(self, users: np.ndarray, entities: np.ndarray, weight: np.ndarray,
+                      remaining: np.ndarray | None = None) -> np.ndarray:
         """Users' base vectors without one engaged entity each: (P,) users, (P,) entities, (P,)
-        the pair's weight in ``R`` -> (P, K) ``b_u - w d_e^-b V[e] g``, where ``V[e] = d_e^-b b_e
-        / t_e`` (exact up to the trend factor t_e: removes the entity's term of the user's fold-in).
-        Training targets a held-out entity with the user's base computed as if the pair were
-        unseen, as at test time, where the positives are new."""
-        d = np.power(np.maximum(self.degree[entities], 1e-12), 2 * self.beta)[:, None]
-        return self.vectors[users] - (weight[:, None] / d) * self.vectors[entities] * self.filter[None, :]
+        the pair's weight in ``R`` -> (P, K) ``b_u - w d_e^-b V[e] g`` with ``V[e] = b_e / (t_e
+        d_e^b)`` (the trend factor included: exactly the entity's term of the user's fold-in).
+        ``remaining`` (P,) bool, False where the pair was the user's only visible engagement:
+        those users get a zero row (no base: the network's fallback), not a unit vector of
+        rounding residue. The learner's training task does not use this (its base never saw its
+        targets, :mod:`hir.model.task`); it is the exact held-out base of one pair."""
+        d = np.power(np.maximum(self.degree[entities], 1e-12), 2 * self.beta)
+        t = np.ones(len(entities), np.float64) if self.trend is None else self.trend[entities].astype(np.float64)
+        coef = (weight / (d * np.maximum(t, 1e-12)))[:, None]
+        out = self.vectors[users] - (coef * self.vectors[entities] * self.filter[None, :]).astype(np.float32)
+        if remaining is not None:
+            out[~np.asarray(remaining, bool)] = 0.0
+        return out
 
 
 def engagement_matrix(store: GraphStore, stage_base: float) -> sp.csr_matrix:
@@ -182,7 +191,10 @@ class SpectralBasis:
     vectors; u: (n_users, K) left singular vectors; sigma: (K,) singular values (descending);
     col_degree: (E,) the columns' weighted degree at fit time; scale_ref: per type id, the
     largest base norm at fit time (the scale logits' reference); stage_base: the stage weighting
-    of ``R``; filter: the :class:`Filter`.
+    of ``R``; filter: the :class:`Filter`; frame: (K, K) orthogonal, the coordinates every base of
+    this basis is given in (``base @ frame``; None = the SVD's own). `hir train` sets it to the
+    training task's frame (:func:`procrustes`), so the network reads one frame in training,
+    validation and export.
     """
 
     cols: np.ndarray
@@ -193,6 +205,7 @@ class SpectralBasis:
     scale_ref: np.ndarray
     stage_base: float
     filter: Filter = Filter()
+    frame: np.ndarray | None = None
 
     @property
     def rank(self) -> int:
@@ -209,12 +222,16 @@ class SpectralBasis:
         f = self.filter
         np.savez(path, cols=self.cols, v=self.v, u=self.u, sigma=self.sigma, col_degree=self.col_degree,
                  scale_ref=self.scale_ref, stage_base=self.stage_base, beta=f.beta, response=f.response,
-                 ideal_weight=f.ideal_weight, trend_days=f.trend_days, trend_power=f.trend_power)
+                 ideal_weight=f.ideal_weight, trend_days=f.trend_days, trend_power=f.trend_power,
+                 **({} if self.frame is None else {"frame": self.frame}))
 
     def base_for(self, store: GraphStore) -> SpectralBase:
         """The :class:`SpectralBase` of ``store``'s visible engagement (users folded in from it)."""
         vectors, degree, filt = _base(store, self)
-        return SpectralBase(vectors, scale_logits(store, self, vectors), degree, filt, self.filter.beta)
+        if self.frame is not None:
+            vectors = vectors @ self.frame
+        return SpectralBase(vectors, scale_logits(store, self, vectors), degree, filt, self.filter.beta,
+                            trend_of(store, self.filter))
 
     @classmethod
     def load(cls, path: str | Path) -> SpectralBasis:
@@ -228,7 +245,7 @@ class SpectralBasis:
                 filt = Filter(0.5, "linear", 1.0 / c) if c > 0 else Filter(0.5, "none", 1.0)
             # (bases written while a `holdout` option existed carry a `heldout` array; it is not read)
             return cls(f["cols"], f["v"], f["u"], f["sigma"], f["col_degree"], f["scale_ref"], float(f["stage_base"]),
-                       filt)
+                       filt, f.get("frame"))
 
 
 def fit_spectral(store: GraphStore, rank: int, stage_base: float, n_iter: int, seed: int,
@@ -518,6 +535,18 @@ def fit_base(store: GraphStore, val: ValSet | None, config: SpectralConfig, seed
     return basis, report
 
 
+def procrustes(store: GraphStore, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+    """(K, K) float32 orthogonal Q minimising ``|src Q - dst|`` over the entities both (n, K) bases
+    embed (users are folded in from the entities, so aligning the entities aligns them too)."""
+    lo, hi = store.type_range("user")
+    ents = np.ones(store.n_nodes, bool)
+    ents[lo:hi] = False
+    both = ents & (np.abs(src).sum(1) > 0) & (np.abs(dst).sum(1) > 0)
+    m = src[both].astype(np.float64).T @ dst[both].astype(np.float64)
+    left, _, right = np.linalg.svd(m)
+    return (left @ right).astype(np.float32)
+
+
 def refit_aligned(store: GraphStore, basis: SpectralBasis, n_iter: int, seed: int) -> tuple[SpectralBasis, SpectralBase]:
     """The chosen filter refit on ``store``'s visible engagement (export: train + val), its base
     rotated into ``basis``'s coordinates.
@@ -530,12 +559,6 @@ def refit_aligned(store: GraphStore, basis: SpectralBasis, n_iter: int, seed: in
     """
     new = fit_spectral(store, basis.rank, basis.stage_base, n_iter, seed, basis.filter)
     base_new, base_old = new.base_for(store), basis.base_for(store)
-    lo, hi = store.type_range("user")
-    ents = np.ones(store.n_nodes, bool)
-    ents[lo:hi] = False
-    both = ents & (np.abs(base_new.vectors).sum(1) > 0) & (np.abs(base_old.vectors).sum(1) > 0)
-    m = base_new.vectors[both].astype(np.float64).T @ base_old.vectors[both].astype(np.float64)
-    left, _, right = np.linalg.svd(m)
-    q = (left @ right).astype(np.float32)
-    vectors = base_new.vectors @ q
-    return new, SpectralBase(vectors, scale_logits(store, new, vectors), base_new.degree, base_new.filter, basis.filter.beta)
+    vectors = base_new.vectors @ procrustes(store, base_new.vectors, base_old.vectors)
+    return new, SpectralBase(vectors, scale_logits(store, new, vectors), base_new.degree, base_new.filter,
+                             basis.filter.beta, base_new.trend)

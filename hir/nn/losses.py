@@ -96,14 +96,14 @@ class AlignLoss(nn.Module):
 
 
 class CatalogueLoss(nn.Module):
-    """Softmax of a held-out positive over the whole catalogue, the user's other entities masked.
+    """Softmax of each user's held-out targets over the whole catalogue, its view entities masked.
 
-    ``logits[i, j] = s * u_i·e_j`` over every catalogue entity j (fixed vectors: the spectral
-    base), the entities user i already engaged with removed except its positive; the loss is the
-    cross-entropy of the positive. With the user's base and context computed without the positive
-    (leave-one-out), this is the masked new-to-user task of evaluation, on train pairs: predict
-    an entity the user has not been seen with, among everything it has not had. ``s`` is a
-    learned scale (initialised at ``1 / temperature``, kept in [1, 100]).
+    ``logits[i, j] = s * u_i·e_j`` over every catalogue entity j (fixed vectors: the spectral base
+    of the training task's view), user i's deep-stage view entities removed; the loss is the mean
+    over users of the mean cross-entropy of their targets (Mult-DAE's multinomial likelihood,
+    every user weighing the same, as the test averages per user). With inputs that never saw the
+    targets (:mod:`hir.model.task`), this is the masked new-to-user task of evaluation on the
+    train split. ``s`` is a learned scale (initialised at ``1 / temperature``, kept in [1, 100]).
 
     Args:
         temperature: initial tau.
@@ -118,12 +118,16 @@ class CatalogueLoss(nn.Module):
     def scale(self) -> Tensor:
         return self.log_scale.clamp(0.0, math.log(100.0)).exp()
 
-    def forward(self, users: Tensor, catalogue: Tensor, target: Tensor, mask_rows: Tensor, mask_cols: Tensor) -> Tensor:
-        """users: (P, C); catalogue: (M, C); target: (P,) int64 catalogue rows of the positives;
-        mask_rows, mask_cols: (Q,) int64 (user row, catalogue row) entries to remove -> scalar."""
-        logits = (users @ catalogue.T) * self.scale  # (P, M)
+    def forward(self, users: Tensor, catalogue: Tensor, tgt_rows: Tensor, tgt_cols: Tensor, tgt_weight: Tensor,
+                mask_rows: Tensor, mask_cols: Tensor) -> Tensor:
+        """users: (U, C); catalogue: (M, C); tgt_rows, tgt_cols, tgt_weight: (T,) each target's
+        (user row, catalogue row, 1 / the user's target count); mask_rows, mask_cols: (Q,) entries
+        to remove -> scalar."""
+        logits = (users @ catalogue.T) * self.scale  # (U, M)
         logits = logits.index_put((mask_rows, mask_cols), logits.new_tensor(float("-inf")))
-        return F.cross_entropy(logits, target)
+        logp = torch.log_softmax(logits, dim=-1)  # (U, M)
+        n = torch.unique(tgt_rows).numel()
+        return -(tgt_weight * logp[tgt_rows, tgt_cols]).sum() / max(n, 1)
 
 
 class BalanceLoss(nn.Module):

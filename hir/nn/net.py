@@ -31,7 +31,7 @@ class HirNet(nn.Module):
     and the seed token's output ``h`` gives a direction ``s`` (K dims, unit) and, for entities,
     a scale ``a`` in (0, 1):
 
-        engagement view, user:     s = normalize(b_hat_seed + W_s h)
+        engagement view, user:     s = normalize(b_hat_seed + gamma W_s h)
         engagement view, entity:   s = b_hat_seed,                  a = sigmoid(g_seed)
         knowledge view:            s = normalize(W_k h),            a = sigmoid(w_k·h + o_type)
 
@@ -42,9 +42,11 @@ class HirNet(nn.Module):
     (:class:`hir.nn.CatalogueLoss`); warm entities keep their base, cold ones get the knowledge
     view, which is trained to land where the base would be (cross-view distillation).
 
-    ``g_seed`` is the logit of the seed's base scale (popularity, from the base norm). ``W_s``
-    starts at zero, so before training the engagement view *is* the spectral base and training
-    learns the correction on top. The universal embedding is unit-norm with K + 1
+    ``g_seed`` is the logit of the seed's base scale (popularity, from the base norm). The gate
+    ``gamma`` starts at zero, so before training the engagement view *is* the spectral base and
+    training learns the correction on top; the training loss penalises the correction's size
+    (``anchor``), so it stays at the base unless the data says otherwise. A user without a base
+    (no visible history) takes the knowledge direction: the learned fallback. The universal embedding is unit-norm with K + 1
     coordinates:
 
         entity:  z = [a s, sqrt(1 - a^2)]        user:  z = [s, 0]
@@ -128,6 +130,10 @@ class HirNet(nn.Module):
         )
         # engagement view: the zero-initialised correction of a user's base direction
         self.head = nn.Linear(width, self.base_dim)
+        self.gate = nn.Parameter(torch.zeros(()))
+        # the last engagement-view forward's user corrections (B, K), zero rows for entities, for
+        # the anchor penalty of the training step (None without the transformer)
+        self.last_correction: Tensor | None = None
         # knowledge view: direction and scale from content and metadata alone
         self.know_head = nn.Linear(width, self.base_dim)
         self.know_scale = nn.Linear(width, 1)
@@ -137,8 +143,10 @@ class HirNet(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        nn.init.zeros_(self.head.weight)
-        nn.init.zeros_(self.head.bias)
+        # the gate starts closed (the base exactly); the head starts random so the gate's gradient
+        # is not zero
+        self.head.reset_parameters()
+        nn.init.zeros_(self.gate)
         self.know_head.reset_parameters()
         nn.init.normal_(self.know_scale.weight, std=0.01)
         nn.init.zeros_(self.know_scale.bias)
@@ -172,7 +180,8 @@ class HirNet(nn.Module):
         if use_ids and "base" not in view:
             raise ValueError("the engagement view needs the batch's spectral base rows (view['base'])")
         if not self.use_transformer and use_ids:
-            d = (view["seed_base"] if "seed_base" in view else view["base"][row0]).float()  # (B, K)
+            self.last_correction = None
+            d = view["base"][row0].float()  # (B, K)
             return F.normalize(d, dim=-1), view["base_logit"][row0].float()
         h = self.encoder(view, use_ids)  # (B, N, C)
         if self.primitive is not None:
@@ -182,13 +191,14 @@ class HirNet(nn.Module):
         d = self.know_head(h).float()  # (B, K)
         g = self.know_scale(h).float().squeeze(-1) + self.know_offset[seed_type]  # (B,)
         if use_ids:
-            # (B, K); a batch may give the seeds' own base rows (training: leave-one-out users)
-            base = (view["seed_base"] if "seed_base" in view else view["base"][row0]).float()
+            base = view["base"][row0].float()  # (B, K)
             # a seed without a base (no engagement: cold start) keeps the knowledge direction
             has = (base.norm(dim=-1) > 0)[:, None]
             # the transformer refines users (the query side); an entity keeps its base
             refine = (seed_type == USER_TYPE)[:, None].float()
-            d = torch.where(has, F.normalize(base, dim=-1) + refine * self.head(h).float(), d)
+            corr = refine * has * self.gate * self.head(h).float()  # (B, K)
+            self.last_correction = corr
+            d = torch.where(has, F.normalize(base, dim=-1) + corr, d)
             g = torch.where(has[:, 0], view["base_logit"][row0].float(), g)
         return F.normalize(d, dim=-1), g
 

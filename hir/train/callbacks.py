@@ -70,20 +70,54 @@ class InitialValidation(Callback):
                         "hir_history": list(pl_module.history)}, self.dirpath / INIT_CHECKPOINT)
 
 
+class StopBelowBase(Callback):
+    """Stops training when none of its first ``checks`` validations beat the step-0 base (the
+    paired gain over the base's per-user recall, ``val/gain_over_base``, is not positive): a
+    learner that cannot beat its base early spends no more time (export then takes the base).
+
+    Args:
+        checks: validations (after step 0) to wait for a gain.
+    """
+
+    def __init__(self, checks: int = 2) -> None:
+        self.checks = int(checks)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: Any) -> None:
+        if trainer.sanity_checking:
+            return
+        epochs = [h for h in pl_module.history if h.get("epoch", -1) >= 0 and "val/gain_over_base" in h]
+        if len(epochs) >= self.checks and not any(h["val/gain_over_base"] > 0 for h in epochs):
+            log.info("no validation of the first %d beat the spectral base; stopping (export takes the base)",
+                     len(epochs))
+            trainer.should_stop = True
+
+
 def best_checkpoint(history: list[dict[str, float]], monitor: str, ckpt_dir: Path, best_cb: ModelCheckpoint) -> dict[str, Any]:
-    """The validation point export should use: the best of the step-0 point (``init.ckpt``, the
-    spectral base) and the epochs (``best.ckpt``, ``best_cb``'s), by ``monitor``; ties go to the
-    earlier one. Returns its ``checkpoint``, ``epoch``, ``step``, ``score`` and the step-0
-    ``base_score`` with the ``gain_over_base``."""
+    """The validation point export should use: the best epoch by ``monitor`` (``best.ckpt``,
+    ``best_cb``'s) only when it beats the step-0 base by more than the paired noise (the lower end
+    of its paired-bootstrap 95% interval over val users, ``val/gain_lo``, is above 0); otherwise
+    the step-0 point (``init.ckpt``, the spectral base, which export refits on every visible
+    split). Returns its ``checkpoint``, ``epoch``, ``step``, ``score``, the step-0
+    ``base_score``, the ``gain_over_base`` with its interval, and ``why``."""
     points = [h for h in history if monitor in h]
     if not points:
         return {"checkpoint": str(ckpt_dir / "last.ckpt"), "epoch": -1, "score": float("nan")}
-    top = max(points, key=lambda h: (h[monitor], -h["step"]))
     init = next((h for h in points if h["epoch"] == -1), None)
-    path = ckpt_dir / INIT_CHECKPOINT if top["epoch"] == -1 else Path(best_cb.best_model_path or ckpt_dir / "last.ckpt")
-    return {"checkpoint": str(path), "epoch": int(top["epoch"]), "step": int(top["step"]), "score": float(top[monitor]),
-            "base_score": float(init[monitor]) if init else None,
-            "gain_over_base": float(top[monitor] - init[monitor]) if init else None}
+    epochs = [h for h in points if h["epoch"] >= 0]
+    top = max(epochs, key=lambda h: (h[monitor], -h["step"])) if epochs else None
+    beats = top is not None and (init is None or top.get("val/gain_lo", -1.0) > 0)
+    pick = top if beats else (init or top)
+    path = Path(best_cb.best_model_path or ckpt_dir / "last.ckpt") if pick is top else ckpt_dir / INIT_CHECKPOINT
+    why = ("no step-0 point to compare with" if init is None else
+           "beats the base beyond the paired noise" if beats else
+           "no epoch beats the base beyond the paired noise (val/gain_lo <= 0)")
+    out = {"checkpoint": str(path), "epoch": int(pick["epoch"]), "step": int(pick["step"]), "score": float(pick[monitor]),
+           "base_score": float(init[monitor]) if init else None, "why": why}
+    if top is not None:
+        out["best_epoch"] = {"epoch": int(top["epoch"]), "score": float(top[monitor]),
+                             **{k: top[k] for k in ("val/gain_over_base", "val/gain_lo", "val/gain_hi") if k in top}}
+    out["gain_over_base"] = float(pick[monitor] - init[monitor]) if init else None
+    return out
 
 
 class ProgressBar(TQDMProgressBar):

@@ -10,7 +10,9 @@ r, r + W, r + 2W, ... (every rank the same number of batches).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +20,7 @@ import lightning as L
 import numpy as np
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from hir.data.snapshot import load_snapshot
+from hir.data.snapshot import Snapshot, load_snapshot
 from hir.errors import HirError
 from hir.model import (
     ContextSampler,
@@ -34,87 +36,91 @@ from hir.model import (
     to_tensors,
     validation_set,
 )
+from hir.model.spectral import fit_spectral, procrustes
+from hir.model.stats import input_stats
+from hir.model.task import TaskConfig, task_snapshot
 
 log = logging.getLogger(__name__)
 
 
 class TrainBatches(Dataset):
-    """Map-style dataset indexed by ``(epoch, batch_index)`` (see :class:`EpochBatchSampler`).
+    """Map-style dataset indexed by ``(epoch, batch_index)`` (see :class:`EpochBatchSampler`), over
+    the training task's view (:mod:`hir.model.task`): every array a batch holds comes from the
+    view's store and base, which never saw a target pair.
 
-    Each batch: the users of ``pairs`` deep-funnel (user, entity) train edges (the first P seeds,
-    each with its pair's entity hidden from its context) followed by ``batch_size`` seeds of every
-    entity type from the epoch's seed order. With a ``catalogue`` (:func:`hir.model.catalogue`):
-    ``cat_target`` (P,) the positives' catalogue rows and ``cat_mask_rows``/``cat_mask_cols`` the
-    (pair, catalogue row) entries of each pair user's other deep-stage entities, which the
-    catalogue loss masks; with a ``base``, ``seed_base`` gives the pair users' base without their
-    positive.
+    Each batch: ``users`` target users (a uniform draw: the epoch's permutation of the task's
+    users, as the test averages per user) followed by ``batch_size`` seeds of every entity type
+    from the epoch's seed order (cross-view distillation, prototypes). The users' labels, over the
+    catalogue (:func:`hir.model.catalogue` of the view): ``tgt_rows``/``tgt_cols`` (T,) the (user
+    row, catalogue row) of each target, ``tgt_weight`` (T,) ``1 / |targets of the user|``, and
+    ``mask_rows``/``mask_cols`` the user's deep-stage view entities, which the loss masks (the
+    test's masked new-to-user ranking).
     """
 
-    def __init__(self, store: GraphStore, base: SpectralBase | None, sampler: ContextSampler, batch_size: int,
-                 pairs: int, seeds_per_epoch: int | None, seed: int, rank: int = 0, world: int = 1,
+    def __init__(self, store: GraphStore, base: SpectralBase | None, sampler: ContextSampler, targets: ValSet,
+                 batch_size: int, users: int, seeds_per_epoch: int | None, seed: int, rank: int = 0, world: int = 1,
                  catalogue: np.ndarray | None = None) -> None:
-        self.store, self.base, self.sampler = store, base, sampler
-        self.catalogue_row = None
+        self.store, self.base, self.sampler, self.targets = store, base, sampler, targets
+        self.catalogue_row = np.full(store.n_nodes, -1, np.int64)
         if catalogue is not None:
-            self.catalogue_row = np.full(store.n_nodes, -1, np.int64)
             self.catalogue_row[catalogue] = np.arange(len(catalogue))
+        self.target_of = {int(u): i for i, u in enumerate(targets.users)}
         self.batch_size, self.seed, self.rank, self.world = batch_size, seed, rank, world
-        self.pairs = pairs if len(store.deep_pairs) else 0
+        # at most every target user once a batch (a tiny task must not repeat a user within one)
+        self.users = min(int(users), len(targets)) if catalogue is not None and len(catalogue) else 0
         self.n_seeds = min(seeds_per_epoch or store.n_nodes, store.n_nodes)
-        self._order: tuple[int, np.ndarray] | None = None
-        # pairs are drawn ~ their deep-stage weight (inverse CDF)
-        self._cum = np.cumsum(store.deep_weight)
-        self._total = float(self._cum[-1]) if len(self._cum) else 1.0
-
-    def draw_pairs(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        """``n`` deep-funnel (user, entity) pairs drawn ~ their weight, with replacement: (n, 2)."""
-        if n == 0:
-            return np.zeros((0, 2), np.int64)
-        idx = np.searchsorted(self._cum, rng.random(n) * self._total, side="right")
-        return self.store.deep_pairs[np.minimum(idx, len(self._cum) - 1)]
+        self._order: tuple[int, np.ndarray, np.ndarray] | None = None
 
     def __len__(self) -> int:
         """Batches per rank and epoch."""
         return max(1, -(-self.n_seeds // self.batch_size) // self.world)
 
-    def order(self, epoch: int) -> np.ndarray:
-        """The epoch's seed order (cached per process)."""
+    def order(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """The epoch's (seed order, target-user order), cached per process."""
         if self._order is None or self._order[0] != epoch:
-            perm = np.random.default_rng([self.seed, epoch]).permutation(self.store.n_nodes)[: self.n_seeds]
-            self._order = (epoch, perm)
-        return self._order[1]
+            rng = np.random.default_rng([self.seed, epoch])
+            perm = rng.permutation(self.store.n_nodes)[: self.n_seeds]
+            self._order = (epoch, perm, rng.permutation(self.targets.users))
+        return self._order[1], self._order[2]
 
     def __getitem__(self, key: tuple[int, int]) -> dict[str, Any]:
         epoch, index = key
         g = index * self.world + self.rank  # global batch index
         rng = np.random.default_rng([self.seed, epoch, g])
-        seeds = self.order(epoch)[g * self.batch_size:(g + 1) * self.batch_size]
-        pairs = self.draw_pairs(rng, self.pairs)
-        all_seeds = np.concatenate([pairs[:, 0], seeds]).astype(np.int64)
-        exclude = np.concatenate([pairs[:, 1], np.full(len(seeds), -1)]).astype(np.int64)
-        views = {"eng": self.sampler.engagement(all_seeds, rng, exclude), "kno": self.sampler.knowledge(all_seeds, rng)}
-        p = len(pairs)
-        extra = {}
-        if self.base is not None:
-            # the pairs' users see their base without the held-out entity (a deep pair: weight 1)
-            seed_base = self.base.vectors[all_seeds].copy()
-            if p:
-                seed_base[:p] = self.base.leave_one_out(pairs[:, 0], pairs[:, 1], np.ones(p))
-            extra["seed_base"] = seed_base
-        if self.catalogue_row is not None and p:
-            extra |= self._catalogue_targets(pairs)
-        return to_tensors(self.store, self.base, views, seeds=all_seeds, n_pairs=np.asarray(p), **extra)
+        seeds, user_order = self.order(epoch)
+        seeds = seeds[g * self.batch_size:(g + 1) * self.batch_size]
+        users = np.zeros(0, np.int64)
+        if self.users:
+            # the target users cycle through their permutation (an epoch is sized by the seeds)
+            users = user_order[(g * self.users + np.arange(self.users)) % len(user_order)]
+        return self.build(users, seeds, rng)
 
-    def _catalogue_targets(self, pairs: np.ndarray) -> dict[str, np.ndarray]:
-        eng, deepest = self.store.eng, len(self.store.stage_order)
-        start, end = eng.indptr[pairs[:, 0]], eng.indptr[pairs[:, 0] + 1]
-        deg = end - start
-        row_of = np.repeat(np.arange(len(pairs)), deg)
-        e = np.repeat(start - np.cumsum(deg) + deg, deg) + np.arange(int(deg.sum()))
-        keep = (eng.stage[e] == deepest) & (eng.dst[e] != pairs[row_of, 1])
-        cols = self.catalogue_row[eng.dst[e[keep]]]
-        ok = cols >= 0
-        return {"cat_target": self.catalogue_row[pairs[:, 1]], "cat_mask_rows": row_of[keep][ok], "cat_mask_cols": cols[ok]}
+    def build(self, users: np.ndarray, seeds: np.ndarray, rng: np.random.Generator) -> dict[str, Any]:
+        """The batch of ``users`` (U,) target users and ``seeds`` (S,) other seeds, contexts drawn
+        from ``rng``. Public so a test can hold the draws fixed: every tensor but the ``tgt_*``
+        labels depends on the view alone."""
+        all_seeds = np.concatenate([users, seeds]).astype(np.int64)
+        views = {"eng": self.sampler.engagement(all_seeds, rng), "kno": self.sampler.knowledge(all_seeds, rng)}
+        extra = self._labels(users) if len(users) else {}
+        return to_tensors(self.store, self.base, views, seeds=all_seeds, n_users=np.asarray(len(users)), **extra)
+
+    def _labels(self, users: np.ndarray) -> dict[str, np.ndarray]:
+        t = self.targets
+        rows, cols, weight, m_rows, m_cols = [], [], [], [], []
+        for i, u in enumerate(users):
+            j = self.target_of.get(int(u))
+            if j is not None:
+                c = self.catalogue_row[t.cands[t.positives[j]]]
+                c = c[c >= 0]  # a target the view has no base for cannot be ranked
+                rows.append(np.full(len(c), i)), cols.append(c), weight.append(np.full(len(c), 1.0 / max(len(c), 1)))
+            # the user's deep-stage view entities: masked, as the test masks its history
+            a, b = self.store.eng.indptr[u], self.store.eng.indptr[u + 1]
+            deep = self.store.eng.dst[a:b][self.store.eng.stage[a:b] == len(self.store.stage_order)]
+            mc = self.catalogue_row[deep]
+            m_rows.append(np.full(int((mc >= 0).sum()), i)), m_cols.append(mc[mc >= 0])
+        cat = lambda parts, dtype: np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype)  # noqa: E731
+        return {"tgt_rows": cat(rows, np.int64), "tgt_cols": cat(cols, np.int64), "tgt_weight": cat(weight, np.float32),
+                "mask_rows": cat(m_rows, np.int64), "mask_cols": cat(m_cols, np.int64)}
 
 
 class EpochBatchSampler(Sampler):
@@ -155,8 +161,9 @@ class HirDataModule(L.LightningDataModule):
         spectral: how the base is fitted (:class:`hir.model.SpectralConfig`).
         val_protocol: ``masked_new`` or ``all`` (see :mod:`hir.model.valset`).
         val_candidates: cap on recall@K candidates (None = all).
-        batch_size: seeds per batch.
-        pairs: deep-funnel (user, entity) pairs per batch (the catalogue loss).
+        task: how the training task is cut (:class:`hir.model.task.TaskConfig`: next-period or
+            denoising targets, users per batch, the planned schedule).
+        batch_size: seeds per batch (distillation, prototypes).
         seeds_per_epoch: seeds per epoch (None = all nodes).
         embed_batch_size: nodes per validation batch.
         num_workers, pin_memory, persistent_workers: DataLoader settings.
@@ -166,7 +173,8 @@ class HirDataModule(L.LightningDataModule):
     """
 
     def __init__(self, graph_dir: str | Path, content_dir: str | Path, graph: dict[str, Any], context: dict[str, int],
-                 spectral: SpectralConfig, val_protocol: str, val_candidates: int | None, batch_size: int, pairs: int,
+                 spectral: SpectralConfig, val_protocol: str, val_candidates: int | None, batch_size: int,
+                 task: TaskConfig | dict[str, Any],
                  seeds_per_epoch: int | None, embed_batch_size: int, num_workers: int, pin_memory: bool,
                  persistent_workers: bool, seed: int, spectral_file: str | Path, reuse_spectral: bool = False) -> None:
         super().__init__()
@@ -174,7 +182,8 @@ class HirDataModule(L.LightningDataModule):
         self.graph, self.context, self.spectral = dict(graph), dict(context), spectral
         self.spectral_file, self.reuse_spectral = Path(spectral_file), bool(reuse_spectral)
         self.val_protocol, self.val_candidates = val_protocol, val_candidates
-        self.batch_size, self.pairs, self.seeds_per_epoch = batch_size, pairs, seeds_per_epoch
+        self.batch_size, self.seeds_per_epoch = batch_size, seeds_per_epoch
+        self.task = task if isinstance(task, TaskConfig) else TaskConfig(**dict(task))
         self.embed_batch_size = embed_batch_size
         self.num_workers, self.pin_memory = num_workers, pin_memory
         self.persistent_workers = persistent_workers and num_workers > 0
@@ -202,8 +211,35 @@ class HirDataModule(L.LightningDataModule):
                                                                               self.val_protocol)
         self.basis, self.spectral_report = fit_base(self.store, select, self.spectral, self.seed, self.spectral_file,
                                                     self.reuse_spectral)
+        self.setup_task(snap)
         self.base: SpectralBase = self.basis.base_for(self.store)
         self.sampler = ContextSampler(self.store, **self.context)
+        self.task_report["inputs"] = {
+            "train (task view)": input_stats(self.task_store, self.task_base, self.task_sampler, self.targets, self.seed),
+            "val (train split)": input_stats(self.store, self.base, self.sampler, self.val, self.seed)}
+
+    def setup_task(self, snap: Snapshot) -> None:
+        """The training task (:mod:`hir.model.task`): the view's store, its base (the chosen filter
+        fit on the view alone, in its own frame: nothing of it depends on a target), its context
+        sampler and its targets. The train basis is then turned into the view's frame
+        (:attr:`SpectralBasis.frame`, saved), so validation and export read the coordinates the
+        network was trained in."""
+        t0 = time.perf_counter()
+        task_snap, self.task_report = task_snapshot(snap, self.task, self.seed)
+        self.task_store = load_graph(task_snap, self.content_dir, ("train",), **self.graph)
+        self.targets: ValSet = validation_set(self.task_store, None, self.seed, "masked_new")
+        b = self.basis
+        task_basis = fit_spectral(self.task_store, b.rank, b.stage_base, int(self.spectral.n_iter), self.seed, b.filter)
+        self.task_base = task_basis.base_for(self.task_store)
+        if b.frame is None:  # (a resumed run reloads the basis with its frame)
+            q = procrustes(self.store, b.base_for(self.store).vectors, task_basis.base_for(self.store).vectors)
+            self.basis = replace(b, frame=q)
+            self.basis.save(self.spectral_file)
+        self.task_sampler = ContextSampler(self.task_store, **self.context)
+        self.task_report |= {"target_users": len(self.targets), "target_pairs": int(sum(map(len, self.targets.positives))),
+                             "planned_steps": self.task.planned_steps(len(self.targets)),
+                             "seconds": round(time.perf_counter() - t0, 2)}
+        log.info("training task: %s", {k: v for k, v in self.task_report.items() if k != "inputs"})
 
     @property
     def net_sizes(self) -> dict[str, int]:
@@ -215,12 +251,12 @@ class HirDataModule(L.LightningDataModule):
     def recipe(self) -> dict[str, dict[str, Any]]:
         """How contexts were built (``graph`` options, ``context`` sizes): kept in checkpoints, so
         export rebuilds the same inputs."""
-        return {"graph": dict(self.graph), "context": self.sampler.sizes}
+        return {"graph": dict(self.graph), "context": self.sampler.sizes, "task": dict(self.task_report)}
 
     @property
     def catalogue(self) -> np.ndarray:
-        """The user-side loss's catalogue (:func:`hir.model.catalogue`)."""
-        return catalogue(self.store, self.base)
+        """The training loss's catalogue (:func:`hir.model.catalogue` of the task's view)."""
+        return catalogue(self.task_store, self.task_base)
 
     def _loader(self, dataset: Dataset, sampler: Sampler | None = None) -> DataLoader:
         return DataLoader(dataset, batch_size=None, sampler=sampler, shuffle=False, num_workers=self.num_workers,
@@ -229,10 +265,10 @@ class HirDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         rank = self.trainer.global_rank if self.trainer else 0
         world = self.trainer.world_size if self.trainer else 1
-        ds = TrainBatches(self.store, self.base, self.sampler, self.batch_size, self.pairs, self.seeds_per_epoch,
-                          self.seed, rank, world, self.catalogue)
-        log.info("train: %d batches per epoch per rank (rank %d of %d), %d seeds + %d pairs per batch",
-                 len(ds), rank, world, self.batch_size, ds.pairs)
+        ds = TrainBatches(self.task_store, self.task_base, self.task_sampler, self.targets, self.batch_size,
+                          self.task.users, self.seeds_per_epoch, self.seed, rank, world, self.catalogue)
+        log.info("train: %d batches per epoch per rank (rank %d of %d), %d target users + %d seeds per batch",
+                 len(ds), rank, world, ds.users, self.batch_size)
         n = len(ds)
 
         def epoch() -> int:
@@ -246,8 +282,8 @@ class HirDataModule(L.LightningDataModule):
         """A seeded random sample of ``n`` nodes to embed (prototype initialisation)."""
         rng = np.random.default_rng([self.seed, 3])
         nodes = np.sort(rng.choice(self.store.n_nodes, min(n, self.store.n_nodes), replace=False))
-        return DataLoader(EmbedBatches(self.store, self.base, self.sampler, nodes, self.embed_batch_size, self.seed),
-                          batch_size=None)
+        return DataLoader(EmbedBatches(self.task_store, self.task_base, self.task_sampler, nodes, self.embed_batch_size,
+                                       self.seed), batch_size=None)
 
     def val_dataloader(self) -> DataLoader:
         # every rank embeds everything (no sharding): recall@K needs all candidates on one rank

@@ -13,14 +13,15 @@ import torch
 from torch import Tensor, nn
 
 from hir.errors import HirError
-from hir.model import catalogue_vectors, embed_batch, masked_recall, usage_stats, views
+from hir.model import catalogue_vectors, embed_batch, usage_stats, views
+from hir.model.metrics import paired_gain, recall_per_user
 from hir.nn import AlignLoss, BalanceLoss, CatalogueLoss, DistillLoss, HirNet
 from hir.nn.net import USER_TYPE
 
 log = logging.getLogger(__name__)
 
 # the loss parts a step computes; `objective.weights` names a weight for each
-LOSS_PARTS = ("distill", "align", "catalogue", "balance", "scale")
+LOSS_PARTS = ("distill", "align", "catalogue", "anchor", "balance", "scale")
 # what `objective` and `optim` hold (conf/model/hir.yaml explains each)
 OBJECTIVE_KEYS = ("weights", "student_temp", "teacher_temp_start", "teacher_temp", "teacher_temp_warmup",
                   "center_momentum", "catalogue_temp", "learn_temperature", "cross_view", "momentum",
@@ -107,6 +108,9 @@ class HirModule(L.LightningModule):
         self.teacher_temp = np.array([objective["teacher_temp"]])
         self.momentum = np.array([objective["momentum"]])
         self._val: list[tuple[Tensor, Tensor]] = []
+        # per val user, recall@monitor_k of the step-0 point (the base): what every epoch is
+        # compared with, paired over users (kept in checkpoints for a resumed run)
+        self.base_recall: np.ndarray | None = None
         # set once the prototypes got their data-dependent init; saved, so a resumed run skips it
         self.register_buffer("prototypes_ready", torch.zeros((), dtype=torch.bool))
         # per-epoch validation metrics (kept in checkpoints, so a resumed run has the full history)
@@ -131,9 +135,10 @@ class HirModule(L.LightningModule):
 
     @torch.no_grad()
     def catalogue_matrix(self) -> Tensor:
-        """(M, C) packed base embeddings of the datamodule's catalogue (:func:`hir.model.catalogue_vectors`)."""
+        """(M, C) packed base embeddings of the training task's catalogue (the view's base,
+        :func:`hir.model.catalogue_vectors`)."""
         dm = self.trainer.datamodule
-        return catalogue_vectors(dm.store, dm.base).to(self.device)
+        return catalogue_vectors(dm.task_store, dm.task_base).to(self.device)
 
     @torch.no_grad()
     def _init_prototypes(self) -> None:
@@ -166,7 +171,9 @@ class HirModule(L.LightningModule):
     def loss_parts(self, batch: dict[str, Any]) -> dict[str, Tensor]:
         """The named, unweighted loss parts of one batch (raises on a non-finite part)."""
         eng, kno = views(batch)
-        full = [self.net(eng, use_ids=True), self.net(kno, use_ids=False)]  # 2 x (B, C)
+        z_eng = self.net(eng, use_ids=True)  # (B, C)
+        correction = self.net.last_correction  # (B, K) or None (no transformer)
+        full = [z_eng, self.net(kno, use_ids=False)]  # 2 x (B, C)
         with torch.no_grad():
             t_full = [self.teacher(eng, use_ids=True), self.teacher(kno, use_ids=False)]  # 2 x (B, C)
         # the hierarchy and the cross-view objectives work on the direction; the scale
@@ -195,10 +202,15 @@ class HirModule(L.LightningModule):
             parts["scale"] = gap.pow(2).mean()
         else:
             parts["scale"] = full[1].sum() * 0.0
-        p = int(batch["n_pairs"])
-        if p and "cat_target" in batch and self._catalogue is not None and len(self._catalogue):
-            parts["catalogue"] = self.catalogue_loss(full[0][:p], self._catalogue, batch["cat_target"],
-                                                     batch["cat_mask_rows"], batch["cat_mask_cols"])
+        n = int(batch["n_users"])
+        zero = full[0].sum() * 0.0
+        parts["catalogue"], parts["anchor"] = zero, zero
+        if n and len(batch.get("tgt_rows", ())) and self._catalogue is not None and len(self._catalogue):
+            parts["catalogue"] = self.catalogue_loss(full[0][:n], self._catalogue, batch["tgt_rows"], batch["tgt_cols"],
+                                                     batch["tgt_weight"], batch["mask_rows"], batch["mask_cols"])
+        if correction is not None and n:
+            # the user correction's squared size: it stays at the base unless the targets pay for it
+            parts["anchor"] = correction[:n].pow(2).sum(-1).mean()
         for name, value in parts.items():
             if not torch.isfinite(value):
                 raise HirError(
@@ -263,7 +275,15 @@ class HirModule(L.LightningModule):
         index[nodes] = np.arange(len(nodes))
         zu = z[index[val.users]].numpy()
         zc = z[index[val.cands]].numpy()
-        metrics = {f"val/recall@{k}": float(masked_recall(zu, zc, val.positives, val.masked, k)) for k in self.val_k}
+        metrics: dict[str, float] = {}
+        for k in self.val_k:
+            per_user = recall_per_user(zu, zc, val.positives, val.masked, k)
+            metrics[f"val/recall@{k}"] = float(np.nanmean(per_user)) if len(per_user) else 0.0
+            if f"val/recall@{k}" == self.monitor:
+                if self.base_recall is None or len(self.base_recall) != len(per_user):
+                    self.base_recall = per_user  # the first validation: the step-0 base
+                gain = paired_gain(per_user, self.base_recall, seed=self.seed)
+                metrics |= {"val/gain_over_base": gain["gain"], "val/gain_lo": gain["lo"], "val/gain_hi": gain["hi"]}
         codes, _, _ = self.teacher.tokens(z.to(self.device))
         for lvl, c in enumerate(codes):
             usage, entropy = usage_stats(c[:, 0], self.teacher.tokenizer.levels[lvl])
@@ -286,9 +306,13 @@ class HirModule(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["hir_history"] = list(self.history)
+        if self.base_recall is not None:
+            checkpoint["hir_base_recall"] = torch.from_numpy(self.base_recall)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.history = list(checkpoint.get("hir_history", []))
+        if "hir_base_recall" in checkpoint:
+            self.base_recall = checkpoint["hir_base_recall"].numpy()
 
     # -- optimisation ------------------------------------------------------------------------
     def configure_optimizers(self) -> dict[str, Any]:

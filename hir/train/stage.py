@@ -50,11 +50,12 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     t_data = time.perf_counter() - t0
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     module = instantiate(cfg.model, net=dm.net_sizes, data=dm.recipe)
-    trainer, best_cb = build_trainer(cfg, ckpt_dir, module.monitor)
+    trainer, best_cb = build_trainer(cfg, ckpt_dir, module.monitor, dm.task_report.get("planned_steps"))
     log_setup(trainer, module, dm)
     t1 = time.perf_counter()
     trainer.fit(module, datamodule=dm, ckpt_path=cfg.get("ckpt_path"), weights_only=True)
-    seconds = {"load_graph": round(t_data - dm.spectral_report["seconds"], 2), "spectral": dm.spectral_report["seconds"],
+    seconds = {"load_graph": round(t_data - dm.spectral_report["seconds"] - dm.task_report["seconds"], 2),
+               "spectral": dm.spectral_report["seconds"], "task": dm.task_report["seconds"],
                "fit": round(time.perf_counter() - t1, 2)}
     report = fit_report(cfg, trainer, module, dm, best_cb, ckpt_dir, seconds)
     if trainer.is_global_zero:

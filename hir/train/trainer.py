@@ -59,9 +59,13 @@ def prepare_process(cfg: DictConfig, ckpt_dir: Path) -> None:
             old.unlink()
 
 
-def build_trainer(cfg: DictConfig, ckpt_dir: Path, monitor: str) -> tuple[L.Trainer, ModelCheckpoint]:
+def build_trainer(cfg: DictConfig, ckpt_dir: Path, monitor: str,
+                  planned_steps: int | None = None) -> tuple[L.Trainer, ModelCheckpoint]:
     """``cfg.trainer`` with hir's built-in callbacks (the step-0 point, the best and the last
-    checkpoint), ``cfg.callbacks`` and ``cfg.logger``; returns the trainer and its best-checkpoint callback."""
+    checkpoint), ``cfg.callbacks`` and ``cfg.logger``; returns the trainer and its best-checkpoint
+    callback. ``planned_steps`` (the training task's schedule, :meth:`hir.model.task.TaskConfig.planned_steps`)
+    becomes ``max_steps`` unless ``trainer.max_steps`` is set, so the warm-up and the cosine decay,
+    planned over the trainer's stepping batches, happen inside the run."""
     best_cb = ModelCheckpoint(dirpath=str(ckpt_dir), filename="best", monitor=monitor, mode="max", save_top_k=1,
                               auto_insert_metric_name=False, enable_version_counter=False)
     # last.ckpt after every epoch, improved or not: what `ckpt_path=last` resumes from
@@ -76,8 +80,11 @@ def build_trainer(cfg: DictConfig, ckpt_dir: Path, monitor: str) -> tuple[L.Trai
     # seeds are sharded by the datamodule itself (deterministic per rank); Lightning must not
     # re-shard. The train loader is rebuilt every epoch: a resumed run's first iterator is otherwise
     # created before the checkpoint's loop state is restored, i.e. with the wrong epoch.
+    extra: dict[str, Any] = {}
+    if planned_steps and int(cfg.trainer.get("max_steps", -1) or -1) < 0:
+        extra["max_steps"] = int(planned_steps)
     trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=logger, use_distributed_sampler=False,
-                          reload_dataloaders_every_n_epochs=1)
+                          reload_dataloaders_every_n_epochs=1, **extra)
     return trainer, best_cb
 
 
@@ -117,6 +124,7 @@ def fit_report(cfg: DictConfig, trainer: L.Trainer, module: HirModule, dm: HirDa
         "attention_backend": backend_of(trainer, module),
         "world_size": trainer.world_size,
         "spectral": dm.spectral_report,
+        "task": dm.task_report,
         "monitor": module.monitor,
         "best": best,
         "stopped_by": stopped_by,

@@ -28,16 +28,20 @@ def test_distill_prefers_agreeing_views_and_centres_the_teacher():
     assert torch.equal(loss.center, before)  # no centre update outside training
 
 
-def test_catalogue_ranks_the_positive_with_the_users_other_entities_masked():
+def test_catalogue_ranks_the_targets_with_the_users_view_entities_masked():
     users = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
     cat = F.normalize(torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.9, 0.3]]), dim=-1)
-    target = torch.tensor([2, 1])
+    rows, cols, w = torch.tensor([0, 1]), torch.tensor([2, 1]), torch.ones(2)
     none = torch.zeros(0, dtype=torch.long)
     loss = CatalogueLoss(0.05, learn_temperature=False)
-    plain = loss(users, cat, target, none, none)
-    # user 0 already had row 0 (scored above its positive): masked, it no longer competes
-    masked = loss(users, cat, target, torch.tensor([0]), torch.tensor([0]))
+    plain = loss(users, cat, rows, cols, w, none, none)
+    # user 0 already had row 0 (scored above its target): masked, it no longer competes
+    masked = loss(users, cat, rows, cols, w, torch.tensor([0]), torch.tensor([0]))
     assert masked < plain
+    # a user with two targets weighs each half: every user counts the same, as the test averages
+    two = loss(users[:1], cat, torch.tensor([0, 0]), torch.tensor([0, 2]), torch.tensor([0.5, 0.5]), none, none)
+    logp = torch.log_softmax(users[:1] @ cat.T * 20.0, dim=-1)[0]
+    torch.testing.assert_close(two, -(logp[0] + logp[2]) / 2)
     assert not loss.log_scale.requires_grad and float(loss.scale) == pytest.approx(20.0)
     assert float(CatalogueLoss(1e-4, learn_temperature=True).scale) == pytest.approx(100.0)  # kept in [1, 100]
 

@@ -65,7 +65,9 @@ def test_before_training_the_engagement_view_is_the_spectral_base():
 
 def test_training_moves_users_only_and_a_seed_without_base_takes_the_knowledge_form():
     net = _net()
-    torch.nn.init.normal_(net.head.weight, std=0.5)  # a learned correction
+    torch.nn.init.normal_(net.head.weight, std=0.5)  # a learned correction, its gate open
+    with torch.no_grad():
+        net.gate.fill_(1.0)
     view = _view()
     z, know = net(view, use_ids=True), net(view, use_ids=False)
     seeds = view["row"][:, 0]
@@ -79,12 +81,18 @@ def test_training_moves_users_only_and_a_seed_without_base_takes_the_knowledge_f
     torch.testing.assert_close(z[cold], know[cold])
 
 
-def test_leave_one_out_seed_base_overrides_the_shared_row():
+def test_the_gate_starts_closed_at_the_base_and_opens_by_gradient():
     net = _net()
     view = _view()
-    view["seed_base"] = torch.randn(6, 16)
+    seeds = view["row"][:, 0]
+    has = view["base"][seeds].norm(dim=-1) > 0
     z = net(view, use_ids=True)
-    torch.testing.assert_close(net.semantic(z), F.normalize(view["seed_base"], dim=-1))
+    # before training: exactly the base, and no correction
+    torch.testing.assert_close(net.semantic(z)[has], F.normalize(view["base"][seeds], dim=-1)[has])
+    assert float(net.last_correction.abs().max()) == 0.0
+    # the gate's gradient is not zero, so training can open it
+    net(view, use_ids=True)[:, 0].sum().backward()
+    assert net.gate.grad is not None and float(net.gate.grad.abs()) > 0
 
 
 def test_without_the_transformer_the_engagement_view_is_the_base_for_everyone():

@@ -26,7 +26,7 @@ TINY_DATA = [
 # a model small enough to train two epochs in a few seconds
 TINY_MODEL = [
     "spectral.rank=16", "model.net.width=16", "model.net.depth=1", "model.net.heads=2", "model.net.hierarchy.levels=[2,4,8]",
-    "model.net.hierarchy.top_k=2", "datamodule.batch_size=48", "datamodule.pairs=16", "datamodule.seeds_per_epoch=192",
+    "model.net.hierarchy.top_k=2", "datamodule.batch_size=48", "datamodule.task.users=16", "datamodule.seeds_per_epoch=192",
     "datamodule.embed_batch_size=256", "datamodule.val_candidates=null", "model.objective.init_nodes=256",
     "export.batch_size=256", "trainer.max_epochs=2", "trainer.log_every_n_steps=1", "trainer.enable_progress_bar=false",
 ]

@@ -28,10 +28,13 @@ def _same(a, b) -> None:
         torch.testing.assert_close(fa[k], fb[k], rtol=0, atol=0, msg=k)
 
 
-def _dataset(run: Path, **kw) -> TrainBatches:
+def _dataset(run: Path, protocol: str = "all", **kw) -> TrainBatches:
+    """8 target users (the val split's positives stand in for a task's targets) + 32 seeds a batch."""
     store = load_graph(run / "graph", run / "content", ("train",), **graph_options())
-    return TrainBatches(store, None, ContextSampler(store, 4, 2, 2, 2, 2), batch_size=32, pairs=8, seeds_per_epoch=128,
-                        seed=3, **kw)
+    base = fit_spectral(store, 8, **spectral_fit()).base_for(store)
+    targets = validation_set(store, None, 0, protocol)
+    return TrainBatches(store, base, ContextSampler(store, 4, 2, 2, 2, 2), targets, batch_size=32, users=8,
+                        seeds_per_epoch=128, seed=3, catalogue=catalogue(store, base), **kw)
 
 
 def test_batches_do_not_depend_on_workers_or_instance(tiny_run: Path):
@@ -52,30 +55,23 @@ def test_ranks_get_disjoint_shards_of_one_order(tiny_run: Path):
     single = _dataset(tiny_run)
     r0, r1 = _dataset(tiny_run, rank=0, world=2), _dataset(tiny_run, rank=1, world=2)
     assert len(r0) == len(r1) == 2
-    seeds = lambda ds, i: ds[(0, i)]["seeds"][8:].numpy()  # noqa: E731 - the non-pair seeds
+    seeds = lambda ds, i: ds[(0, i)]["seeds"][8:].numpy()  # noqa: E731 - the seeds after the target users
     got = [seeds(r0, 0), seeds(r1, 0), seeds(r0, 1), seeds(r1, 1)]
     for g, i in zip(got, range(4)):
         np.testing.assert_array_equal(g, seeds(single, i))  # global batch g*W + r
     assert len(np.unique(np.concatenate(got))) == 128
 
 
-def _pairs(ds: TrainBatches, epoch: int, batch: int) -> np.ndarray:
-    """The (user, entity) pairs of a batch: the first draw of its generator (seed, epoch, batch)."""
-    return ds.draw_pairs(np.random.default_rng([ds.seed, epoch, batch]), ds.pairs)
-
-
-def test_pair_users_lead_each_batch_with_their_entity_hidden(tiny_run: Path):
+def test_target_users_lead_each_batch_uniformly_over_users(tiny_run: Path):
     ds = _dataset(tiny_run)
     b = ds[(0, 0)]
-    p = int(b["n_pairs"])
-    pairs = _pairs(ds, 0, 0)
-    assert p == len(pairs) == 8
-    assert {tuple(x) for x in pairs.tolist()} <= {tuple(x) for x in ds.store.deep_pairs.tolist()}
-    np.testing.assert_array_equal(b["seeds"][:p].numpy(), pairs[:, 0])
-    np.testing.assert_array_equal(b["seeds"][p:].numpy(), ds.order(0)[:32])
-    eng = b["eng"]["node"]
-    for r in range(p):
-        assert int(pairs[r, 1]) not in eng[r].tolist()
+    n = int(b["n_users"])
+    seeds, users = ds.order(0)
+    assert n == 8 and sorted(users.tolist()) == sorted(ds.targets.users.tolist())  # each target user once an epoch
+    np.testing.assert_array_equal(b["seeds"][:n].numpy(), users[:8])
+    np.testing.assert_array_equal(b["seeds"][n:].numpy(), seeds[:32])
+    # the next batch takes the next users of the permutation (cycling)
+    np.testing.assert_array_equal(ds[(0, 1)]["seeds"][:n].numpy(), users[8:16])
 
 
 def test_validation_candidates_keep_every_positive_and_mask_the_history(tiny_run: Path):
@@ -99,23 +95,19 @@ def test_validation_candidates_keep_every_positive_and_mask_the_history(tiny_run
     assert len(new) < len(full) or sum(map(len, new.positives)) < sum(map(len, full.positives))
 
 
-def test_catalogue_targets_mask_the_users_other_entities_and_leave_out_the_positive(tiny_run: Path):
-    store = load_graph(tiny_run / "graph", tiny_run / "content", ("train",), **graph_options())
-    base = fit_spectral(store, 8, **spectral_fit()).base_for(store)
-    cat = catalogue(store, base)
-    ds = TrainBatches(store, base, ContextSampler(store, 4, 2, 2, 2, 2), 32, 8, 128, seed=3, catalogue=cat)
+def test_labels_are_the_users_targets_and_the_mask_their_view_entities(tiny_run: Path):
+    ds = _dataset(tiny_run, "masked_new")
+    store, cat, t = ds.store, catalogue(ds.store, ds.base), ds.targets
     b = ds[(0, 0)]
-    p = int(b["n_pairs"])
-    users, items = _pairs(ds, 0, 0).T
-    np.testing.assert_array_equal(b["seeds"][:p].numpy(), users)
-    np.testing.assert_array_equal(cat[b["cat_target"].numpy()], items)
+    users = b["seeds"][: int(b["n_users"])].numpy()
     deep = len(store.stage_order)
-    for r in range(p):
-        a, e = store.eng.indptr[users[r]], store.eng.indptr[users[r] + 1]
-        others = set(store.eng.dst[a:e][store.eng.stage[a:e] == deep].tolist()) - {int(items[r])}
-        got = set(cat[b["cat_mask_cols"][b["cat_mask_rows"] == r].numpy()].tolist())
-        assert got == others and int(items[r]) not in got
-    # the pair users' base omits their positive; everyone else's is the stored base
-    seed_base = b["seed_base"].numpy()
-    np.testing.assert_allclose(seed_base[p:], base.vectors[b["seeds"][p:].numpy()])
-    assert not np.allclose(seed_base[:p], base.vectors[users])
+    for r, u in enumerate(users):
+        i = int(np.flatnonzero(t.users == u)[0])
+        want = set(t.cands[t.positives[i]].tolist()) & set(cat.tolist())
+        rows = b["tgt_rows"] == r
+        assert set(cat[b["tgt_cols"][rows].numpy()].tolist()) == want
+        torch.testing.assert_close(b["tgt_weight"][rows].sum(), torch.tensor(1.0))  # every user weighs one
+        a, e = store.eng.indptr[u], store.eng.indptr[u + 1]
+        view = set(store.eng.dst[a:e][store.eng.stage[a:e] == deep].tolist()) & set(cat.tolist())
+        assert set(cat[b["mask_cols"][b["mask_rows"] == r].numpy()].tolist()) == view
+        assert not want & view  # targets are new to the user

@@ -58,7 +58,7 @@ def _batches(dm: HirDataModule, rank: int, world: int, step: int = 0) -> list[di
 
 def _seeds(batch: dict[str, Any]) -> list[int]:
     """The batch's seeds after its pair users."""
-    return batch["seeds"][int(batch["n_pairs"]):].tolist()
+    return batch["seeds"][int(batch["n_users"]):].tolist()
 
 
 def _equal(a: Any, b: Any) -> bool:

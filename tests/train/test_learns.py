@@ -27,7 +27,7 @@ SMALL_DATA = [
 ]
 SMALL_MODEL = [
     "spectral.ranks=[8,16,32]", "model.net.width=16", "model.net.depth=1", "model.net.heads=2",
-    "model.net.hierarchy.levels=[4,8,16]", "model.net.hierarchy.top_k=2", "datamodule.batch_size=64", "datamodule.pairs=64",
+    "model.net.hierarchy.levels=[4,8,16]", "model.net.hierarchy.top_k=2", "datamodule.batch_size=64", "datamodule.task.users=64",
     "datamodule.seeds_per_epoch=640", "datamodule.embed_batch_size=512", "datamodule.val_candidates=null",
     "model.objective.init_nodes=512", "export.batch_size=512", "trainer.max_epochs=3",
     "trainer.enable_progress_bar=false",

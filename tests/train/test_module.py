@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from hir.errors import HirError
-from hir.model import ContextSampler, catalogue, catalogue_vectors, load_graph
+from hir.model import ContextSampler, catalogue, catalogue_vectors, load_graph, validation_set
 from hir.model.spectral import fit_spectral
 from hir.nn import HirNet
 from hir.train.datamodule import TrainBatches
@@ -29,7 +29,8 @@ def setup(tiny_run: Path):
     module = HirModule(HirNet(**net_kwargs(**sizes, width=16, depth=1, heads=2, hierarchy=hierarchy)),
                        model["objective"], model["optim"], model["val_k"], model["monitor_k"], seed=42)
     module._catalogue = catalogue_vectors(store, base)
-    batch = TrainBatches(store, base, ContextSampler(store, 4, 2, 2, 2, 2), 32, 8, None, seed=0,
+    targets = validation_set(store, None, 0, "masked_new")  # the val positives stand in for a task's targets
+    batch = TrainBatches(store, base, ContextSampler(store, 4, 2, 2, 2, 2), targets, 32, 8, None, seed=0,
                          catalogue=catalogue(store, base))[(0, 0)]
     return module, batch
 
@@ -39,10 +40,11 @@ def test_parts_are_named_and_the_teacher_gets_no_gradient(setup):
     parts = module.loss_parts(batch)
     # "scale": the knowledge view's entity scale regresses the engagement teacher's; the
     # catalogue part trains the users
-    assert set(parts) == {"distill", "align", "balance", "catalogue", "scale"}
+    assert set(parts) == {"distill", "align", "balance", "catalogue", "anchor", "scale"}
+    assert float(parts["anchor"]) == 0.0  # the gate starts closed: the base exactly
     sum(parts.values()).backward()
-    # the user correction gets a gradient from the catalogue part
-    assert module.net.head.weight.grad is not None and module.net.head.weight.grad.abs().sum() > 0
+    # the user correction's gate gets a gradient from the catalogue part
+    assert module.net.gate.grad is not None and float(module.net.gate.grad.abs()) > 0
     assert all(p.grad is None for p in module.teacher.parameters())
     assert all(not p.requires_grad for p in module.teacher.parameters())
     assert module.net.encoder.content.weight.grad is not None
@@ -81,9 +83,10 @@ def test_schedules_are_precomputed_per_step():
 
 def test_the_engagement_teacher_teaches_only_the_knowledge_student_by_default(setup):
     module, batch = setup
-    module.weights = {**module.weights, "catalogue": 0.0, "scale": 0.0}
+    module.weights = {**module.weights, "catalogue": 0.0, "anchor": 0.0, "scale": 0.0}
     parts = module.loss_parts(batch)
     sum(module.weights[k] * v for k, v in parts.items()).backward()
     # distill/align/balance reach the knowledge head, never the engagement correction
     assert module.net.know_head.weight.grad.abs().sum() > 0
     assert module.net.head.weight.grad is None or module.net.head.weight.grad.abs().sum() == 0
+    assert module.net.gate.grad is None or float(module.net.gate.grad.abs()) == 0

@@ -25,7 +25,7 @@ def trained(tiny_run: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[P
 def test_train_returns_and_writes_metrics(trained):
     out, metrics = trained
     assert metrics["val/recall@10"] <= metrics["val/recall@20"] <= metrics["val/recall@50"]
-    for part in ("distill", "align", "catalogue", "balance", "scale"):
+    for part in ("distill", "align", "catalogue", "anchor", "balance", "scale"):
         assert torch.isfinite(torch.tensor(metrics[f"train/{part}"])), part
     report = json.loads((out / "checkpoints" / "train_metrics.json").read_text())
     assert report["metrics"] == metrics

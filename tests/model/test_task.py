@@ -1,0 +1,176 @@
+"""The learner's inputs never contain its answer (hir.model.task, DESIGN.md "Train as it is tested").
+
+For target pairs (u, e) of the training task, every tensor the network reads (all but the
+``tgt_*`` labels) is identical, given the same random draws, whether the pair is in the snapshot
+or removed from it before anything is built. The same holds for the validation path (a val pair)
+and the export path (a test pair). The seed's training batches (every node's row of the
+base fit on all train pairs, the target's included) fail this check: the last test shows it.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+import torch
+from hydra.utils import instantiate
+
+from hir.data.snapshot import load_snapshot
+from hir.model import ContextSampler, EmbedBatches, load_graph, to_tensors
+from hir.model.task import TaskConfig, task_snapshot
+from hir.train.datamodule import HirDataModule, TrainBatches
+from tests.train.fixtures import TINY_MODEL, compose, tiny_snapshot
+
+# one filter candidate: the base's hyper-parameters are fixed, so only the fit itself could leak
+FIXED_BASE = ["spectral.rank=16", "spectral.stage_base=4.0", "spectral.betas=[0.5]", "spectral.responses=[linear]",
+              "spectral.ideal_weights=[1.0]", "spectral.trend_days=[28.0]", "spectral.trend_powers=[0.0]"]
+LABELS = ("tgt_rows", "tgt_cols", "tgt_weight")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_snapshot(tmp_path_factory.mktemp("task"))
+
+
+def _without(run: Path, out: Path, pairs: list[tuple[int, int]], splits: tuple[str, ...]) -> Path:
+    """A copy of ``run`` whose product engagement (edges and events) lacks ``pairs`` (global user
+    id, product node id) in ``splits``."""
+    shutil.copytree(run, out)
+    snap = load_snapshot(out / "graph")
+    path = snap.edge_path("user__engages__product")
+    drop = pl.DataFrame({"src_id": [u for u, _ in pairs], "dst_id": [e for _, e in pairs]},
+                        schema={"src_id": pl.Int64, "dst_id": pl.Int64})
+    edges = pl.read_parquet(path)
+    dtypes = {c: edges.schema[c] for c in ("src_id", "dst_id")}
+    hit = edges.join(drop.cast(dtypes), on=["src_id", "dst_id"], how="semi").filter(pl.col("split").is_in(splits))
+    assert hit.height > 0, "the pairs to remove are not in the snapshot"
+    edges.join(hit.select("src_id", "dst_id", "stage", "split"), on=["src_id", "dst_id", "stage", "split"],
+               how="anti").write_parquet(path)
+    return out
+
+
+def _datamodule(run: Path, kind: str) -> HirDataModule:
+    cfg = compose(run, *TINY_MODEL, *FIXED_BASE, f"datamodule.task.kind={kind}", "datamodule.task.min_targets=1",
+                  f"paths.graph_dir={run / 'graph'}", f"paths.content_dir={run / 'content'}")
+    dm = instantiate(cfg.datamodule, spectral_file=str(run / "spectral.npz"))
+    dm.setup("fit")
+    return dm
+
+
+def _inputs(dm: HirDataModule, users: np.ndarray, seeds: np.ndarray) -> dict[str, torch.Tensor]:
+    ds = TrainBatches(dm.task_store, dm.task_base, dm.task_sampler, dm.targets, 32, len(users), 128, 3,
+                      catalogue=dm.catalogue)
+    return _flat(ds.build(users, seeds, np.random.default_rng(5)))
+
+
+def _flat(batch: dict) -> dict[str, torch.Tensor]:
+    out = {}
+    for k, v in batch.items():
+        if isinstance(v, dict):
+            out |= {f"{k}.{kk}": vv for kk, vv in v.items()}
+        else:
+            out[k] = v
+    return out
+
+
+def _assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], skip: tuple[str, ...] = ()) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        if k not in skip:
+            torch.testing.assert_close(a[k], b[k], rtol=0, atol=0, msg=k)
+
+
+def _target_pairs(dm: HirDataModule, n: int) -> list[tuple[int, int]]:
+    """``n`` target pairs (global user, product node id) of distinct users, seeded."""
+    t, lo = dm.targets, dm.store.offsets[dm.store.types.index("product")]
+    rng = np.random.default_rng(0)
+    out = []
+    for i in rng.permutation(len(t))[:n]:
+        e = int(t.cands[t.positives[i][0]])
+        out.append((int(t.users[i]), e - int(lo)))
+    return out
+
+
+@pytest.mark.parametrize("kind", ["next_period", "denoise"])
+def test_training_inputs_do_not_see_the_target(tiny: Path, tmp_path: Path, kind: str):
+    dm = _datamodule(tiny, kind)
+    assert dm.task_report["kind"] == kind and len(dm.targets) >= 2
+    pairs = _target_pairs(dm, 4)
+    ulo = dm.store.offsets[0]
+    cut = _datamodule(_without(tiny, tmp_path / "cut", [(u - ulo, e) for u, e in pairs], ("train",)), kind)
+    users = np.array([u for u, _ in pairs], np.int64)
+    seeds = np.random.default_rng(1).choice(dm.store.n_nodes, 24, replace=False)
+    a, b = _inputs(dm, users, seeds), _inputs(cut, users, seeds)
+    _assert_same(a, b, skip=LABELS)
+    # the labels do change: the removed pairs were the users' targets
+    assert not (len(a["tgt_cols"]) == len(b["tgt_cols"]) and torch.equal(a["tgt_cols"], b["tgt_cols"]))
+    # what training reads of the graph and the base is the same too (not only the sampled rows)
+    np.testing.assert_array_equal(dm.task_store.eng.dst, cut.task_store.eng.dst)
+    np.testing.assert_array_equal(dm.task_base.vectors, cut.task_base.vectors)
+    # and the removal was real: the train split itself did change
+    assert len(dm.store.eng.dst) != len(cut.store.eng.dst)
+
+
+def test_seed_training_batches_would_fail_this_check(tiny: Path, tmp_path: Path):
+    """The seed's batches gave every node its row of the base fit on the whole train split: the
+    user's row moves when its target pair is removed (the leak this module exists to close)."""
+    dm = _datamodule(tiny, "denoise")
+    pairs = _target_pairs(dm, 4)
+    ulo = dm.store.offsets[0]
+    cut = _datamodule(_without(tiny, tmp_path / "cut", [(u - ulo, e) for u, e in pairs], ("train",)), "denoise")
+    users = np.array([u for u, _ in pairs], np.int64)
+
+    def seed_batch(m: HirDataModule) -> dict[str, torch.Tensor]:
+        views = {"eng": m.sampler.engagement(users, np.random.default_rng(5))}
+        return _flat(to_tensors(m.store, m.base, views))
+
+    with pytest.raises(AssertionError):
+        _assert_same(seed_batch(dm), seed_batch(cut))
+
+
+def _val_pair(dm: HirDataModule, split: str) -> tuple[int, int]:
+    snap = load_snapshot(dm.graph_dir)
+    e = pl.read_parquet(snap.edge_path("user__engages__product")).filter(
+        (pl.col("split") == split) & (pl.col("stage") == snap.deep_stage)).row(0, named=True)
+    return int(e["src_id"]), int(e["dst_id"])
+
+
+def test_validation_and_export_inputs_do_not_see_their_positives(tiny: Path, tmp_path: Path):
+    dm = _datamodule(tiny, "denoise")
+    # validation: a val pair removed leaves the train store, the base and every val input alone
+    u, e = _val_pair(dm, "val")
+    cut = _datamodule(_without(tiny, tmp_path / "val", [(u, e)], ("val",)), "denoise")
+    nodes = np.concatenate([dm.val.users[:8], dm.val.cands[:8]])
+    a = _flat(EmbedBatches(dm.store, dm.base, dm.sampler, nodes, 64, 0)[0])
+    b = _flat(EmbedBatches(cut.store, cut.base, cut.sampler, nodes, 64, 0)[0])
+    _assert_same(a, b)
+    # export: a test pair removed leaves the train + val store and its base alone
+    u, e = _val_pair(dm, "test")
+    other = _without(tiny, tmp_path / "test", [(u, e)], ("test",))
+    graph = dict(dm.graph)
+    sa = load_graph(tiny / "graph", tiny / "content", ("train", "val"), **graph)
+    sb = load_graph(other / "graph", other / "content", ("train", "val"), **graph)
+    np.testing.assert_array_equal(dm.basis.base_for(sa).vectors, dm.basis.base_for(sb).vectors)
+    ids = np.arange(min(40, sa.n_nodes))
+    ca = ContextSampler(sa, **dm.context).engagement(ids, np.random.default_rng(2))
+    cb = ContextSampler(sb, **dm.context).engagement(ids, np.random.default_rng(2))
+    for k in ca:
+        np.testing.assert_array_equal(ca[k], cb[k], err_msg=k)
+
+
+def test_task_kinds_and_errors(tiny: Path):
+    snap = load_snapshot(tiny / "graph")
+    task, report = task_snapshot(snap, TaskConfig(kind="auto", min_targets=1), 0)
+    mode = snap.meta["split"]["mode"]
+    assert report["kind"] == ("next_period" if mode.startswith("temporal") else "denoise")
+    # too few next-period targets: auto falls back to denoising, and says why
+    task, report = task_snapshot(snap, TaskConfig(kind="auto", min_targets=10**9), 0)
+    assert report["kind"] == "denoise" and "min_targets" in report["why"]
+    assert 0 < report["targets"]
+    with pytest.raises(Exception, match="datamodule.task.kind"):
+        TaskConfig(kind="nope")
+    with pytest.raises(Exception, match="datamodule.task.drop"):
+        TaskConfig(drop=1.5)
