@@ -182,6 +182,16 @@ def reliability(y: np.ndarray, p: np.ndarray, bins: int = 10) -> dict[str, list[
     }
 
 
+def recall_per_user(topk: np.ndarray, relevant: Sequence[set[int]], k: int) -> np.ndarray:
+    """(U,) recall@k of each user (NaN where the user has no relevant item): the per-user values
+    whose mean :func:`recall_ndcg_at_k` reports, for paired comparisons of two arms or runs."""
+    out = np.full(len(relevant), np.nan)
+    for i, r in enumerate(relevant):
+        if r:
+            out[i] = sum(int(item) in r for item in topk[i, :k]) / len(r)
+    return out
+
+
 def recall_ndcg_at_k(
     topk: np.ndarray, relevant: Sequence[set[int]], ks: Sequence[int]
 ) -> dict[str, float]:

@@ -80,6 +80,10 @@ def ranking_section(cfg: DictConfig, snap: Snapshot, task: RankingTask, sources:
     return ranking
 
 
+# each test user's masked new-to-user recall@20 per retrieval arm (paired comparisons of runs)
+RETRIEVAL_USERS_FILE = "retrieval_users.parquet"
+
+
 def retrieval_section(cfg: DictConfig, snap: Snapshot, task: RetrievalTask, sources: Sources) -> dict[str, Any]:
     """metrics.json's ``retrieval``: every arm of ``eval.retrieval`` (or of ``eval.retrieval_arms``)."""
     from hir_evaluation.retrieval.evaluate import evaluate_retrieval
@@ -91,7 +95,7 @@ def retrieval_section(cfg: DictConfig, snap: Snapshot, task: RetrievalTask, sour
         snap, task, build_arms(ev.retrieval), int(ev.seed), hir_search(sources), sources.content_vectors(),
         sources.history_splits(ev.get("retrieval_history_splits")),
         list(ev.retrieval_arms) if ev.get("retrieval_arms") else None,
-        int(ev.retrieval_few_events),
+        int(ev.retrieval_few_events), Path(cfg.paths.report_dir) / RETRIEVAL_USERS_FILE,
     )
 
 

@@ -9,11 +9,14 @@ import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+import polars as pl
 
 from hir.data.snapshot import Snapshot
+from hir_evaluation.metrics import recall_per_user
 from hir_evaluation.retrieval.data import retrieval_data
 from hir_evaluation.retrieval.rank import TopK, score_arm
 from hir_evaluation.retrieval.registry import RetrievalArm, RetrievalContext
@@ -39,6 +42,7 @@ def evaluate_retrieval(
     history_splits: list[str] | None = None,
     run: Sequence[str] | None = None,
     few_events: int | None = None,
+    per_user_path: Path | None = None,
 ) -> dict[str, Any]:
     """The ``retrieval`` section of metrics.json: both protocols for every arm.
 
@@ -53,6 +57,9 @@ def evaluate_retrieval(
             they share (LightGCN's fit).
         few_events: adds the ``few_events`` slice to both protocols: the users whose history
             (the pairs every arm learns from) has at most this many events (None: no slice).
+        per_user_path: also write each test user's masked new-to-user recall@20 per arm there
+            (parquet: ``user_id``, ``few_events``, one column per arm), for paired comparisons of
+            runs over the same users (benchmarks/learner.py bootstraps them).
     """
     if run is not None and (unknown := sorted(set(run) - set(arms))):
         raise ValueError(f"eval.retrieval_arms: unknown arms {unknown}; expected some of {list(arms)}")
@@ -64,17 +71,24 @@ def evaluate_retrieval(
     scores: dict[str, dict[str, dict[str, float]]] = {}
     seconds: dict[str, float] = {}
     fits: dict[str, Any] = {}
+    per_user: dict[str, np.ndarray] = {}
     for name, arm in arms.items():
         if (run is not None and name not in run) or not ctx.has(arm.info.needs):
             continue
         t0 = time.perf_counter()
         ranked = arm.topk(ctx, ks[-1])
         scores[name] = score_arm(ranked, data, ks, few)
+        if ranked.masked is not None:
+            per_user[name] = recall_per_user(ranked.masked, data.new_to_user, 20 if 20 in ks else ks[-1])
         seconds[name] = time.perf_counter() - t0
         if ranked.fit is not None:
             fits[name] = ranked.fit
         log.info("retrieval %s: recall@20 %.4f full, %.4f %s (%.1fs)", name, scores[name]["all"].get("recall@20", math.nan),
                  scores[name].get(MASKED, {}).get("recall@20", math.nan), MASKED, seconds[name])
+    if per_user_path is not None and per_user:
+        per_user_path.parent.mkdir(parents=True, exist_ok=True)
+        pl.DataFrame({"user_id": data.users, "few_events": few if few is not None else np.zeros(len(data.users), bool),
+                      **per_user}).write_parquet(per_user_path)
     metric_names = [f"{m}@{k}" for k in ks for m in ("recall", "ndcg")]
     empty = dict.fromkeys(metric_names)
     roles = {name: arm.info.role for name, arm in arms.items()}

@@ -68,6 +68,8 @@ def export_meta(embedder: Any, ckpt: Path, ex: ExportConfig, z: Any, codes: list
     and what the export measured."""
     import numpy as np
 
+    from hir.model.stats import input_stats
+
     st = embedder.store
     norms = np.linalg.norm(z, axis=1)
     meta = {
@@ -80,6 +82,8 @@ def export_meta(embedder: Any, ckpt: Path, ex: ExportConfig, z: Any, codes: list
         "supergraph_gain": {f"l{s['level']}": s["gain"] for s in sg["levels"]}, "cold_placement": cold_report,
         "spectral": {"rank": embedder.basis.rank, "stage_base": embedder.basis.stage_base,
                      "filter": embedder.basis.filter.label(), "refit": embedder.refit},
+        # the users' input distribution here, beside train_metrics.json's task.inputs (training, val)
+        "inputs": input_stats(st, embedder.base, embedder.sampler, np.arange(*st.type_range("user")), 0),
         "seconds": seconds,
     }
     return meta | ({"planted_hierarchy": planted} if planted else {})

@@ -37,7 +37,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from hir.model.filters import trend_factor, user_filter
-from hir.model.metrics import masked_recall
+from hir.model.metrics import masked_recall, recall_per_user
 from hir.model.store import GraphStore
 from hir.model.valset import ValSet
 
@@ -80,8 +80,11 @@ class SpectralConfig:
     stages short of the deepest weighs ``stage_base ** -r``, or ``"auto"`` = the best of
     ``stage_bases`` (one SVD each; single-stage data skips it); betas, responses, ideal_weights,
     trend_days, trend_powers: the filter candidates (:class:`Filter`; ``filter`` is the starting
-    point of the search and what a one-candidate list leaves); select_users: val users the choice
-    is scored on (a seeded sample, null = all); n_iter: randomised-SVD power iterations.
+    point of the search and what a one-candidate list leaves); published: filter settings of the
+    published family members, tried last; select_users: val users the choice is scored on (a
+    seeded sample, null = all); noise_z, min_gain: a step must beat the current choice by more
+    than ``noise_z`` paired standard errors over those users and by ``min_gain`` (relative);
+    n_iter: randomised-SVD power iterations.
     """
 
     rank: int | str
@@ -98,6 +101,8 @@ class SpectralConfig:
     select_users: int | None = None
     min_gain: float = 0.0
     probe_rank: int = 256
+    noise_z: float = 1.96
+    published: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def candidate_ranks(self) -> list[int]:
@@ -420,13 +425,17 @@ class FilterScorer:
         return self._trend[key]
 
     def __call__(self, rank: int, filt: Filter) -> float:
+        return float(np.nanmean(self.per_user(rank, filt)))
+
+    def per_user(self, rank: int, filt: Filter) -> np.ndarray:
+        """(U,) val recall@20 of each scored user under the candidate (paired comparisons)."""
         k = min(int(rank), self.basis.rank)
         g = user_filter(self.basis.sigma[:k], filt.response, filt.ideal_weight)
         users = self.fold(filt.beta)[:, :k] * g[None, :]
         users /= np.maximum(np.linalg.norm(users, axis=1, keepdims=True), 1e-12)
         scale = np.power(np.maximum(self.deg[self.cands], 1e-12), filt.beta) * self.trend(filt)
         cands = self.item_v[self.cands, :k] * (scale * self.ent[self.cands])[:, None].astype(np.float32)
-        return float(masked_recall(users, cands, self.positives, self.masked, 20))
+        return recall_per_user(users, cands, self.positives, self.masked, 20)
 
 
 def select_rank(store: GraphStore, basis: SpectralBasis, val: ValSet, ranks: list[int],
@@ -444,32 +453,48 @@ def select_rank(store: GraphStore, basis: SpectralBasis, val: ValSet, ranks: lis
     return best, table
 
 
+def beats(new: np.ndarray, old: np.ndarray, z: float, min_gain: float) -> bool:
+    """Whether per-user metric ``new`` beats ``old`` (both (U,), the same users) beyond the paired
+    noise: the mean paired difference is more than ``z`` standard errors above 0, and the relative
+    gain is above ``min_gain``."""
+    ok = ~(np.isnan(new) | np.isnan(old))
+    d = new[ok] - old[ok]
+    if len(d) < 2:
+        return False
+    se = float(d.std(ddof=1)) / np.sqrt(len(d))
+    base = float(old[ok].mean())
+    return float(d.mean()) > z * se and (base <= 0 or float(d.mean()) > min_gain * base)
+
+
 def select_filter(store: GraphStore, basis: SpectralBasis, val: ValSet, config: SpectralConfig, seed: int,
                   tried: list[dict[str, Any]], start: Filter | None = None) -> tuple[int, Filter]:
     """Coordinate ascent on val over the rank, then the degree exponent, the response and the
-    ideal weight, the rank again, then the trend (on data with time), from ``config.start``; a
-    step is taken only when it beats the current choice by ``config.min_gain`` (relative), so
-    noise does not move the defaults. Every candidate scored is appended to ``tried`` (a candidate
-    already there is not scored again); ``start`` replaces ``config.start``."""
+    ideal weight, the rank again, then the trend (on data with time), from ``config.start``, and
+    last the ``config.published`` settings of the family; a step is taken only when the candidate
+    beats the current choice beyond the paired noise over the scored val users (:func:`beats`
+    with ``config.noise_z`` and ``config.min_gain``), so noise does not move the choice. Every
+    candidate scored is appended to ``tried`` (a candidate already there is not rescored for the
+    record); ``start`` replaces ``config.start``."""
     score = FilterScorer(store, basis, val, config.select_users, seed)
     ranks = [r for r in config.candidate_ranks if r <= basis.rank] or [basis.rank]
     best_k, best_f = max(ranks), start or config.start
-    best = -1.0
-
-    scored = {_candidate_key(t): t["val_recall@20"] for t in tried}
+    best: np.ndarray | None = None
+    cache: dict[tuple[int, Filter], np.ndarray] = {}
+    recorded = {_candidate_key(t) for t in tried}
 
     def step(cands: list[tuple[int, Filter]]) -> None:
         nonlocal best_k, best_f, best
         for k, f in cands:
-            key = (basis.stage_base, k, f)
-            if key not in scored:
-                tried.append(_candidate(replace(basis.truncate(k), filter=f), score(k, f)))
-                scored[key] = tried[-1]["val_recall@20"]
-            got = scored[key]
-            if best < 0 or got > best * (1 + config.min_gain):
+            if (k, f) not in cache:
+                cache[(k, f)] = score.per_user(k, f)
+            got = cache[(k, f)]
+            if (basis.stage_base, k, f) not in recorded:
+                tried.append(_candidate(replace(basis.truncate(k), filter=f), float(np.nanmean(got))))
+                recorded.add((basis.stage_base, k, f))
+            if best is None or beats(got, best, config.noise_z, config.min_gain):
                 best_k, best_f, best = k, f, got
 
-    step([(k, best_f) for k in sorted(ranks, reverse=True)])
+    step([(best_k, best_f)] + [(k, best_f) for k in sorted(ranks, reverse=True) if k != best_k])
     step([(best_k, replace(best_f, beta=float(b))) for b in config.betas])
     step([(best_k, replace(best_f, response=str(h), ideal_weight=float(a)))
           for h in config.responses for a in config.ideal_weights])
@@ -477,6 +502,7 @@ def select_filter(store: GraphStore, basis: SpectralBasis, val: ValSet, config: 
     if score.timed:
         step([(best_k, replace(best_f, trend_days=float(d), trend_power=float(p)))
               for d in config.trend_days for p in config.trend_powers])
+    step([(best_k, replace(best_f, **p)) for p in config.published])
     return best_k, best_f
 
 

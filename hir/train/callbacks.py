@@ -81,6 +81,7 @@ class StopBelowBase(Callback):
 
     def __init__(self, checks: int = 2) -> None:
         self.checks = int(checks)
+        self.stopped = False
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: Any) -> None:
         if trainer.sanity_checking:
@@ -89,7 +90,7 @@ class StopBelowBase(Callback):
         if len(epochs) >= self.checks and not any(h["val/gain_over_base"] > 0 for h in epochs):
             log.info("no validation of the first %d beat the spectral base; stopping (export takes the base)",
                      len(epochs))
-            trainer.should_stop = True
+            trainer.should_stop = self.stopped = True
 
 
 def best_checkpoint(history: list[dict[str, float]], monitor: str, ckpt_dir: Path, best_cb: ModelCheckpoint) -> dict[str, Any]:

@@ -253,6 +253,11 @@ class HirDataModule(L.LightningDataModule):
         export rebuilds the same inputs."""
         return {"graph": dict(self.graph), "context": self.sampler.sizes, "task": dict(self.task_report)}
 
+    def batches_per_epoch(self, world: int = 1) -> int:
+        """Training batches per epoch and rank (:meth:`TrainBatches.__len__`)."""
+        n_seeds = min(self.seeds_per_epoch or self.task_store.n_nodes, self.task_store.n_nodes)
+        return max(1, -(-n_seeds // self.batch_size) // max(int(world), 1))
+
     @property
     def catalogue(self) -> np.ndarray:
         """The training loss's catalogue (:func:`hir.model.catalogue` of the task's view)."""

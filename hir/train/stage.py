@@ -40,7 +40,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     from hydra.utils import instantiate
 
     from hir.model import SPECTRAL_FILE
-    from hir.train.trainer import build_trainer, fit_report, log_setup, prepare_process
+    from hir.train.trainer import build_trainer, fit_report, log_setup, prepare_process, trainer_world
 
     prepare_process(cfg, ckpt_dir)
     t0 = time.perf_counter()
@@ -50,7 +50,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     t_data = time.perf_counter() - t0
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     module = instantiate(cfg.model, net=dm.net_sizes, data=dm.recipe)
-    trainer, best_cb = build_trainer(cfg, ckpt_dir, module.monitor, dm.task_report.get("planned_steps"))
+    trainer, best_cb = build_trainer(cfg, ckpt_dir, module.monitor, dm.task_report.get("planned_steps"),
+                                     dm.batches_per_epoch(trainer_world(cfg)))
+    dm.task_report["planned_epochs"] = trainer.max_epochs
     log_setup(trainer, module, dm)
     t1 = time.perf_counter()
     trainer.fit(module, datamodule=dm, ckpt_path=cfg.get("ckpt_path"), weights_only=True)

@@ -59,13 +59,21 @@ def prepare_process(cfg: DictConfig, ckpt_dir: Path) -> None:
             old.unlink()
 
 
-def build_trainer(cfg: DictConfig, ckpt_dir: Path, monitor: str,
-                  planned_steps: int | None = None) -> tuple[L.Trainer, ModelCheckpoint]:
+def trainer_world(cfg: DictConfig) -> int:
+    """Processes the trainer will run (``devices`` x ``num_nodes`` when both are plain ints, else 1)."""
+    devices, nodes = cfg.trainer.get("devices", 1), cfg.trainer.get("num_nodes", 1)
+    return int(devices) * int(nodes) if isinstance(devices, int) and isinstance(nodes, int) else 1
+
+
+def build_trainer(cfg: DictConfig, ckpt_dir: Path, monitor: str, planned_steps: int | None = None,
+                  batches_per_epoch: int | None = None) -> tuple[L.Trainer, ModelCheckpoint]:
     """``cfg.trainer`` with hir's built-in callbacks (the step-0 point, the best and the last
     checkpoint), ``cfg.callbacks`` and ``cfg.logger``; returns the trainer and its best-checkpoint
     callback. ``planned_steps`` (the training task's schedule, :meth:`hir.model.task.TaskConfig.planned_steps`)
-    becomes ``max_steps`` unless ``trainer.max_steps`` is set, so the warm-up and the cosine decay,
-    planned over the trainer's stepping batches, happen inside the run."""
+    caps ``max_epochs`` at the epochs of ``batches_per_epoch`` that hold them, unless
+    ``trainer.max_steps`` is set, so the warm-up and the cosine decay, planned over the trainer's
+    stepping batches, happen inside the run. (As epochs, not ``max_steps``: a run resumed from
+    ``last.ckpt`` under ``max_steps`` re-entered the finished epoch's end without its metrics.)"""
     best_cb = ModelCheckpoint(dirpath=str(ckpt_dir), filename="best", monitor=monitor, mode="max", save_top_k=1,
                               auto_insert_metric_name=False, enable_version_counter=False)
     # last.ckpt after every epoch, improved or not: what `ckpt_path=last` resumes from
@@ -81,8 +89,9 @@ def build_trainer(cfg: DictConfig, ckpt_dir: Path, monitor: str,
     # re-shard. The train loader is rebuilt every epoch: a resumed run's first iterator is otherwise
     # created before the checkpoint's loop state is restored, i.e. with the wrong epoch.
     extra: dict[str, Any] = {}
-    if planned_steps and int(cfg.trainer.get("max_steps", -1) or -1) < 0:
-        extra["max_steps"] = int(planned_steps)
+    if planned_steps and batches_per_epoch and int(cfg.trainer.get("max_steps", -1) or -1) < 0:
+        epochs = -(-int(planned_steps) // int(batches_per_epoch))
+        extra["max_epochs"] = max(1, min(int(cfg.trainer.max_epochs), epochs))
     trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=logger, use_distributed_sampler=False,
                           reload_dataloaders_every_n_epochs=1, **extra)
     return trainer, best_cb
@@ -113,8 +122,12 @@ def fit_report(cfg: DictConfig, trainer: L.Trainer, module: HirModule, dm: HirDa
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if torch.is_tensor(v) and v.numel() == 1}
     best = best_checkpoint(module.history, module.monitor, ckpt_dir, best_cb)
     early = next((c for c in trainer.callbacks if isinstance(c, EarlyStopping)), None)
-    stopped_by = ("early_stopping" if early is not None and early.stopped_epoch > 0 else
-                  "max_time" if trainer.max_epochs and trainer.current_epoch < trainer.max_epochs else "max_epochs")
+    gate = any(type(c).__name__ == "StopBelowBase" and getattr(c, "stopped", False) for c in trainer.callbacks)
+    stopped_by = ("below_base" if gate else
+                  "early_stopping" if early is not None and early.stopped_epoch > 0 else
+                  "max_steps" if trainer.max_steps and 0 < trainer.max_steps <= trainer.global_step else
+                  "max_time" if trainer.max_epochs and trainer.current_epoch < trainer.max_epochs else
+                  "planned_steps" if dm.task_report.get("planned_epochs") == trainer.max_epochs else "max_epochs")
     return {
         "metrics": metrics,
         "history": module.history,

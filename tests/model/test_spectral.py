@@ -3,6 +3,7 @@ its choice on val, the trend factor, and the export's refit."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +11,7 @@ import pytest
 
 from hir.model import Filter, SpectralBasis, SpectralConfig
 from hir.model.filters import RESPONSES, response, trend_factor, user_filter
+from hir.model.spectral import beats
 
 
 def _basis(filt: Filter | None = None) -> SpectralBasis:
@@ -79,3 +81,70 @@ def test_trend_factor() -> None:
     np.testing.assert_allclose(trend_factor(recent, total, 1.0), [0.1, 0.6, 1.0], rtol=1e-6)
     np.testing.assert_allclose(trend_factor(recent, total, 0.5), np.sqrt([0.1, 0.6, 1.0]), rtol=1e-6)
     assert (trend_factor(recent, total, 0.0) == 1).all()
+
+
+def test_a_frame_round_trips_and_turns_every_base(tmp_path: Path) -> None:
+    basis = _basis()
+    q, _ = np.linalg.qr(np.random.default_rng(1).standard_normal((2, 2)))
+    framed = replace(basis, frame=q.astype(np.float32))
+    framed.save(tmp_path / "spectral.npz")
+    back = SpectralBasis.load(tmp_path / "spectral.npz")
+    np.testing.assert_array_equal(back.frame, framed.frame)
+    assert SpectralBasis.load(_saved(basis, tmp_path / "plain.npz")).frame is None
+
+
+def _saved(basis: SpectralBasis, path: Path) -> Path:
+    basis.save(path)
+    return path
+
+
+def test_a_step_needs_a_gain_beyond_the_paired_noise() -> None:
+    rng = np.random.default_rng(0)
+    old = rng.random(4000)
+    noise = old + rng.normal(0, 0.05, 4000)  # the same on average: no step
+    assert not beats(noise - noise.mean() + old.mean(), old, 1.96, 0.0)
+    assert beats(old + 0.02, old, 1.96, 0.0)  # a small, consistent gain is a step
+    assert not beats(old + 0.02, old, 1.96, 0.1)  # ... unless min_gain asks for more
+    nan = old.copy()
+    nan[::2] = np.nan  # users without positives are left out of the pairing
+    assert beats(nan + 0.02, old, 1.96, 0.0)
+
+
+def test_leave_one_out_is_the_fold_in_without_the_pair_trend_included(tiny: Path) -> None:
+    from hir.model import load_graph
+    from hir.model.filters import user_filter as g_of
+    from hir.model.spectral import engagement_matrix, fit_spectral
+    from tests.train.fixtures import graph_options
+
+    store = load_graph(tiny / "graph", tiny / "content", ("train",), **graph_options())
+    basis = fit_spectral(store, 8, 4.0, 4, 0, Filter(trend_days=7.0, trend_power=1.0))
+    base = basis.base_for(store)
+    assert base.trend is not None and not np.allclose(base.trend, 1.0)  # the trend is on
+    r = engagement_matrix(store, basis.stage_base)
+    lo, _ = store.type_range("user")
+    rows = np.flatnonzero(np.diff(r.indptr) >= 2)[:5]
+    users = rows + lo
+    ents = r.indices[r.indptr[rows]]
+    w = np.asarray(r[rows, ents]).ravel()
+    got = base.leave_one_out(users, ents, w)
+    # the fold-in of each user's row without the pair, from the same basis
+    item_v = np.zeros((store.n_nodes, basis.rank), np.float64)
+    item_v[basis.cols] = basis.v
+    deg = np.zeros(store.n_nodes)
+    deg[basis.cols] = basis.col_degree
+    inv = np.where(deg > 0, np.power(np.maximum(deg, 1e-12), -basis.filter.beta), 0.0)
+    for i, (row, e) in enumerate(zip(rows, ents)):
+        ru = r[row].toarray().ravel()
+        ru[e] = 0.0
+        want = (ru * inv) @ item_v * g_of(basis.sigma, basis.filter.response, basis.filter.ideal_weight)
+        np.testing.assert_allclose(got[i], want, rtol=1e-4, atol=1e-5)
+    # a user whose only engagement was the pair has no base left: a zero row, not residue
+    alone = base.leave_one_out(users[:1], ents[:1], w[:1], remaining=np.array([False]))
+    assert not alone.any()
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tests.train.fixtures import tiny_snapshot
+
+    return tiny_snapshot(tmp_path_factory.mktemp("loo"))
