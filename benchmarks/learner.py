@@ -53,7 +53,11 @@ ARMS = {"untrained": ["model.net.transformer=false", "trainer.max_steps=1"],
         "base": ["model.net.transformer=false"], "full": ["model.net.transformer=true"]}
 TRAINS = {"untrained": "nothing: the spectral base (refit on train + val), knowledge view untrained",
           "base": "the knowledge view (cold entities) and the prototypes; users are the spectral base",
-          "full": "also the transformer's user correction on the training task (hir.model.task)"}
+          "full": "also the transformer's user correction on the training task (hir.model.task)",
+          "forced": "nothing more: the full cell's best epoch exported whether or not it beat the base on val"}
+# `forced` re-exports the `full` cell's best.ckpt (no training of its own): what the correction does on
+# test when the paired-noise rule is overridden
+ARMS["forced"] = []
 USERS_FILE = "retrieval_users.parquet"
 RECALL = "retrieval.masked_new_to_user.hir.recall@20"
 FEW = "retrieval.masked_new_to_user.slices.few_events"
@@ -106,6 +110,12 @@ def run_cell(dataset: str, arm: str, seed: int, snapshot: Path, ranking: bool) -
               f"paths.graph_dir={snapshot / 'graph'}", f"paths.content_dir={snapshot / 'content'}"]
     evaluate = ["eval.hir_source=files", "eval.retrieval_arms=[hir]", "force=true", *([] if ranking else NO_RANKING)]
     stages = {"train": [], "export": [], "evaluate": evaluate}
+    if arm == "forced":
+        ckpts = cell_dir(dataset, "full", seed) / "checkpoints"
+        if not (ckpts / "best.ckpt").exists():
+            return {"error": f"{ckpts / 'best.ckpt'} is missing: run the full arm of seed {seed} first"}
+        common.append(f"paths.checkpoint_dir={ckpts}")
+        stages = {"export": [f"export.checkpoint={ckpts / 'best.ckpt'}"], "evaluate": evaluate}
     record: dict[str, Any] = {"git": git_sha(), "started": datetime.now(UTC).isoformat(timespec="seconds"),
                               "command": [f"hir <stage> {' '.join(common)}", *(f"hir {s} ... {' '.join(e)}" for s, e in
                                                                                stages.items() if e)], "wall_s": {}}
@@ -133,7 +143,8 @@ def dotted(tree: dict[str, Any], path: str) -> Any:
 def read_cell(dataset: str, arm: str, seed: int) -> dict[str, Any] | None:
     """The figures of a finished cell, or None when its report is missing."""
     run_dir = cell_dir(dataset, arm, seed)
-    metrics_path, train_path = run_dir / "report" / "metrics.json", run_dir / "checkpoints" / "train_metrics.json"
+    ckpt_dir = cell_dir(dataset, "full", seed) / "checkpoints" if arm == "forced" else run_dir / "checkpoints"
+    metrics_path, train_path = run_dir / "report" / "metrics.json", ckpt_dir / "train_metrics.json"
     if not metrics_path.exists() or not train_path.exists():
         return None
     metrics, train = json.loads(metrics_path.read_text()), json.loads(train_path.read_text())
@@ -229,7 +240,7 @@ def collect(dataset: str, seeds: list[int]) -> dict[str, Any]:
 
     done = [s for s in seeds if all(cells[a][s] for a in ("base", "full"))]
     ratios = {f"{a}/{b}": paired_ratio(dataset, a, b, seeds) for a, b in
-              (("full", "base"), ("full", "untrained"), ("base", "untrained"))}
+              (("full", "base"), ("full", "untrained"), ("base", "untrained"), ("forced", "base"))}
     few = paired_ratio(dataset, "full", "base", seeds, few=True)
     gits = sorted({c["git"] for arm in cells.values() for c in arm.values() if c and c.get("git")})
     dates = sorted(c["created"] for arm in cells.values() for c in arm.values() if c and c.get("created"))
@@ -282,16 +293,18 @@ def markdown(doc: dict[str, Any]) -> str:
         git = r["git"] if isinstance(r["git"], str) else (
             f"{', '.join(r['git'])} ({'the same code: they differ in benchmarks/ and docs only' if r['git_same_code'] else 'DIFFERENT code'})")
         lines += [f"### {ds}", "", f"Measured {r['date']} on {r['machine']}, git {git}.", "",
-                  "| seed | untrained | base | full | val base → best (full) | exported (full) | train s (full) |",
-                  "|---|---|---|---|---|---|---|"]
+                  "| seed | untrained | base | full | forced | val base → best (full) | exported (full) | train s (full) |",
+                  "|---|---|---|---|---|---|---|---|"]
         for i, s in enumerate(r["seeds"]):
             ep = r["exported_epoch"]["full"][i]
             lines.append(f"| {s} | {_f(r['untrained'][i])} | {_f(r['base'][i])} | {_f(r['full'][i])} | "
+                         f"{_f((r.get('forced') or [None] * len(r['seeds']))[i])} | "
                          f"{_f(r['val']['full']['base'][i])} → {_f(r['val']['full']['best'][i])} | "
                          f"{'–' if ep is None else 'base' if ep == -1 else f'epoch {ep}'} | {_f(r['train_s']['full'][i], 0)} |")
         p = r["paired"]
         lines += ["", f"- full / base: {_ratio(p['full/base'])}", f"- full / untrained: {_ratio(p['full/untrained'])}",
                   f"- base / untrained: {_ratio(p['base/untrained'])}",
+                  f"- forced (the correction exported anyway) / base: {_ratio(p.get('forced/base'))}",
                   f"- few-events full / base: {_ratio(r['paired_few_events_full/base'])}",
                   f"- **Verdict:** {r['verdict']['verdict']}."]
         if r["missing"]:
