@@ -168,6 +168,22 @@ def user_error(err: BaseException) -> BaseException | None:
     return None
 
 
+def disk_full_error(stage: str, cfg: Any, err: BaseException) -> BaseException | None:
+    """A full disk that no stage named itself (a checkpoint, an export parquet, the content
+    cache...) as one line naming the file, the free space and the fix; None for other errors."""
+    from hir import space
+
+    if not space.is_out_of_space(err):
+        return None
+    file = space.failed_file(err)
+    where = Path(file).parent if file else Path(str(cfg.paths.output_dir))
+    what = Path(file).name if file else f"the outputs of `hir {stage}`"
+    served = ("nothing that is served changed (a version goes live only when a `hir publish` completes); "
+              f"`hir {stage}` did not mark these outputs done, so the next run redoes them")
+    return space.OutOfSpace(what, where, served, "free space on that disk (or point paths.* at a larger one), "
+                            "then run the same command again; docs/operations.md: Out of disk space")
+
+
 def _hydra_entry(stage: str) -> Any:
     import hydra
     from omegaconf import DictConfig, OmegaConf, open_dict
@@ -185,7 +201,7 @@ def _hydra_entry(stage: str) -> Any:
             if cfg.get("optimized_metric"):
                 return _lookup(metrics, cfg.optimized_metric, cfg)
         except Exception as err:
-            error = user_error(err)
+            error = user_error(err) or disk_full_error(stage, cfg, err)
             if error is None:
                 raise
             # one readable line, no traceback: the user can fix this

@@ -24,6 +24,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from hir import space
 from hir.errors import HirError
 from hir.progress import progress_steps
 from hir.publish import faults, feast_store, milvus_store, switch
@@ -139,7 +140,18 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                 f"model_version {version!r} (created {created}) is older than the live {live['version']!r} "
                 f"(created {live['created']}); publishing it is a rollback: add publish.allow_rollback=true"
             )
-        manifest = publish_version(cfg, state, store_dir, emb_dir, result)
+        served = served_note(state)
+        check_space(cfg, store_dir, emb_dir, live, served)
+        writing = {"what": "the serving copy of the export", "where": store_dir / "versions"}
+        try:
+            manifest = publish_version(cfg, state, store_dir, emb_dir, result, writing)
+        except BaseException as err:
+            # a failed attempt leaves nothing behind: its collections, Feast objects and files go now
+            removed = abandon(cfg, state, store_dir, slug(version))
+            if space.is_out_of_space(err):
+                raise space.OutOfSpace(f"{writing['what']} of {version!r}", writing["where"],
+                                       f"{served}; {removed}", SPACE_FIX) from err
+            raise
         _register_manifest(state, slug(version), manifest_path)
         write_state(store_dir, state)
     log.info("published %r: feast service %s (and %s, the live one), milvus aliases %s; manifest %s\n%s", version,
@@ -150,19 +162,105 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             "sanity": manifest["milvus"]["sanity"], "store_dir": str(store_dir), "status": "live"}
 
 
-def recover(cfg: DictConfig, state: dict[str, Any]) -> list[str]:
-    """Undo a switch that a SIGKILL interrupted: every alias and the live service back to what
-    live.json says. Returns what was repaired (empty almost always)."""
+SPACE_FIX = ("free space on that disk (or set publish.store_dir to a larger one), then run the same command "
+             "again; docs/operations.md: Out of disk space")
+
+
+def served_note(state: dict[str, Any]) -> str:
+    """What a failed publish or refresh leaves serving, for its one-line message."""
+    live = state["versions"].get(state["live"]) if state["live"] else None
+    return (f"the live version {live['version']!r} is unchanged and serving" if live else
+            "nothing was served before and nothing is now")
+
+
+def store_bytes(store_dir: Path) -> int:
+    """Bytes of every file under ``store_dir`` (what a publish or a cleanup changes)."""
+    return sum(p.stat().st_size for p in Path(store_dir).rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def space_estimate(emb_dir: Path, factor: float) -> int:
+    """Bytes a publish of ``emb_dir`` is expected to add to the store: ``factor`` times the
+    export's parquet bytes (the serving copies, the Milvus payload and collections, the online rows;
+    docs/operations.md gives the measured ratio)."""
+    return int(factor * sum(p.stat().st_size for p in emb_dir.glob("*.parquet")))
+
+
+def check_space(cfg: DictConfig, store_dir: Path, emb_dir: Path, live: dict[str, Any] | None, served: str) -> None:
+    """Refuse before anything is written when the store's disk is clearly too small for the new
+    version (``publish.space.factor`` x the export's parquet bytes; 0 turns the check off)."""
+    factor = float(OmegaConf.select(cfg, "publish.space.factor", default=0) or 0)
+    if factor <= 0:
+        return
+    need = space_estimate(emb_dir, factor)
+    free = space.require_free(f"the new version from {emb_dir}", store_dir, need, f"{served}; nothing was written",
+                              SPACE_FIX)
+    log.info("free space in %s: %s, about %s needed", store_dir, space.human(free), space.human(need))
+
+
+def _any_repo(state: dict[str, Any]) -> Path | None:
+    """A working copy of feature_repo/ that exists (the live version's first): any opens the shared registry."""
     repos = [Path(e["manifest"]["feast"]["repo_path"]) for e in
              sorted(state["versions"].values(), key=lambda e: e["slug"] != state["live"])]
-    repo = next((r for r in repos if (r / "feature_store.yaml").exists()), None)
+    return next((r for r in repos if (r / "feature_store.yaml").exists()), None)
+
+
+def abandon(cfg: DictConfig, state: dict[str, Any], store_dir: Path, sl: str) -> str:
+    """Remove what a failed publish of ``sl`` staged (a version that never went live); returns
+    what the message says about it. A version kept for rollback, or live, is left alone."""
+    entry = state["versions"].get(sl)
+    if entry is None or entry["status"] != "staged" or state["live"] == sl:
+        return "nothing of the failed attempt needed removing"
+    before = store_bytes(store_dir)
+    try:
+        repo = _any_repo(state)
+        store = feast_store.open_store(repo) if repo else None
+        client = milvus_store.connect(cfg.publish.milvus.uri, cfg.publish.milvus.token)
+        try:
+            if store is not None:  # pointers back to live.json before anything of the new version goes
+                types = sorted({t for e in state["versions"].values() for t in e["manifest"]["milvus"]["collections"]})
+                switch.recover(state, client, store, safe_name(cfg.publish.milvus.prefix),
+                               cfg.publish.feast.feature_service, types)
+            removed = switch.remove_objects(store_dir, client, store, entry, cfg.publish.feast.feature_service)
+        finally:
+            milvus_store.disconnect(client, cfg.publish.milvus.uri)
+        del state["versions"][sl]
+        write_state(store_dir, state)
+    except Exception as err:
+        log.warning("removing the failed attempt at %r failed too (%s); the next publish or refresh removes it",
+                    entry["version"], err)
+        return "its partial writes are removed by the next `hir publish` or `hir refresh`"
+    freed = max(before - store_bytes(store_dir), 0)
+    log.info("removed the failed attempt at %r: %s, %s freed", entry["version"], removed, space.human(freed))
+    return f"the failed attempt's partial writes were removed ({space.human(freed)} freed)"
+
+
+def recover(cfg: DictConfig, state: dict[str, Any]) -> list[str]:
+    """Undo what a SIGKILL left: every alias and the live service back to what live.json says,
+    then remove the staged-but-never-live versions of interrupted publishes (the store lock is
+    held, so no publish that is still running owns them). Returns what was repaired or removed
+    (empty almost always)."""
+    repo = _any_repo(state)
     if repo is None:  # nothing was ever applied here
         return []
+    store_dir = Path(cfg.publish.store_dir).resolve()
     types = sorted({t for e in state["versions"].values() for t in e["manifest"]["milvus"]["collections"]})
     client = milvus_store.connect(cfg.publish.milvus.uri, cfg.publish.milvus.token)
+    store = feast_store.open_store(repo)
     try:
-        return switch.recover(state, client, feast_store.open_store(repo), safe_name(cfg.publish.milvus.prefix),
-                              cfg.publish.feast.feature_service, types)
+        repaired = switch.recover(state, client, store, safe_name(cfg.publish.milvus.prefix),
+                                  cfg.publish.feast.feature_service, types)
+        for sl, entry in list(state["versions"].items()):
+            if entry["status"] != "staged" or sl == state["live"]:
+                continue
+            before = store_bytes(store_dir)
+            removed = switch.remove_objects(store_dir, client, store, entry, cfg.publish.feast.feature_service)
+            del state["versions"][sl]
+            write_state(store_dir, state)
+            log.warning("removed the leftovers of an interrupted publish of %r (staged %s, never live): %s, %s freed",
+                        entry["version"], entry.get("staged_at"), removed,
+                        space.human(max(before - store_bytes(store_dir), 0)))
+            repaired.append(f"staged {entry['version']}")
+        return repaired
     finally:
         milvus_store.disconnect(client, cfg.publish.milvus.uri)
 
@@ -185,15 +283,23 @@ class _Job:
     manifest: dict[str, Any]
     entry: dict[str, Any]
     timings: dict[str, float] = field(default_factory=dict)
+    writing: dict[str, Any] = field(default_factory=dict)
+
+    def now_writing(self, what: str, where: Path | str) -> None:
+        """What the next phase writes, and where (an out-of-space message names them)."""
+        self.writing.update(what=what, where=where)
 
 
 def publish_version(cfg: DictConfig, state: dict[str, Any], store_dir: Path, emb_dir: Path,
-                    result: dict[str, Any]) -> dict[str, Any]:
-    """Stage, switch, commit and retire; returns the manifest of the new live version."""
+                    result: dict[str, Any], writing: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Stage, switch, commit and retire; returns the manifest of the new live version.
+    ``writing`` is kept up to date with what is being written where (for an out-of-space message)."""
     pcfg = cfg.publish
+    writing = {} if writing is None else writing
     with progress_steps("publish", 6) as step:
         t0 = time.perf_counter()
         job = _prepare(cfg, state, store_dir, emb_dir, result)
+        job.writing = writing
         job.timings["stage_files"] = time.perf_counter() - t0
         step("feast apply")
         store = feast_store.open_store(job.repo)
@@ -220,6 +326,7 @@ def _prepare(cfg: DictConfig, state: dict[str, Any], store_dir: Path, emb_dir: P
         raise HirError(f"model_version {version!r} is kept in {store_dir} with different content; a version is "
                        "immutable once published: export under a new model_version")
     vdir = store_dir / "versions" / sl
+    faults.point("stage_files")
     emb_meta = json.loads((emb_dir / "meta.json").read_text())
     levels = len(emb_meta.get("levels", []))
     tables, windows, rows, offline_sha = {}, {}, {}, {}
@@ -264,12 +371,16 @@ def _phases(job: _Job, store: Any, client: Any, step: Any) -> None:
     """feast apply -> materialize -> milvus (insert, index, load, sanity) -> switch -> retire."""
     pcfg, t, manifest = job.cfg.publish, job.timings, job.manifest
     milvus_cfg = milvus_settings(pcfg, max(job.rows.values(), default=0))
+    job.now_writing("the Feast registry", job.store_dir / "feast")
     faults.point("feast_apply")
     t0 = time.perf_counter()
     feast_store.apply(store, feast_store.load_definitions(job.repo))
     t["feast_apply"] = time.perf_counter() - t0
     step("feast materialize")
 
+    online = manifest["feast"]["online_store"]
+    job.now_writing("the Feast online store (materialize)",
+                    Path(online["path"]).parent if online.get("path") else job.store_dir / "feast")
     faults.point("feast_materialize")
     t0 = time.perf_counter()
     per_type = feast_store.materialize(store, {e: tab["view"] for e, tab in job.tables.items()}, job.windows)
@@ -278,6 +389,8 @@ def _phases(job: _Job, store: Any, client: Any, step: Any) -> None:
     manifest["feast"]["materialize_rows_per_s"] = round(sum(job.rows.values()) / max(t["feast_materialize"], 1e-9), 1)
     step("milvus")
 
+    uri = str(manifest["milvus"]["uri"])
+    job.now_writing("the Milvus collections", uri)
     faults.point("milvus_insert")
     t0 = time.perf_counter()
     sanity, stage_s, ties, payload, datas = {}, {}, {}, {}, {}
@@ -312,6 +425,7 @@ def _phases(job: _Job, store: Any, client: Any, step: Any) -> None:
     manifest["milvus"]["stage_s"] = {e: {k: round(v, 3) for k, v in d.items()} for e, d in stage_s.items()}
     step("switch")
 
+    job.now_writing("the switch (Feast registry, live.json)", job.store_dir)
     faults.point("switch")
     t0 = time.perf_counter()
     manifest["published_at"] = now_iso()

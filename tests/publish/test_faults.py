@@ -1,0 +1,252 @@
+"""Faults an operator meets in `hir publish` and `hir refresh`: a full disk at any write point,
+a failed or killed attempt, a second writer. Each stops with one line, leaves the live version
+serving, and leaves nothing of the failed attempt behind.
+
+The tests run in order on one store: v1 live -> a publish of v2 refused for space, failing for
+space mid-way, killed (leftovers removed by the next run), locked out -> refreshes of v1 failing
+and killed -> v2 published. ``-m slow`` adds every write point, the real `hir` command and two
+real `hir publish` processes at once. The disk-full runs on a real small filesystem are in
+benchmarks/faults.py (they need root for a tmpfs).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from types import SimpleNamespace
+
+import polars as pl
+import pytest
+
+from hir import space
+from hir.errors import HirError
+from hir.publish import faults, journal, milvus_store, refresh
+from hir.publish import stage as publish
+from hir.serving import read_state
+from hir.validate import stage as validate
+from hir.validate.binding import sha256
+from tests.conftest import run_hir
+from tests.publish.export_fixture import contract_rows
+from tests.publish.fixtures import CREATED, TINY, assert_serving, export_run, reading
+
+FAST_SPACE_POINTS = ["feast_materialize", "milvus_insert"]
+SLOW_SPACE_POINTS = [p for p in faults.POINTS if p not in FAST_SPACE_POINTS and p != "cleanup"]
+
+
+@pytest.fixture(scope="module")
+def runs(validated_v1: Path, tiny_graph: Path, tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
+    base = tmp_path_factory.mktemp("faults")
+    v1 = reading(validated_v1, base)
+    publish.run(v1)
+    v2 = export_run(tiny_graph, base / "v2", "v2", created=CREATED + timedelta(days=1), seed=1)
+    validate.run(v2)
+    return SimpleNamespace(v1=v1, v2=v2, store_dir=base / "store", base=base)
+
+
+def served_objects(store_dir: Path) -> dict:
+    """What the store holds: version dirs, Milvus collections, Feast views, live.json's versions."""
+    from feast import FeatureStore
+
+    state = read_state(store_dir)
+    manifest = state["versions"][state["live"]]["manifest"]
+    client = milvus_store.connect(manifest["milvus"]["uri"])
+    try:
+        collections = sorted(client.list_collections())
+    finally:
+        milvus_store.disconnect(client, manifest["milvus"]["uri"])
+    views = sorted(v.name for v in FeatureStore(repo_path=manifest["feast"]["repo_path"]).list_feature_views())
+    return {"dirs": sorted(p.name for p in (store_dir / "versions").iterdir()), "collections": collections,
+            "views": views, "versions": sorted(state["versions"]), "tmp": sorted(str(p) for p in store_dir.rglob("*.tmp"))}
+
+
+def _one_line(err: BaseException) -> str:
+    msg = str(err)
+    assert "\n" not in msg, msg
+    return msg
+
+
+def test_publish_refuses_early_when_the_disk_is_clearly_short(runs) -> None:
+    before = served_objects(runs.store_dir)
+    cfg = runs.v2.copy()
+    cfg.publish.space.factor = 1e9  # an export "needs" a billion times its size
+    with pytest.raises(space.OutOfSpace) as info:
+        publish.run(cfg)
+    msg = _one_line(info.value)
+    assert msg.startswith("not enough disk space to write the new version") and "about" in msg and "free there" in msg
+    assert "'v1' is unchanged and serving; nothing was written" in msg and "Fix: free space" in msg
+    assert served_objects(runs.store_dir) == before
+
+
+@pytest.mark.parametrize("point", FAST_SPACE_POINTS)
+def test_out_of_space_mid_publish_is_one_line_and_leaves_nothing(runs, monkeypatch, point: str) -> None:
+    before = served_objects(runs.store_dir)
+    monkeypatch.setenv(faults.NOSPACE_ENV, point)
+    with pytest.raises(space.OutOfSpace) as info:
+        publish.run(runs.v2)
+    msg = _one_line(info.value)
+    what = {"feast_materialize": "the Feast online store", "milvus_insert": "the Milvus collections"}[point]
+    assert msg.startswith(f"out of disk space writing {what}") and "of 'v2'" in msg, msg
+    assert "the live version 'v1' is unchanged and serving; the failed attempt's partial writes were removed" in msg
+    assert_serving(runs.store_dir, "v1")
+    assert served_objects(runs.store_dir) == before
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point", SLOW_SPACE_POINTS)
+def test_out_of_space_at_every_other_write_point(runs, monkeypatch, point: str) -> None:
+    before = served_objects(runs.store_dir)
+    monkeypatch.setenv(faults.NOSPACE_ENV, point)
+    with pytest.raises(space.OutOfSpace) as info:
+        publish.run(runs.v2)
+    assert "the live version 'v1' is unchanged and serving" in _one_line(info.value)
+    assert_serving(runs.store_dir, "v1")
+    assert served_objects(runs.store_dir) == before
+
+
+def test_a_killed_publish_is_cleaned_up_by_the_next_run(runs, monkeypatch, caplog) -> None:
+    """A kill skips the cleanup (here: `abandon` patched out); the staged collections, views and
+    files stay until the next publish or refresh, which removes them and says so."""
+    before = served_objects(runs.store_dir)
+    monkeypatch.setattr(publish, "abandon", lambda *a, **k: "skipped (a kill)")
+    monkeypatch.setenv(faults.FAIL_ENV, "milvus_sanity")
+    with pytest.raises(faults.InjectedFailure):
+        publish.run(runs.v2)
+    monkeypatch.undo()
+    left = served_objects(runs.store_dir)
+    assert "v2" in left["dirs"] and len(left["collections"]) > len(before["collections"])
+    with caplog.at_level(logging.WARNING):
+        repaired = publish.recover(runs.v2, read_state(runs.store_dir))
+    assert repaired == ["staged v2"]
+    assert "removed the leftovers of an interrupted publish of 'v2'" in caplog.text
+    assert served_objects(runs.store_dir) == before
+    assert_serving(runs.store_dir, "v1")
+
+
+def test_a_second_publish_refuses_naming_the_holder(runs) -> None:
+    """Two real processes: one holds the store as `hir publish` would; this one is refused."""
+    holder = ("import sys, time\nfrom pathlib import Path\nfrom hir.serving import store_lock\n"
+              "with store_lock(Path(sys.argv[1]), 'publish'):\n    print('held', flush=True)\n    sys.stdin.read()\n")
+    proc = subprocess.Popen([sys.executable, "-c", holder, str(runs.store_dir)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        with pytest.raises(HirError, match=rf"locked by hir publish \(pid {proc.pid}\); wait for it"):
+            publish.run(runs.v2)
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=30)
+    assert_serving(runs.store_dir, "v1")
+
+
+def _new_products(runs, n: int = 3) -> pl.DataFrame:
+    manifest = read_state(runs.store_dir)["versions"]["v1"]["manifest"]
+    ids = pl.Series([f"fault{i}" for i in range(n)])
+    rows = contract_rows(ids, pl.Series([50_000 + i for i in range(n)]), pl.Series([True] * n), "product",
+                         dim=manifest["dim"], levels=manifest["levels"], top_k=manifest["top_k"], version="v1",
+                         seed=[7], created=datetime.now(UTC))
+    return rows.with_columns(pl.lit(datetime(2026, 3, 1, tzinfo=UTC)).cast(pl.Datetime("us", "UTC"))
+                             .alias("event_timestamp"))
+
+
+def _refresh_trace(runs) -> dict:
+    """What a refresh changes: the offline parquet's bytes, the new ids in Milvus, its files."""
+    manifest = read_state(runs.store_dir)["versions"]["v1"]["manifest"]
+    client = milvus_store.connect(manifest["milvus"]["uri"])
+    try:
+        coll = manifest["milvus"]["collections"]["product"]
+        milvus_store.ensure_loaded(client, coll)
+        hits = client.query(coll, filter='id like "fault%"', output_fields=["id"])
+    finally:
+        milvus_store.disconnect(client, manifest["milvus"]["uri"])
+    refresh_dir = runs.store_dir / "versions" / "v1" / "refresh"
+    return {"offline": sha256(Path(manifest["feast"]["offline_files"]["product"])), "milvus": sorted(h["id"] for h in hits),
+            "files": sorted(str(p.relative_to(refresh_dir)) for p in refresh_dir.rglob("*")) if refresh_dir.exists() else [],
+            "refreshes": len(manifest.get("refreshes", []))}
+
+
+@pytest.mark.parametrize(("env", "point"), [(faults.FAIL_ENV, "refresh_push_online"),
+                                            (faults.NOSPACE_ENV, "refresh_push_offline")])
+def test_a_failed_refresh_is_undone(runs, monkeypatch, env: str, point: str) -> None:
+    before = _refresh_trace(runs)
+    monkeypatch.setenv(env, point)
+    with pytest.raises((faults.InjectedFailure, space.OutOfSpace)) as info:
+        refresh.refresh_rows(runs.v1, {"product": _new_products(runs)}, "delta.csv", read_state(runs.store_dir))
+    if env == faults.NOSPACE_ENV:
+        msg = _one_line(info.value)
+        assert "the live version 'v1' serves what it served before; its partial writes were undone" in msg
+    assert _refresh_trace(runs) == before
+    assert_serving(runs.store_dir, "v1")
+
+
+def test_a_killed_refresh_is_undone_by_the_next_run(runs, monkeypatch, caplog) -> None:
+    before = _refresh_trace(runs)
+    monkeypatch.setattr(refresh, "undo", lambda *a, **k: "skipped (a kill)")
+    monkeypatch.setenv(faults.FAIL_ENV, "refresh_commit")  # Milvus and Feast written, live.json not
+    with pytest.raises(faults.InjectedFailure):
+        refresh.refresh_rows(runs.v1, {"product": _new_products(runs)}, "delta.csv", read_state(runs.store_dir))
+    monkeypatch.undo()
+    left = _refresh_trace(runs)
+    assert left["offline"] != before["offline"] and left["milvus"] == ["fault0", "fault1", "fault2"]
+    with caplog.at_level(logging.WARNING):
+        done = journal.undo_leftovers(runs.v1, runs.store_dir)
+    assert len(done) == 1 and "1 offline table(s) restored, 3 Milvus row(s) removed" in done[0]
+    assert "undid an interrupted refresh" in caplog.text
+    assert _refresh_trace(runs) == before
+
+
+def test_the_same_refresh_then_goes_through(runs) -> None:
+    record = refresh.refresh_rows(runs.v1, {"product": _new_products(runs)}, "delta.csv", read_state(runs.store_dir))
+    assert record["rows"] == {"product": 3}
+    after = _refresh_trace(runs)
+    assert after["milvus"] == ["fault0", "fault1", "fault2"] and after["refreshes"] == 1
+    assert not list((runs.store_dir / "versions" / "v1" / "refresh").glob("pending-*.json"))
+    assert not list((runs.store_dir / "versions" / "v1" / "refresh").rglob("*.offline.bak"))
+
+
+@pytest.mark.slow
+def test_the_hir_command_prints_one_line_and_exits_2(runs) -> None:
+    run = Path(runs.v2.paths.output_dir)
+    proc = run_hir("publish", f"hydra.run.dir={run}", f"paths.cache_dir={run.parent}/.cache",
+                   f"publish.store_dir={runs.store_dir}", *TINY, cwd=run.parent,
+                   env={faults.NOSPACE_ENV: "feast_materialize"})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out[-3000:]
+    assert "Traceback" not in out
+    errors = [ln for ln in out.splitlines() if "out of disk space writing" in ln]
+    assert len(errors) == 1 and "the live version 'v1' is unchanged and serving" in errors[0]
+    assert_serving(runs.store_dir, "v1")
+
+
+@pytest.mark.slow
+def test_two_real_publishes_at_once(runs) -> None:
+    """Two `hir publish` processes on one store: one publishes, the other is refused naming the
+    holder (or, if the first finished before the second took the lock, finds v2 live: a no-op)."""
+    run = Path(runs.v2.paths.output_dir)
+    args = ["publish", f"hydra.run.dir={run}", f"paths.cache_dir={run.parent}/.cache",
+            f"publish.store_dir={runs.store_dir}", *TINY]
+    exe = Path(sys.executable).with_name("hir")
+    procs = [subprocess.Popen([str(exe), *args], cwd=run.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=600)[0] for p in procs]
+    codes = sorted(p.returncode for p in procs)
+    assert codes in ([0, 0], [0, 2]), outs
+    if codes == [0, 2]:
+        refused = outs[[p.returncode for p in procs].index(2)]
+        assert "locked by hir publish (pid" in refused and "Traceback" not in refused
+    else:
+        assert any("already live" in o for o in outs)
+    assert_serving(runs.store_dir, "v2")
+
+
+def test_the_publish_then_goes_live_and_the_store_holds_two_versions(runs) -> None:
+    if read_state(runs.store_dir)["live"] != "v2":  # the slow test above may have published it
+        publish.run(runs.v2)
+    assert_serving(runs.store_dir, "v2")
+    held = served_objects(runs.store_dir)
+    assert held["versions"] == ["v1", "v2"] and held["dirs"] == ["v1", "v2"] and held["tmp"] == []
+    assert len(held["collections"]) == 2 * len(json.loads((runs.store_dir / "live.json").read_text())
+                                               ["versions"]["v2"]["manifest"]["milvus"]["collections"])
