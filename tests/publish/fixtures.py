@@ -110,3 +110,23 @@ def assert_serving(store_dir: Path, version: str) -> None:
     assert seen["service_views"] == {t: manifest["feast"]["feature_views"][t] for t in manifest["feast"]["service_types"]}
     assert seen["online_version"] == (version, version)
     assert seen["milvus_version"] == version
+
+
+def served_objects(store_dir: Path) -> dict:
+    """What the store holds: version dirs, Milvus collections, Feast views, live.json's versions
+    and stray temporary files (a failed or killed publish must leave these as they were)."""
+    from feast import FeatureStore
+
+    from hir.publish import milvus_store
+    from hir.serving import read_state
+
+    state = read_state(store_dir)
+    manifest = state["versions"][state["live"]]["manifest"]
+    client = milvus_store.connect(manifest["milvus"]["uri"])
+    try:
+        collections = sorted(client.list_collections())
+    finally:
+        milvus_store.disconnect(client, manifest["milvus"]["uri"])
+    views = sorted(v.name for v in FeatureStore(repo_path=manifest["feast"]["repo_path"]).list_feature_views())
+    return {"dirs": sorted(p.name for p in (store_dir / "versions").iterdir()), "collections": collections,
+            "views": views, "versions": sorted(state["versions"]), "tmp": sorted(str(p) for p in store_dir.rglob("*.tmp"))}

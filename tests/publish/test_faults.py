@@ -31,7 +31,7 @@ from hir.validate import stage as validate
 from hir.validate.binding import sha256
 from tests.conftest import run_hir
 from tests.publish.export_fixture import contract_rows
-from tests.publish.fixtures import CREATED, TINY, assert_serving, export_run, reading
+from tests.publish.fixtures import CREATED, TINY, assert_serving, export_run, reading, served_objects
 
 FAST_SPACE_POINTS = ["feast_materialize", "milvus_insert"]
 SLOW_SPACE_POINTS = [p for p in faults.POINTS if p not in FAST_SPACE_POINTS and p != "cleanup"]
@@ -45,22 +45,6 @@ def runs(validated_v1: Path, tiny_graph: Path, tmp_path_factory: pytest.TempPath
     v2 = export_run(tiny_graph, base / "v2", "v2", created=CREATED + timedelta(days=1), seed=1)
     validate.run(v2)
     return SimpleNamespace(v1=v1, v2=v2, store_dir=base / "store", base=base)
-
-
-def served_objects(store_dir: Path) -> dict:
-    """What the store holds: version dirs, Milvus collections, Feast views, live.json's versions."""
-    from feast import FeatureStore
-
-    state = read_state(store_dir)
-    manifest = state["versions"][state["live"]]["manifest"]
-    client = milvus_store.connect(manifest["milvus"]["uri"])
-    try:
-        collections = sorted(client.list_collections())
-    finally:
-        milvus_store.disconnect(client, manifest["milvus"]["uri"])
-    views = sorted(v.name for v in FeatureStore(repo_path=manifest["feast"]["repo_path"]).list_feature_views())
-    return {"dirs": sorted(p.name for p in (store_dir / "versions").iterdir()), "collections": collections,
-            "views": views, "versions": sorted(state["versions"]), "tmp": sorted(str(p) for p in store_dir.rglob("*.tmp"))}
 
 
 def _one_line(err: BaseException) -> str:
