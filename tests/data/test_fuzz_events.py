@@ -9,7 +9,7 @@ import pytest
 
 from tests import fuzz
 
-FAST, SLOW = 12, 1000
+FAST, SLOW = 40, 1000
 
 
 def _run(n: int, tmp_path: Path) -> list[fuzz.Outcome]:

@@ -10,7 +10,7 @@ import pytest
 from hir.data.snapshot import load_snapshot
 from tests import fuzz
 
-FAST, SLOW = 12, 1000
+FAST, SLOW = 40, 1000
 
 
 def _run(n: int, tmp_path: Path, graph: Path) -> list[fuzz.Outcome]:
