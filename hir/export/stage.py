@@ -20,7 +20,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from hir.atomic import write_text_atomic
+from hir.atomic import remove_stale_tmp, write_text_atomic
 from hir.export.cold import ColdPlacement
 
 # sleeping OpenMP threads, as in the train stage (set before torch loads)
@@ -150,6 +150,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         return meta
     # a re-export invalidates the old one first: a kill below must not leave old meta.json over new files
     (emb_dir / META_FILE).unlink(missing_ok=True)
+    for d in (emb_dir, hier_dir):  # what a killed export left under temporary names
+        remove_stale_tmp(d)
     t0 = time.perf_counter()
     embedder = Embedder(ckpt, cfg.paths.graph_dir, cfg.paths.content_dir, tuple(ex.visible_splits), ex.refit_base,
                         ex.refit_n_iter, int(cfg.seed))

@@ -25,6 +25,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from hir import space
+from hir.atomic import remove_stale_tmp
 from hir.errors import HirError
 from hir.progress import progress_steps
 from hir.publish import faults, feast_store, milvus_store, switch
@@ -243,6 +244,8 @@ def recover(cfg: DictConfig, state: dict[str, Any]) -> list[str]:
     if repo is None:  # nothing was ever applied here
         return []
     store_dir = Path(cfg.publish.store_dir).resolve()
+    for d in (store_dir, store_dir / "feast"):  # a killed writer's temporary files (live.json, the registry)
+        remove_stale_tmp(d)
     types = sorted({t for e in state["versions"].values() for t in e["manifest"]["milvus"]["collections"]})
     client = milvus_store.connect(cfg.publish.milvus.uri, cfg.publish.milvus.token)
     store = feast_store.open_store(repo)
