@@ -41,12 +41,17 @@ class Run:
         """The single error line of a clean refusal (exit 2, one ERROR line, no traceback), else None."""
         errs = self.errors
         if self.rc == 2 and len(errs) == 1 and not self.traceback:
-            return errs[0].split(" - ", 1)[-1]
+            return message(errs[0])
         return None
 
     def stage_seconds(self, stage: str) -> float | None:
         m = re.search(rf"stage {stage}: done in ([0-9.]+)s", self.out)
         return float(m.group(1)) if m else None
+
+
+def message(line: str) -> str:
+    """A log line without its ``[time][logger][LEVEL]`` prefix."""
+    return re.sub(r"^\[[^\]]*\]\[[^\]]*\]\[\w+\] ", "", line.strip())
 
 
 def hir(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: int = 1200) -> Run:

@@ -43,9 +43,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from _fault_runs import ENV, Run, Tmpfs, du, hir, hir_killed  # noqa: E402
+from _fault_runs import ENV, Run, Tmpfs, du, hir, hir_killed, message  # noqa: E402
 
-from tests.publish.fixtures import assert_serving, compose_at, export_run, served_objects  # noqa: E402
+from tests.publish.fixtures import READER, assert_serving, compose_at, export_run, served_objects  # noqa: E402
 from tests.train.fixtures import TINY_DATA, TINY_MODEL  # noqa: E402
 
 MODEL = [*[o for o in TINY_MODEL if not o.startswith("trainer.max_epochs")], "trainer.max_epochs=4"]
@@ -209,7 +209,7 @@ def kill_publish(base: dict[str, Any], work: Path, kills: int) -> dict[str, Any]
         clean = after["versions"] == sorted([prev, name]) and after["dirs"] == sorted([prev, name]) and not after["tmp"]
         cases.append({"point": point, "killed_rc": killed.rc, "injected": killed.rc == -9,
                       "old_version_served_after_kill": old_serving, "leftover_versions_after_kill": left["versions"],
-                      "rerun_said": [ln.split(" - ", 1)[-1] for ln in rerun.out.splitlines()
+                      "rerun_said": [message(ln) for ln in rerun.out.splitlines()
                                      if "removed the leftovers" in ln or "repairing a switch" in ln],
                       "store_after_rerun": after, "held": bool(held and clean and old_serving),
                       "operator_saw": rerun.one_line()})
@@ -260,7 +260,7 @@ def kill_refresh(base: dict[str, Any], work: Path, kills: int) -> dict[str, Any]
         pending = list(store.glob("versions/*/refresh/pending-*.json"))
         checks = {"offline_copies": {k: int((offline == k).sum()) for k in ids}, "milvus_rows": len(hits),
                   "pending_journals": len(pending),
-                  "rerun_said": [ln.split(" - ", 1)[-1] for ln in rerun.out.splitlines() if "undid an interrupted" in ln]}
+                  "rerun_said": [message(ln) for ln in rerun.out.splitlines() if "undid an interrupted" in ln]}
         held = (rerun.rc == 0 and not rerun.traceback and all(v == 1 for v in checks["offline_copies"].values())
                 and len(hits) == len(ids) and not pending)
         cases.append({"point": point or "mid-embedding (timed)", "killed_rc": killed.rc, "injected": landed,
@@ -274,6 +274,12 @@ def kill_refresh(base: dict[str, Any], work: Path, kills: int) -> dict[str, Any]
 def _publish_cli(pub: Path, name: str, work: Path, *extra: str) -> Run:
     return hir("publish", f"hydra.run.dir={pub / name}", f"paths.cache_dir={work}/.cache",
                f"publish.store_dir={pub / 'store'}", *TINY_DATA, *extra, cwd=pub)
+
+
+def _parts(store: Path) -> dict[str, int]:
+    """Bytes per part of a store: each Feast file, the Milvus Lite dir, the version dirs."""
+    out = {f"feast/{p.name}": p.stat().st_size for p in (store / "feast").glob("*") if p.is_file()}
+    return out | {"milvus.db": du(store / "milvus.db"), "versions": du(store / "versions")}
 
 
 def disk_full_publish(work: Path, margins: tuple[float, ...]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -303,6 +309,7 @@ def disk_full_publish(work: Path, margins: tuple[float, ...]) -> tuple[list[dict
         sizes |= {"export_parquet_bytes": export_bytes, "one_version_bytes": grow, "store_files_one_version": du(big / "store"),
                   "ratio_store_growth_to_export": round(grow / export_bytes, 2)}
         before = served_objects(big / "store")
+        parts_before = _parts(big / "store")
         for m in margins:
             fs.resize(u1 + int(m * grow))
             r = _publish_cli(big, "b2", work, "publish.space.factor=0")
@@ -316,15 +323,19 @@ def disk_full_publish(work: Path, margins: tuple[float, ...]) -> tuple[list[dict
             cases.append({"free_fraction_of_need": m, "rc": r.rc, "injected": r.rc != 0, "operator_saw": line,
                           "traceback": r.traceback, "old_version_serving": serving,
                           "store_unchanged": left == before, "used_after_minus_before": fs.used() - u1,
+                          "bytes_after_minus_before": {k: v - parts_before.get(k, 0)
+                                                       for k, v in _parts(big / "store").items()},
                           "held": bool(line and "out of disk space writing" in line and serving and left == before)})
             print(f"disk full at {m:.0%} of the need: rc={r.rc} held={cases[-1]['held']}: {line}", flush=True)
         # the check before writing: with the default factor, a clearly short disk is refused at once
-        fs.resize(u1 + int(0.3 * grow))
+        fs.resize(fs.used() + int(0.3 * grow))
+        used = fs.used()
         r = _publish_cli(big, "b2", work)
         line = r.one_line()
         early.append({"free_fraction_of_need": 0.3, "rc": r.rc, "operator_saw": line,
-                      "used_after_minus_before": fs.used() - u1, "store_unchanged": served_objects(big / "store") == before,
-                      "held": bool(line and "not enough disk space" in line and fs.used() == u1)})
+                      "used_after_minus_before": fs.used() - used,
+                      "store_unchanged": served_objects(big / "store") == before,
+                      "held": bool(line and "not enough disk space" in line and fs.used() == used)})
         # the retry with space: two versions held, and what one more costs
         fs.resize(u1 + 3 * grow)
         retry = _publish_cli(big, "b2", work)
@@ -337,11 +348,13 @@ def disk_full_publish(work: Path, margins: tuple[float, ...]) -> tuple[list[dict
 def disk_full_stages(base: dict[str, Any], work: Path) -> dict[str, Any]:
     """Each stage with its outputs on a tiny tmpfs: one line, exit 2, no traceback."""
     run, store = base["run"], base["store"]
-    d = copy_run(run, work / "full_stages", ("graph", "content", "checkpoints", "embeddings", "hierarchy", "validation"))
     cases = []
     targets = {"prepare": "paths.graph_dir", "enrich": "paths.cache_dir", "train": "paths.checkpoint_dir",
                "export": "paths.embeddings_dir", "validate": "paths.validation_dir", "evaluate": "paths.report_dir"}
     for stage, key in targets.items():
+        # a fresh copy per stage: a forced stage that fails rewrites its own outputs (enrich: content/)
+        d = copy_run(run, work / "full_stages", ("graph", "content", "checkpoints", "embeddings", "hierarchy",
+                                                 "validation"))
         with Tmpfs(work / "tiny", 48 << 10) as fs:
             args = [a for a in common(d, store, work) if not (stage == "enrich" and a.startswith("paths.cache_dir"))]
             r = hir(stage, "force=true", *args, f"{key}={fs.path}/out", cwd=work)
@@ -418,31 +431,6 @@ def enospc(work: Path) -> list[dict[str, Any]]:
 
 # --- races ----------------------------------------------------------------------------------
 
-READER = r"""
-import json, sys, time
-from pathlib import Path
-from feast import FeatureStore
-import polars as pl
-store_dir, stop = Path(sys.argv[1]), Path(sys.argv[2])
-state = json.loads((store_dir / "live.json").read_text())
-m = state["versions"][state["live"]]["manifest"]
-store = FeatureStore(repo_path=m["feast"]["repo_path"])
-user = pl.read_parquet(m["feast"]["offline_files"]["user"], columns=["user_id"])["user_id"][0]
-product = pl.read_parquet(m["feast"]["offline_files"]["product"], columns=["product_id"])["product_id"][0]
-seen, errors = {}, []
-print("ready", flush=True)
-while not stop.exists():
-    try:
-        store.refresh_registry()
-        got = store.get_online_features(features=store.get_feature_service(m["feast"]["live_feature_service"]),
-                                        entity_rows=[{"user_id": user, "product_id": product}],
-                                        full_feature_names=True).to_dict()
-        key = f'{got["user__model_version"][0]}|{got["product__model_version"][0]}'
-        seen[key] = seen.get(key, 0) + 1
-    except Exception as e:
-        errors.append(repr(e)[:300])
-print(json.dumps({"seen": seen, "errors": errors[:5], "n_errors": len(errors)}), flush=True)
-"""
 
 
 def races(work: Path) -> list[dict[str, Any]]:
@@ -468,7 +456,10 @@ def races(work: Path) -> list[dict[str, Any]]:
     validate.run(cfgs["r2"])
     stop = work / "reader.stop"
     stop.unlink(missing_ok=True)
-    reader = subprocess.Popen([sys.executable, "-c", READER, str(pub / "store"), str(stop)], text=True,
+    import polars as pl
+
+    keys = [str(pl.read_parquet(work / "run" / "graph" / "nodes" / f"{t}.parquet")["key"][0]) for t in ("user", "product")]
+    reader = subprocess.Popen([sys.executable, "-c", READER, str(pub / "store"), str(stop), *keys], text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env={**__import__("os").environ, **ENV})
     assert reader.stdout is not None and reader.stdout.readline().strip() == "ready"
     pubrun = _publish_cli(pub, "r2", work)

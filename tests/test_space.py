@@ -60,12 +60,15 @@ def test_require_free_refuses_before_writing(tmp_path: Path) -> None:
 
 
 def test_a_stage_without_its_own_message_names_the_file(tmp_path: Path) -> None:
-    cfg = SimpleNamespace(paths=SimpleNamespace(output_dir=str(tmp_path)))
+    cfg = SimpleNamespace(paths={"output_dir": str(tmp_path), "embeddings_dir": str(tmp_path / "embeddings")})
     err = disk_full_error("export", cfg, _chained())
     assert isinstance(err, space.OutOfSpace)
     assert str(err).startswith("out of disk space writing x.parquet in /data (")
     assert "nothing that is served changed" in str(err) and "\n" not in str(err)
     assert disk_full_error("export", cfg, ValueError("x")) is None
+    # no file named (polars, torch): the configured path on the fullest disk
+    err = disk_full_error("export", cfg, OSError(errno.ENOSPC, "No space left on device"))
+    assert str(err).startswith("out of disk space writing the outputs of `hir export` (paths.")
 
 
 def test_atomic_writes_are_whole_or_absent(tmp_path: Path) -> None:

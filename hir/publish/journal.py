@@ -88,7 +88,8 @@ def undo(cfg: DictConfig, store_dir: Path, path: Path) -> str:
         for etype, ids in journal["ids"].items():
             coll = journal["collections"][etype]
             if ids and client.has_collection(coll):
-                res = client.delete(coll, ids=ids)  # pymilvus 3: the deleted ids; 2.x: {"delete_count": n}
+                # pymilvus 3 answers with the ids asked for (inserted or not); 2.x with {"delete_count": n}
+                res = client.delete(coll, ids=ids)
                 removed += int(res.get("delete_count", 0)) if isinstance(res, dict) else len(res or [])
                 client.flush(coll)
     finally:
@@ -97,8 +98,8 @@ def undo(cfg: DictConfig, store_dir: Path, path: Path) -> str:
     if journal.get("events_file"):
         Path(journal["events_file"]).unlink(missing_ok=True)
     path.unlink()
-    return (f"its partial writes were undone ({restored} offline table(s) restored, {removed} Milvus row(s) "
-            "removed, its files deleted)")
+    return (f"its partial writes were undone ({restored} offline table(s) restored, its {removed} id(s) deleted "
+            "from Milvus, its files removed)")
 
 
 def undo_leftovers(cfg: DictConfig, store_dir: Path) -> list[str]:

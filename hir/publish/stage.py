@@ -231,7 +231,8 @@ def abandon(cfg: DictConfig, state: dict[str, Any], store_dir: Path, sl: str) ->
                     entry["version"], err)
         return "its partial writes are removed by the next `hir publish` or `hir refresh`"
     freed = max(before - store_bytes(store_dir), 0)
-    log.info("removed the failed attempt at %r: %s, %s freed", entry["version"], removed, space.human(freed))
+    log.info("removed the failed attempt at %r: %d Milvus collection(s), %d Feast object(s), %s freed",
+             entry["version"], len(removed["milvus"]), len(removed["feast"]), space.human(freed))
     return f"the failed attempt's partial writes were removed ({space.human(freed)} freed)"
 
 
@@ -259,9 +260,9 @@ def recover(cfg: DictConfig, state: dict[str, Any]) -> list[str]:
             removed = switch.remove_objects(store_dir, client, store, entry, cfg.publish.feast.feature_service)
             del state["versions"][sl]
             write_state(store_dir, state)
-            log.warning("removed the leftovers of an interrupted publish of %r (staged %s, never live): %s, %s freed",
-                        entry["version"], entry.get("staged_at"), removed,
-                        space.human(max(before - store_bytes(store_dir), 0)))
+            log.warning("removed the leftovers of an interrupted publish of %r (staged %s, never live): %d Milvus "
+                        "collection(s), %d Feast object(s), %s freed", entry["version"], entry.get("staged_at"),
+                        len(removed["milvus"]), len(removed["feast"]), space.human(max(before - store_bytes(store_dir), 0)))
             repaired.append(f"staged {entry['version']}")
         return repaired
     finally:

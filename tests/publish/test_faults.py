@@ -15,6 +15,7 @@ import json
 import logging
 import subprocess
 import sys
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
@@ -31,7 +32,7 @@ from hir.validate import stage as validate
 from hir.validate.binding import sha256
 from tests.conftest import run_hir
 from tests.publish.export_fixture import contract_rows
-from tests.publish.fixtures import CREATED, TINY, assert_serving, export_run, reading, served_objects
+from tests.publish.fixtures import CREATED, READER, TINY, assert_serving, export_run, reading, served_objects
 
 FAST_SPACE_POINTS = ["feast_materialize", "milvus_insert"]
 SLOW_SPACE_POINTS = [p for p in faults.POINTS if p not in FAST_SPACE_POINTS and p != "cleanup"]
@@ -177,7 +178,7 @@ def test_a_killed_refresh_is_undone_by_the_next_run(runs, monkeypatch, caplog) -
     assert left["offline"] != before["offline"] and left["milvus"] == ["fault0", "fault1", "fault2"]
     with caplog.at_level(logging.WARNING):
         done = journal.undo_leftovers(runs.v1, runs.store_dir)
-    assert len(done) == 1 and "1 offline table(s) restored, 3 Milvus row(s) removed" in done[0]
+    assert len(done) == 1 and "1 offline table(s) restored, its 3 id(s) deleted from Milvus" in done[0]
     assert "undid an interrupted refresh" in caplog.text
     assert _refresh_trace(runs) == before
 
@@ -206,10 +207,34 @@ def test_the_hir_command_prints_one_line_and_exits_2(runs) -> None:
 
 
 @pytest.mark.slow
-def test_two_real_publishes_at_once(runs) -> None:
-    """Two `hir publish` processes on one store: one publishes, the other is refused naming the
-    holder (or, if the first finished before the second took the lock, finds v2 live: a no-op)."""
-    run = Path(runs.v2.paths.output_dir)
+def test_a_reader_sees_one_version_per_read_while_a_publish_switches(runs, tmp_path: Path) -> None:
+    """Two real processes: a ranker polling the live FeatureService while this one publishes v2
+    (slow: the reader's imports alone take seconds; benchmarks/faults.py runs it too)."""
+    stop = tmp_path / "stop"
+    keys = [pl.read_parquet(Path(runs.v2.paths.graph_dir) / "nodes" / f"{t}.parquet")["key"][0] for t in ("user", "product")]
+    reader = subprocess.Popen([sys.executable, "-c", READER, str(runs.store_dir), str(stop), *map(str, keys)],
+                              text=True, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        assert reader.stdout is not None and reader.stdout.readline().strip() == "ready"
+        if read_state(runs.store_dir)["live"] != "v2":  # the slow test above may have published it
+            publish.run(runs.v2)
+        time.sleep(1)
+    finally:
+        stop.touch()
+        out = reader.communicate(timeout=60)[0]
+    seen = json.loads(out.strip().splitlines()[-1])
+    assert seen["n_errors"] == 0, seen["errors"]
+    assert sum(seen["seen"].values()) > 0 and set(seen["seen"]) <= {"v1|v1", "v2|v2"}, seen
+    assert_serving(runs.store_dir, "v2")
+
+
+@pytest.mark.slow
+def test_two_real_publishes_at_once(runs, tiny_graph: Path) -> None:
+    """Two `hir publish` processes of v3 on one store: one publishes, the other is refused naming
+    the holder (or, if the first finished before the second took the lock, finds v3 live: a no-op)."""
+    v3 = export_run(tiny_graph, runs.base / "v3", "v3", created=CREATED + timedelta(days=2), seed=2)
+    validate.run(v3)
+    run = Path(v3.paths.output_dir)
     args = ["publish", f"hydra.run.dir={run}", f"paths.cache_dir={run.parent}/.cache",
             f"publish.store_dir={runs.store_dir}", *TINY]
     exe = Path(sys.executable).with_name("hir")
@@ -223,14 +248,15 @@ def test_two_real_publishes_at_once(runs) -> None:
         assert "locked by hir publish (pid" in refused and "Traceback" not in refused
     else:
         assert any("already live" in o for o in outs)
-    assert_serving(runs.store_dir, "v2")
+    assert_serving(runs.store_dir, "v3")
 
 
 def test_the_publish_then_goes_live_and_the_store_holds_two_versions(runs) -> None:
-    if read_state(runs.store_dir)["live"] != "v2":  # the slow test above may have published it
+    if read_state(runs.store_dir)["live"] == "v1":  # the slow tests above publish v2 and v3
         publish.run(runs.v2)
-    assert_serving(runs.store_dir, "v2")
+    live = read_state(runs.store_dir)["live"]
+    assert_serving(runs.store_dir, live)
     held = served_objects(runs.store_dir)
-    assert held["versions"] == ["v1", "v2"] and held["dirs"] == ["v1", "v2"] and held["tmp"] == []
-    assert len(held["collections"]) == 2 * len(json.loads((runs.store_dir / "live.json").read_text())
-                                               ["versions"]["v2"]["manifest"]["milvus"]["collections"])
+    # keep_versions=2: the live one and the one live before it; nothing else (no failed attempt, no tmp file)
+    assert len(held["versions"]) == 2 and live in held["versions"]
+    assert held["dirs"] == held["versions"] and held["tmp"] == []
