@@ -41,7 +41,7 @@ from hir.progress import progress_steps
 from hir.publish import faults, feast_store, milvus_store
 from hir.publish.delta import Delta, describe, first_seen, read_delta
 from hir.publish.journal import begin, journal_path, undo, undo_leftovers
-from hir.publish.stage import SPACE_FIX, recover
+from hir.publish.leftovers import SPACE_FIX, recover
 from hir.serving import now_iso, read_state, store_lock, sync_manifests, write_state
 from hir.validate.binding import sha256
 
