@@ -533,34 +533,51 @@ def main() -> None:
     results: list[dict[str, Any]] = []
     sizes: dict[str, Any] = {}
     tmpfs = Tmpfs.available(args.work / "probe")
+
+    def write(done: list[str]) -> dict[str, Any]:
+        """The JSON so far (rewritten after every part: a run cut short still says what it measured)."""
+        summary = {r["fault"]: f"{r['held']}/{r['injections']}" for r in results if "injections" in r}
+        doc = {"benchmark": "faults", "measured_at": datetime.now(UTC).isoformat(timespec="seconds"), "git": git_sha(),
+               "command": "python benchmarks/faults.py" + (" --quick" if args.quick else ""),
+               "machine": {"platform": platform.platform(), "python": platform.python_version(),
+                           "cpus": __import__("os").cpu_count()},
+               "parts_done": done, "parts_asked": sorted(parts), "tmpfs": tmpfs, "stage_seconds": base["seconds"],
+               "store_sizes": sizes, "summary": summary,
+               "all_held": all(r["held"] == r["injections"] for r in results if "injections" in r),
+               "seconds": round(time.perf_counter() - t0, 1), "faults": results}
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(doc, indent=2, default=str))
+        return summary
+
+    done: list[str] = []
+    if "fuzz" in parts:
+        results += fuzz_part(args.work, fuzz_n)
+        done.append("fuzz")
+        write(done)
     if "kill9" in parts:
         results += kill_stages(base, args.work, kills)
         results.append(kill_publish(base, args.work, kills))
         results.append(kill_refresh(base, args.work, kills))
+        done.append("kill9")
+        write(done)
     if "enospc" in parts:
         if not (args.work / "pub" / "store").exists():
             kill_publish(base, args.work, 0)
         results += enospc(args.work)
+        done.append("enospc")
+        write(done)
     if "disk_full" in parts and tmpfs:
         found, sizes = disk_full_publish(args.work, margins)
         results += found
         results.append(disk_full_stages(base, args.work))
+        done.append("disk_full")
+        write(done)
     if "races" in parts:
         if not (args.work / "pub" / "store").exists():
             kill_publish(base, args.work, 0)
         results += races(args.work)
-    if "fuzz" in parts:
-        results += fuzz_part(args.work, fuzz_n)
-    summary = {r["fault"]: f"{r['held']}/{r['injections']}" for r in results if "injections" in r}
-    doc = {"benchmark": "faults", "measured_at": datetime.now(UTC).isoformat(timespec="seconds"), "git": git_sha(),
-           "command": "python benchmarks/faults.py" + (" --quick" if args.quick else ""),
-           "machine": {"platform": platform.platform(), "python": platform.python_version(),
-                       "cpus": __import__("os").cpu_count()},
-           "tmpfs": tmpfs, "stage_seconds": base["seconds"], "store_sizes": sizes, "summary": summary,
-           "all_held": all(r["held"] == r["injections"] for r in results if "injections" in r),
-           "seconds": round(time.perf_counter() - t0, 1), "faults": results}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(doc, indent=2, default=str))
+        done.append("races")
+    summary = write(done)
     print(json.dumps(summary, indent=2))
     print(f"wrote {args.out}")
 
