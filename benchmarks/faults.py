@@ -114,10 +114,11 @@ def _same_embeddings(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return a.keys() == b.keys() and all(a[t][0] == b[t][0] and np.allclose(a[t][1], b[t][1], atol=1e-5) for t in a)
 
 
-def kill_stages(base: dict[str, Any], work: Path, kills: int) -> list[dict[str, Any]]:
+def kill_stages(base: dict[str, Any], work: Path, kills: int, out: list[dict[str, Any]],
+                flush: Any = lambda: None) -> list[dict[str, Any]]:
     """train, export, validate, evaluate: SIGKILL at evenly spread moments of a forced re-run,
-    then the plain command again."""
-    run, store, out = base["run"], base["store"], []
+    then the plain command again; each stage's record is appended to ``out`` (then ``flush()``)."""
+    run, store = base["run"], base["store"]
     ref_val = _val_metrics(run / "checkpoints")
     ref_emb = _embeddings(run / "embeddings")
     ref_report = json.loads((run / "report" / "metrics.json").read_text())
@@ -163,6 +164,7 @@ def kill_stages(base: dict[str, Any], work: Path, kills: int) -> list[dict[str, 
             print(f"kill9 {stage} at {after:.1f}s: landed={landed} rerun rc={rerun.rc} held={cases[-1]['held']}",
                   flush=True)
         out.append(record(f"kill9_{stage}", cases))
+        flush()
     return out
 
 
@@ -550,33 +552,34 @@ def main() -> None:
         return summary
 
     done: list[str] = []
+    # cheapest first; the JSON is rewritten after each part (and each stage of kill9)
     if "fuzz" in parts:
         results += fuzz_part(args.work, fuzz_n)
         done.append("fuzz")
         write(done)
-    if "kill9" in parts:
-        results += kill_stages(base, args.work, kills)
-        results.append(kill_publish(base, args.work, kills))
-        results.append(kill_refresh(base, args.work, kills))
-        done.append("kill9")
-        write(done)
     if "enospc" in parts:
-        if not (args.work / "pub" / "store").exists():
-            kill_publish(base, args.work, 0)
+        kill_publish(base, args.work, 0)  # a store with one version live (work/pub)
         results += enospc(args.work)
         done.append("enospc")
+        write(done)
+    if "races" in parts:
+        results += races(args.work)
+        done.append("races")
         write(done)
     if "disk_full" in parts and tmpfs:
         found, sizes = disk_full_publish(args.work, margins)
         results += found
+        write(done)
         results.append(disk_full_stages(base, args.work))
         done.append("disk_full")
         write(done)
-    if "races" in parts:
-        if not (args.work / "pub" / "store").exists():
-            kill_publish(base, args.work, 0)
-        results += races(args.work)
-        done.append("races")
+    if "kill9" in parts:
+        results.append(kill_publish(base, args.work, kills))
+        write(done)
+        results.append(kill_refresh(base, args.work, kills))
+        write(done)
+        kill_stages(base, args.work, kills, results, lambda: write(done))
+        done.append("kill9")
     summary = write(done)
     print(json.dumps(summary, indent=2))
     print(f"wrote {args.out}")
