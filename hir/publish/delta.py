@@ -173,6 +173,8 @@ def _attributes(frame: pl.DataFrame, etype: str, path: Path, snap: Snapshot) -> 
         if not col.startswith("attr_") or col not in frame.columns:
             continue
         s = frame[col]
+        if isinstance(s.dtype, pl.Categorical | pl.Enum):  # a dictionary-encoded Parquet column: its text
+            s = s.cast(pl.String)
         if dtype.is_numeric() and s.dtype == pl.String:
             parsed = s.str.strip_chars().cast(pl.Float64, strict=False)
             bad = frame.filter(parsed.is_null() & s.is_not_null() & (s.str.strip_chars() != ""))
