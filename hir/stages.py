@@ -181,6 +181,12 @@ def _fullest_path(cfg: Any) -> tuple[str | None, Path]:
             continue
         if isinstance(value, str) and value.startswith("/"):
             candidates.append((space.free_bytes(value), f"paths.{key}", Path(value)))
+    try:
+        store = getattr(getattr(cfg, "publish", None), "store_dir", None)
+    except Exception:
+        store = None
+    if isinstance(store, str) and store.startswith("/"):  # the serving store lives outside paths.*
+        candidates.append((space.free_bytes(store), "publish.store_dir", Path(store)))
     if not candidates:
         return None, Path.cwd()
     _, key, where = min(candidates, key=lambda c: c[0])

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +77,14 @@ def abandon(cfg: DictConfig, state: dict[str, Any], store_dir: Path, sl: str) ->
     """Remove what a failed publish of ``sl`` staged (a version that never went live); returns
     what the message says about it. A version kept for rollback, or live, is left alone."""
     entry = state["versions"].get(sl)
-    if entry is None or entry["status"] != "staged" or state["live"] == sl:
+    if entry is None:  # it failed before its entry was recorded: at most a partial serving copy
+        vdir = store_dir / "versions" / sl
+        if vdir.exists():
+            freed = store_bytes(vdir)
+            shutil.rmtree(vdir, ignore_errors=True)
+            return f"the failed attempt's partial files were removed ({space.human(freed)} freed)"
+        return "nothing of the failed attempt needed removing"
+    if entry["status"] != "staged" or state["live"] == sl:
         return "nothing of the failed attempt needed removing"
     before = store_bytes(store_dir)
     try:

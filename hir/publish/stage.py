@@ -147,8 +147,11 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                 raise space.OutOfSpace(f"{writing['what']} of {version!r}", writing["where"],
                                        f"{served}; {removed}", SPACE_FIX) from err
             raise
-        _register_manifest(state, slug(version), manifest_path)
-        write_state(store_dir, state)
+        # the switch is committed: a full disk from here on cannot unpublish, only leave the record short
+        with space.guard("the run manifest and live.json", store_dir,
+                         f"the new version {version!r} is live and serving", SPACE_FIX):
+            _register_manifest(state, slug(version), manifest_path)
+            write_state(store_dir, state)
     log.info("published %r: feast service %s (and %s, the live one), milvus aliases %s; manifest %s\n%s", version,
              manifest["feast"]["feature_service"], manifest["feast"]["live_feature_service"],
              manifest["milvus"]["aliases"], manifest_path, describe_store(state, store_dir))
