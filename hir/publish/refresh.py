@@ -280,8 +280,11 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         state = read_state(store_dir)
         if not state["live"]:
             raise HirError(f"nothing is published in {store_dir}; run `hir publish` before `hir refresh`")
-        recover(cfg, state)
-        undo_leftovers(cfg, store_dir)
+        with space.guard("the removal of an earlier attempt's leftovers", store_dir,
+                         "the live version serves what it served before; the leftovers stay until a run has room "
+                         "to remove them", SPACE_FIX):
+            recover(cfg, state)
+            undo_leftovers(cfg, store_dir)
         manifest = state["versions"][state["live"]]["manifest"]
         source = model_source(cfg, manifest)
         snapshot = live_snapshot(source["graph_dir"])

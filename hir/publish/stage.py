@@ -117,7 +117,10 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     version, created = result["model_version"], result.get("created")
     with store_lock(store_dir, "publish"):
         state = read_state(store_dir)
-        recover(cfg, state)
+        # removing what an earlier attempt left needs a little space too (SQLite, the registry)
+        with space.guard("the removal of an earlier attempt's leftovers", store_dir,
+                         f"{served_note(state)}; the leftovers stay until a run has room to remove them", SPACE_FIX):
+            recover(cfg, state)
         live = state["versions"].get(state["live"]) if state["live"] else None
         if live and live["version"] == version:
             if live["hashes"] != result["files"]:

@@ -117,7 +117,18 @@ def remove_objects(store_dir: Path, client: Any, store: Any, entry: dict[str, An
     # files first: they are most of the space, and freeing them lets the SQLite writes below
     # (registry, online tables) succeed on a disk that a failed publish filled
     shutil.rmtree(Path(store_dir) / "versions" / slug, ignore_errors=True)
-    dropped = milvus_store.drop(client, list(manifest["milvus"]["collections"].values()))
-    tables = {t: feast_store.names(t, slug, service) for t in manifest["feast"]["feature_views"]}
-    removed = feast_store.drop_version(store, tables, manifest["feast"]["feature_service"]) if store else []
+    failed: list[BaseException] = []
+    dropped: list[str] = []
+    removed: list[str] = []
+    try:  # each system on its own: a Milvus that fails must not keep the Feast objects
+        dropped = milvus_store.drop(client, list(manifest["milvus"]["collections"].values()))
+    except Exception as err:
+        failed.append(err)
+    try:
+        tables = {t: feast_store.names(t, slug, service) for t in manifest["feast"]["feature_views"]}
+        removed = feast_store.drop_version(store, tables, manifest["feast"]["feature_service"]) if store else []
+    except Exception as err:
+        failed.append(err)
+    if failed:
+        raise failed[0]
     return {"milvus": dropped, "feast": removed}
