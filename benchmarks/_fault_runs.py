@@ -63,9 +63,9 @@ def hir(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: int =
 
 
 def hir_killed(*args: str, cwd: Path, stage: str, after_s: float, env: dict[str, str] | None = None,
-               timeout: int = 1200) -> tuple[Run, bool]:
-    """`hir <args>`, sent SIGKILL ``after_s`` seconds after it logs ``stage <stage>: start``
-    (its imports and config take seconds that are no point of the stage). Returns the run and
+               timeout: int = 1200, marker: str | None = None) -> tuple[Run, bool]:
+    """`hir <args>`, sent SIGKILL ``after_s`` seconds after it logs ``marker`` (default
+    ``stage <stage>: start``; its imports and config take seconds that are no point of the stage). Returns the run and
     whether the kill landed (False when the stage finished first)."""
     t0 = time.perf_counter()
     proc = subprocess.Popen([str(HIR), *args], cwd=cwd, env={**os.environ, **ENV, **(env or {})}, text=True,
@@ -77,7 +77,7 @@ def hir_killed(*args: str, cwd: Path, stage: str, after_s: float, env: dict[str,
         assert proc.stdout is not None
         for line in proc.stdout:
             lines.append(line)
-            if f"stage {stage}: start" in line:
+            if (marker or f"stage {stage}: start") in line:
                 started.set()
 
     reader = threading.Thread(target=read, daemon=True)

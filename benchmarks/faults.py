@@ -135,7 +135,11 @@ def kill_stages(base: dict[str, Any], work: Path, kills: int, out: list[dict[str
         cases = []
         for frac in FRACTIONS if kills >= len(FRACTIONS) else (0.5,):
             after = frac * float(base["seconds"][stage] or 5)
-            killed, landed = hir_killed(stage, "force=true", *args, cwd=work, stage=stage, after_s=after)
+            marker = None
+            if stage == "train":  # the fit itself (its imports take most of the stage's seconds)
+                fit = json.loads((run / "checkpoints" / "train_metrics.json").read_text()).get("seconds", {}).get("fit")
+                after, marker = frac * float(fit or 2), "step 0 (spectral base"
+            killed, landed = hir_killed(stage, "force=true", *args, cwd=work, stage=stage, after_s=after, marker=marker)
             had_last = (d / "checkpoints" / "last.ckpt").exists() if stage == "train" else None
             rerun = hir(stage, *args, cwd=work)
             checks: dict[str, Any] = {"rerun_rc": rerun.rc, "rerun_traceback": rerun.traceback}

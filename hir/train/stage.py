@@ -47,14 +47,14 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         with open_dict(cfg):
             cfg.ckpt_path = str(ckpt_dir / LAST)
 
+    # retraining: the old marker goes first, so a kill below never leaves it describing new checkpoints
+    metrics_path.unlink(missing_ok=True)
     import lightning as L
     from hydra.utils import instantiate
 
     from hir.model import SPECTRAL_FILE
     from hir.train.trainer import build_trainer, fit_report, log_setup, prepare_process, trainer_world
 
-    # retraining: the old marker goes first, so a kill below never leaves it describing new checkpoints
-    metrics_path.unlink(missing_ok=True)
     prepare_process(cfg, ckpt_dir)
     t0 = time.perf_counter()
     # the snapshot, its val set and spectral base: the network's sizes come from them
