@@ -115,18 +115,20 @@ def _same_embeddings(a: dict[str, Any], b: dict[str, Any]) -> bool:
 
 
 def kill_stages(base: dict[str, Any], work: Path, kills: int, out: list[dict[str, Any]],
-                flush: Any = lambda: None) -> list[dict[str, Any]]:
+                flush: Any = lambda: None, only: tuple[str, ...] = ()) -> list[dict[str, Any]]:
     """train, export, validate, evaluate: SIGKILL at evenly spread moments of a forced re-run,
     then the plain command again; each stage's record is appended to ``out`` (then ``flush()``)."""
     run, store = base["run"], base["store"]
     ref_val = _val_metrics(run / "checkpoints")
     ref_emb = _embeddings(run / "embeddings")
     ref_report = json.loads((run / "report" / "metrics.json").read_text())
-    dirs = {"train": copy_run(run, work / "kill_train", ("graph", "content")),
-            "export": copy_run(run, work / "kill_export", ("graph", "content", "checkpoints")),
-            "validate": copy_run(run, work / "kill_validate", ("graph", "content", "checkpoints", "embeddings", "hierarchy")),
-            "evaluate": run}
+    copies = {"train": ("graph", "content"), "export": ("graph", "content", "checkpoints"),
+              "validate": ("graph", "content", "checkpoints", "embeddings", "hierarchy")}
+    dirs = {s: copy_run(run, work / f"kill_{s}", parts) for s, parts in copies.items() if not only or s in only}
+    dirs["evaluate"] = run
     for stage, d in dirs.items():
+        if only and stage not in only:
+            continue
         args = common(d, store, work)
         if stage == "train":
             first = hir("train", *args, cwd=work)  # the copy's own uninterrupted run first: the same as run/'s
