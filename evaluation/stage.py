@@ -119,6 +119,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     from hir_evaluation.report.diagnostics import diagnostics_section
     from hir_evaluation.report.plots import figures
 
+    # recomputing (force=true): the old metrics.json must not mark a half-rewritten report as done
+    (report_dir / "metrics.json").unlink(missing_ok=True)
+
     snap = load_snapshot(cfg.paths.graph_dir)
     rank_task, ret_task = resolve_tasks(cfg, snap)
     sources = Sources(cfg, snap, rank_task.entity_type, ret_task.history_stages)

@@ -168,6 +168,50 @@ def user_error(err: BaseException) -> BaseException | None:
     return None
 
 
+def _fullest_path(cfg: Any) -> tuple[str | None, Path]:
+    """(``paths.<key>``, its dir) of the configured path whose filesystem has the least free space."""
+    from hir import space
+
+    candidates: list[tuple[int, str | None, Path]] = []
+    paths = getattr(cfg, "paths", None)
+    for key in list(paths.keys()) if hasattr(paths, "keys") else []:
+        try:
+            value = paths[key]
+        except Exception:
+            continue
+        if isinstance(value, str) and value.startswith("/"):
+            candidates.append((space.free_bytes(value), f"paths.{key}", Path(value)))
+    try:
+        store = getattr(getattr(cfg, "publish", None), "store_dir", None)
+    except Exception:
+        store = None
+    if isinstance(store, str) and store.startswith("/"):  # the serving store lives outside paths.*
+        candidates.append((space.free_bytes(store), "publish.store_dir", Path(store)))
+    if not candidates:
+        return None, Path.cwd()
+    _, key, where = min(candidates, key=lambda c: c[0])
+    return key, where
+
+
+def disk_full_error(stage: str, cfg: Any, err: BaseException) -> BaseException | None:
+    """A full disk that no stage named itself (a checkpoint, an export parquet, the content
+    cache...) as one line naming the file, the free space and the fix; None for other errors."""
+    from hir import space
+
+    if not space.is_out_of_space(err):
+        return None
+    file = space.failed_file(err)
+    if file:
+        where, what = Path(file).parent, Path(file).name
+    else:  # the library did not say which file: the stage's configured dir on the fullest disk
+        key, where = _fullest_path(cfg)
+        what = f"the outputs of `hir {stage}`" + (f" ({key})" if key else "")
+    served = ("nothing that is served changed (a version goes live only when a `hir publish` completes); "
+              f"`hir {stage}` did not mark these outputs done, so the next run redoes them")
+    return space.OutOfSpace(what, where, served, "free space on that disk (or point paths.* at a larger one), "
+                            "then run the same command again; docs/operations.md: Out of disk space")
+
+
 def _hydra_entry(stage: str) -> Any:
     import hydra
     from omegaconf import DictConfig, OmegaConf, open_dict
@@ -185,7 +229,7 @@ def _hydra_entry(stage: str) -> Any:
             if cfg.get("optimized_metric"):
                 return _lookup(metrics, cfg.optimized_metric, cfg)
         except Exception as err:
-            error = user_error(err)
+            error = user_error(err) or disk_full_error(stage, cfg, err)
             if error is None:
                 raise
             # one readable line, no traceback: the user can fix this

@@ -14,6 +14,7 @@ import polars as pl
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
+from hir.atomic import write_text_atomic
 from hir.data import steps
 from hir.data.build import BUCKET_EVENTS, write_events_and_edges
 from hir.data.raw import Quarantine, RawDataset
@@ -266,7 +267,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         bucket_events=int(opts.get("bucket_events") or BUCKET_EVENTS),
     )
     meta["timings_s"]["adapter"] = round(t_adapter, 3)
-    meta_path.write_text(json.dumps(meta, indent=2))
+    # meta.json last and atomic: its presence marks a complete snapshot (reused unless force)
+    write_text_atomic(meta_path, json.dumps(meta, indent=2))
     if meta["quarantined_rows"]:
         log.warning("quarantined rows (see %s):\n%s", quarantine.out_dir, quarantine.summary())
     log.info(

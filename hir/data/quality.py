@@ -34,6 +34,36 @@ _TS_FORMATS = (
 )
 
 
+def brief(err: BaseException, limit: int = 300) -> str:
+    """A library's error as one short line (polars' messages span lines with hints)."""
+    text = " ".join(str(err).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def is_plain(dtype: pl.DataType) -> bool:
+    """Text, a number, a boolean or a time: a type with one text form per cell."""
+    return not (dtype.is_nested() or dtype in (pl.Binary, pl.Object) or isinstance(dtype, pl.Decimal))
+
+
+def require_plain_types(df: pl.DataFrame, columns: Sequence[str], path: Path | str, what: str) -> None:
+    """The ``columns`` hir reads hold text, numbers, booleans or times: a list, struct or binary
+    column (a Parquet written by another tool) is refused naming the column and its type."""
+    for c in columns:
+        dtype = df.schema[c]
+        if not is_plain(dtype):
+            raise InputError(f"{what}: {path} column {c!r} has type {dtype}; hir reads text, numbers or times "
+                             "there: write it as one of those (e.g. cast to string before writing the Parquet)")
+
+
+def strip_bom(df: pl.DataFrame) -> pl.DataFrame:
+    """Column names without a leading byte-order mark (how Excel and some exporters begin a
+    UTF-8 file), so ``\ufeffuser_id`` is the ``user_id`` column; a clash stays a clear error."""
+    names = [c.lstrip("\ufeff") for c in df.columns]
+    if names == df.columns or len(set(names)) != len(names):
+        return df
+    return df.rename(dict(zip(df.columns, names, strict=True)))
+
+
 def check_file(path: Path | str, what: str) -> Path:
     """The file exists, is not empty and (for .gz) decompresses to the end."""
     path = Path(path)
@@ -65,10 +95,11 @@ def read_csv_strings(path: Path | str, required: Sequence[str], what: str, separ
     path = check_file(path, what)
     try:
         df = pl.read_csv(path, infer_schema=False, encoding="utf8-lossy", separator=separator)
-    except (pl.exceptions.ComputeError, pl.exceptions.NoDataError, OSError) as err:
-        raise InputError(f"{what}: cannot parse {path} as CSV ({err}); check the separator and quoting") from err
+    except (pl.exceptions.PolarsError, OSError, ValueError) as err:
+        raise InputError(f"{what}: cannot parse {path} as CSV ({brief(err)}); check the separator and quoting") from err
     if df.height == 0:
         raise InputError(f"{what}: {path} has a header but no data rows; nothing to prepare")
+    df = strip_bom(df)
     require_columns(df.columns, required, path, what)
     return df.with_row_index(ROW, offset=1)
 
@@ -80,11 +111,14 @@ def read_table(path: Path | str, required: Sequence[str], what: str, separator: 
         check_file(path, what)
         try:
             df = pl.read_parquet(path)
-        except (pl.exceptions.ComputeError, OSError) as err:
-            raise InputError(f"{what}: cannot read {path} as Parquet ({err})") from err
+        except (pl.exceptions.PolarsError, OSError, ValueError) as err:
+            raise InputError(f"{what}: cannot read {path} as Parquet ({brief(err)}); re-export the file "
+                             "(a truncated or corrupt file, or duplicate column names)") from err
         if df.height == 0:
             raise InputError(f"{what}: {path} has no rows; nothing to prepare")
+        df = strip_bom(df)
         require_columns(df.columns, required, path, what)
+        require_plain_types(df, required, path, what)
         return df.with_row_index(ROW, offset=1)
     return read_csv_strings(path, required, what, separator)
 

@@ -23,6 +23,7 @@ from typing import Any
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from hir.atomic import write_text_atomic
 from hir.data.snapshot import Snapshot, load_snapshot
 from hir.enrich.attributes import AttributeEncoder
 from hir.enrich.cache import Encoder
@@ -142,7 +143,8 @@ def enrich(
         "timings_s": {"total": round(time.perf_counter() - t_start, 3), **{t: s["seconds"] for t, s in types.items()}},
         "created": datetime.now().astimezone().isoformat(),
     }
-    (content_dir / META_FILE).write_text(json.dumps(meta, indent=2))
+    # meta.json last and atomic: its presence marks complete content vectors (reused unless force)
+    write_text_atomic(content_dir / META_FILE, json.dumps(meta, indent=2))
     return meta
 
 

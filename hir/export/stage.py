@@ -20,6 +20,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from hir.atomic import remove_stale_tmp, write_text_atomic
 from hir.export.cold import ColdPlacement
 
 # sleeping OpenMP threads, as in the train stage (set before torch loads)
@@ -147,6 +148,10 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     if (meta := reusable(emb_dir / META_FILE, ckpt, bool(cfg.force))) is not None:
         log.info("embeddings of model %s exist at %s; reusing them (force=true re-exports)", meta["model_version"], emb_dir)
         return meta
+    # a re-export invalidates the old one first: a kill below must not leave old meta.json over new files
+    (emb_dir / META_FILE).unlink(missing_ok=True)
+    for d in (emb_dir, hier_dir):  # what a killed export left under temporary names
+        remove_stale_tmp(d)
     t0 = time.perf_counter()
     embedder = Embedder(ckpt, cfg.paths.graph_dir, cfg.paths.content_dir, tuple(ex.visible_splits), ex.refit_base,
                         ex.refit_n_iter, int(cfg.seed))
@@ -168,11 +173,12 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     sg, planted = hierarchy_diagnostics(embedder.snapshot, embedder.store.offsets, embedder.store.node_type, keys,
                                         top1, embedder.levels, z if ex.kmeans_reference else None, int(cfg.seed))
     sg["hierarchy_fit"] = ex.hierarchy_fit
-    (hier_dir / "supergraph.json").write_text(json.dumps(sg, indent=2))
+    write_text_atomic(hier_dir / "supergraph.json", json.dumps(sg, indent=2))
     meta = export_meta(embedder, ckpt, ex, z, codes, keys, event_ts, created, sg, planted, cold_report,
                        {"embed": round(t_embed, 2), "hierarchy_fit": round(t_fit, 2),
                         "total": round(time.perf_counter() - t0, 2)})
-    (emb_dir / META_FILE).write_text(json.dumps(meta, indent=2))
+    # meta.json last and atomic: its presence marks a complete export (what `reusable` checks)
+    write_text_atomic(emb_dir / META_FILE, json.dumps(meta, indent=2))
     log.info("exported %s (cold start %s) as model %s in %.1fs; super-graph density gain %s%s",
              meta["counts"], meta["cold_start"], embedder.version, meta["seconds"]["total"],
              {k: round(v or 0, 1) for k, v in meta["supergraph_gain"].items()},

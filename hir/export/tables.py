@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from hir.atomic import write_parquet_atomic
 from hir.data.snapshot import Snapshot
 from hir.export.embed import Embedder
 from hir.export.labels import label_prototypes, top_members
@@ -49,11 +50,11 @@ def write_embeddings(emb_dir: Path, embedder: Embedder, keys: dict[str, list[str
                 pl.Series(f"tokens_l{lvl}", codes[lvl][lo:hi]).cast(pl.List(pl.Int32)),
                 pl.Series(f"weights_l{lvl}", weights[lvl][lo:hi]).cast(pl.List(pl.Float32)),
             )
-        frame.with_columns(
+        write_parquet_atomic(frame.with_columns(
             pl.lit(embedder.version, dtype=pl.String).alias("model_version"),
             pl.lit(event_ts).cast(pl.Datetime("us", "UTC")).alias("event_timestamp"),
             pl.lit(created).cast(pl.Datetime("us", "UTC")).alias("created"),
-        ).write_parquet(emb_dir / f"{t}.parquet")
+        ), emb_dir / f"{t}.parquet")
 
 
 def write_prototypes(path: Path, embedder: Embedder, z: np.ndarray, top1: list[np.ndarray],
@@ -76,4 +77,4 @@ def write_prototypes(path: Path, embedder: Embedder, z: np.ndarray, top1: list[n
             "vector": pl.Series(vectors[lvl]).cast(pl.List(pl.Float32)),
             "label": pl.Series(labels, dtype=pl.String), "usage": pl.Series(usage, dtype=pl.Float64),
         }))
-    pl.concat(rows).write_parquet(path)
+    write_parquet_atomic(pl.concat(rows), path)

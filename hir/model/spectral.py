@@ -224,11 +224,15 @@ class SpectralBasis:
         return replace(self, filter=filt)
 
     def save(self, path: str | Path) -> None:
+        """Complete or absent (a resumed training reloads it): written under a temporary name, then renamed."""
+        from hir.atomic import atomic_path
+
         f = self.filter
-        np.savez(path, cols=self.cols, v=self.v, u=self.u, sigma=self.sigma, col_degree=self.col_degree,
-                 scale_ref=self.scale_ref, stage_base=self.stage_base, beta=f.beta, response=f.response,
-                 ideal_weight=f.ideal_weight, trend_days=f.trend_days, trend_power=f.trend_power,
-                 **({} if self.frame is None else {"frame": self.frame}))
+        with atomic_path(path) as tmp, tmp.open("wb") as fh:  # a file object: np.savez adds no ".npz"
+            np.savez(fh, cols=self.cols, v=self.v, u=self.u, sigma=self.sigma, col_degree=self.col_degree,
+                     scale_ref=self.scale_ref, stage_base=self.stage_base, beta=f.beta, response=f.response,
+                     ideal_weight=f.ideal_weight, trend_days=f.trend_days, trend_power=f.trend_power,
+                     **({} if self.frame is None else {"frame": self.frame}))
 
     def base_for(self, store: GraphStore) -> SpectralBase:
         """The :class:`SpectralBase` of ``store``'s visible engagement (users folded in from it)."""

@@ -85,18 +85,22 @@ def read_file(path: Path) -> pl.DataFrame:
     if name.endswith(".parquet"):
         try:
             frame = pl.read_parquet(path)
-        except (pl.exceptions.ComputeError, OSError) as err:
-            raise InputError(f"{what}: cannot read {path} as Parquet ({err})") from err
+        except (pl.exceptions.PolarsError, OSError, ValueError) as err:
+            raise InputError(f"{what}: cannot read {path} as Parquet ({q.brief(err)}); re-export the file "
+                             "(a truncated or corrupt file, or duplicate column names)") from err
     elif name.endswith((".csv", ".csv.gz", ".tsv", ".tsv.gz")):
         try:
             frame = pl.read_csv(path, infer_schema=False, encoding="utf8-lossy",
                                 separator="\t" if ".tsv" in name else ",")
-        except (pl.exceptions.ComputeError, pl.exceptions.NoDataError, OSError) as err:
-            raise InputError(f"{what}: cannot parse {path} as CSV ({err}); check the separator and quoting") from err
+        except (pl.exceptions.PolarsError, OSError, ValueError) as err:
+            raise InputError(f"{what}: cannot parse {path} as CSV ({q.brief(err)}); check the separator and "
+                             "quoting") from err
     else:
         raise InputError(f"{what}: {path} is neither .csv[.gz] nor .parquet; write the new entities as one of those")
     if frame.height == 0:
         raise InputError(f"{what}: {path} has no data rows; nothing to refresh")
+    frame = q.strip_bom(frame)
+    q.require_plain_types(frame, frame.columns, path, what)
     if "entity_id" not in frame.columns:
         raise InputError(f"{what}: {path} has no column 'entity_id' (columns found: {frame.columns}); every row names "
                          "the new entity's key in an entity_id column")
@@ -169,6 +173,8 @@ def _attributes(frame: pl.DataFrame, etype: str, path: Path, snap: Snapshot) -> 
         if not col.startswith("attr_") or col not in frame.columns:
             continue
         s = frame[col]
+        if isinstance(s.dtype, pl.Categorical | pl.Enum):  # a dictionary-encoded Parquet column: its text
+            s = s.cast(pl.String)
         if dtype.is_numeric() and s.dtype == pl.String:
             parsed = s.str.strip_chars().cast(pl.Float64, strict=False)
             bad = frame.filter(parsed.is_null() & s.is_not_null() & (s.str.strip_chars() != ""))

@@ -79,7 +79,12 @@ def write_working_copy(template: Path, repo: Path, project: str, registry: Path,
                            "feature_repo/ directory")
         shutil.copy(template / name, repo / name)
     settings = yaml.safe_load((template / "feature_store.yaml").read_text())
-    settings.update(project=project, registry={"registry_type": "file", "path": str(registry)},
+    from hir.publish.registry_store import CLASS_PATH
+
+    # the registry is rewritten atomically (hir/publish/registry_store.py): a full disk or a kill
+    # mid-write must not empty the one file every version of the store resolves through
+    settings.update(project=project, registry={"registry_type": "file", "path": str(registry),
+                                               "registry_store_type": CLASS_PATH},
                     online_store=dict(online_store))
     header = "# written by `hir publish` from feature_repo/feature_store.yaml; do not edit\n"
     (repo / "feature_store.yaml").write_text(header + yaml.safe_dump(settings, sort_keys=False))

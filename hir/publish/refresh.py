@@ -33,12 +33,15 @@ from typing import Any
 import polars as pl
 from omegaconf import DictConfig
 
+from hir import space
+from hir.atomic import write_parquet_atomic
 from hir.data.snapshot import Snapshot, load_snapshot
 from hir.errors import HirError, InputError
 from hir.progress import progress_steps
-from hir.publish import feast_store, milvus_store
+from hir.publish import faults, feast_store, milvus_store
 from hir.publish.delta import Delta, describe, first_seen, read_delta
-from hir.publish.stage import recover
+from hir.publish.journal import begin, journal_path, undo, undo_leftovers
+from hir.publish.leftovers import SPACE_FIX, recover
 from hir.serving import now_iso, read_state, store_lock, sync_manifests, write_state
 from hir.validate.binding import sha256
 
@@ -142,9 +145,9 @@ def _batch_schema(path: Path) -> list[str]:
 
 
 def push(frames: dict[str, pl.DataFrame], manifest: dict[str, Any], out_dir: Path) -> dict[str, str]:
-    """Push to each type's push source of the live version, ONLINE and OFFLINE (the offline
-    table gains the rows); returns the parquet per type (the rows as pushed, join key named
-    ``entity_id``)."""
+    """Push to each type's push source of the live version, OFFLINE then ONLINE (the offline
+    table gains the rows; Feast rewrites that file in place, so :func:`begin` backed it up);
+    returns the parquet per type (the rows as pushed, join key named ``entity_id``)."""
     import warnings
 
     from feast.data_source import PushMode
@@ -153,7 +156,7 @@ def push(frames: dict[str, pl.DataFrame], manifest: dict[str, Any], out_dir: Pat
     files = {}
     for etype, frame in frames.items():
         path = out_dir / f"{etype}.parquet"
-        frame.write_parquet(path)
+        write_parquet_atomic(frame, path)
         files[etype] = str(path)
         join_key = manifest["feast"]["entities"][etype]["join_key"]
         # the pushed frame must carry every column of the batch source, named and ordered as there
@@ -161,7 +164,10 @@ def push(frames: dict[str, pl.DataFrame], manifest: dict[str, Any], out_dir: Pat
         df = frame.rename({"entity_id": join_key}).select(columns).to_pandas()
         with warnings.catch_warnings():  # ibis 12 calls duckdb's deprecated fetch_arrow_table
             warnings.filterwarnings("ignore", message=".*fetch_arrow_table", category=DeprecationWarning)
-            store.push(manifest["feast"]["push_sources"][etype], df, to=PushMode.ONLINE_AND_OFFLINE)
+            # offline first: a failure there is undone from the backup before anything is online
+            store.push(manifest["feast"]["push_sources"][etype], df, to=PushMode.OFFLINE)
+            faults.point("refresh_push_online")
+            store.push(manifest["feast"]["push_sources"][etype], df, to=PushMode.ONLINE)
     return files
 
 
@@ -196,18 +202,42 @@ def refresh_rows(cfg: DictConfig, frames: dict[str, pl.DataFrame], delta: str, s
     manifest = entry["manifest"]
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%f")
     out_dir = store_dir / "versions" / entry["slug"] / "refresh" / stamp
-    out_dir.mkdir(parents=True, exist_ok=True)
+    journal = journal_path(store_dir, entry["slug"], stamp)
     t: dict[str, float] = {}
+    try:
+        begin(store_dir, entry, stamp, frames, (extra or {}).get("events_file"))
+        record = _refresh_rows(cfg, frames, delta, state, extra, out_dir, t)
+    except BaseException as err:
+        undone = undo(cfg, store_dir, journal)
+        if space.is_out_of_space(err):
+            raise space.OutOfSpace(f"the refresh of {manifest['version']!r} from {delta}", out_dir.parent,
+                                   f"the live version {manifest['version']!r} serves what it served before; {undone}",
+                                   SPACE_FIX) from err
+        raise
+    Path(journal).unlink(missing_ok=True)
+    for backup in out_dir.glob("*.offline.bak"):
+        backup.unlink()
+    return record
+
+
+def _refresh_rows(cfg: DictConfig, frames: dict[str, pl.DataFrame], delta: str, state: dict[str, Any],
+                  extra: dict[str, Any] | None, out_dir: Path, t: dict[str, float]) -> dict[str, Any]:
+    """:func:`refresh_rows` once :func:`begin` has written its journal."""
+    store_dir = Path(cfg.publish.store_dir).resolve()
+    entry = state["versions"][state["live"]]
+    manifest = entry["manifest"]
     with progress_steps("refresh", 3) as step:
         t0 = time.perf_counter()
         validate_rows(frames, manifest, store_dir, cfg.validate, out_dir)
         t["validate"] = time.perf_counter() - t0
         step("milvus insert")
         t0 = time.perf_counter()
+        faults.point("refresh_milvus")
         milvus = insert(frames, manifest, cfg.publish.milvus, out_dir)
         t["milvus_insert"] = time.perf_counter() - t0
         step("feast push (online + offline)")
         t0 = time.perf_counter()
+        faults.point("refresh_push_offline")
         files = push(frames, manifest, out_dir)
         t["feast_push"] = time.perf_counter() - t0
     offline = manifest["feast"].setdefault("offline_sha256", {})
@@ -222,6 +252,7 @@ def refresh_rows(cfg: DictConfig, frames: dict[str, pl.DataFrame], delta: str, s
     manifest.setdefault("refreshes", []).append(record)
     state["history"].append({"at": record["at"], "event": "refresh", "version": entry["version"],
                              "previous": None, "rows": record["rows"]})
+    faults.point("refresh_commit")
     write_state(store_dir, state)
     sync_manifests(state)
     return record
@@ -249,7 +280,11 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         state = read_state(store_dir)
         if not state["live"]:
             raise HirError(f"nothing is published in {store_dir}; run `hir publish` before `hir refresh`")
-        recover(cfg, state)
+        with space.guard("the removal of an earlier attempt's leftovers", store_dir,
+                         "the live version serves what it served before; the leftovers stay until a run has room "
+                         "to remove them", SPACE_FIX):
+            recover(cfg, state)
+            undo_leftovers(cfg, store_dir)
         manifest = state["versions"][state["live"]]["manifest"]
         source = model_source(cfg, manifest)
         snapshot = live_snapshot(source["graph_dir"])
@@ -278,7 +313,7 @@ def _write_events(delta: Delta, store_dir: Path, state: dict[str, Any]) -> str |
     out = store_dir / "versions" / state["live"] / "refresh" / "events"
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{datetime.now(UTC).strftime('%Y%m%dT%H%M%S%f')}.parquet"
-    delta.events.write_parquet(path)
+    write_parquet_atomic(delta.events, path)
     return str(path)
 
 

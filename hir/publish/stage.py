@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -24,9 +23,11 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from hir import space
 from hir.errors import HirError
 from hir.progress import progress_steps
 from hir.publish import faults, feast_store, milvus_store, switch
+from hir.publish.leftovers import SPACE_FIX, abandon, check_space, recover, safe_name, served_note
 from hir.serving import (
     describe_store,
     now_iso,
@@ -41,11 +42,6 @@ from hir.validate.binding import require_validated, sha256
 log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
-
-
-def safe_name(name: str) -> str:
-    """Feast projects and Milvus names: letters, digits, underscores."""
-    return re.sub(r"[^0-9A-Za-z_]", "_", name)
 
 
 def milvus_settings(pcfg: DictConfig, rows: int = 0) -> dict[str, Any]:
@@ -121,7 +117,10 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     version, created = result["model_version"], result.get("created")
     with store_lock(store_dir, "publish"):
         state = read_state(store_dir)
-        recover(cfg, state)
+        # removing what an earlier attempt left needs a little space too (SQLite, the registry)
+        with space.guard("the removal of an earlier attempt's leftovers", store_dir,
+                         f"{served_note(state)}; the leftovers stay until a run has room to remove them", SPACE_FIX):
+            recover(cfg, state)
         live = state["versions"].get(state["live"]) if state["live"] else None
         if live and live["version"] == version:
             if live["hashes"] != result["files"]:
@@ -139,32 +138,29 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                 f"model_version {version!r} (created {created}) is older than the live {live['version']!r} "
                 f"(created {live['created']}); publishing it is a rollback: add publish.allow_rollback=true"
             )
-        manifest = publish_version(cfg, state, store_dir, emb_dir, result)
-        _register_manifest(state, slug(version), manifest_path)
-        write_state(store_dir, state)
+        served = served_note(state)
+        check_space(cfg, store_dir, emb_dir, live, served)
+        writing = {"what": "the serving copy of the export", "where": store_dir / "versions"}
+        try:
+            manifest = publish_version(cfg, state, store_dir, emb_dir, result, writing)
+        except BaseException as err:
+            # a failed attempt leaves nothing behind: its collections, Feast objects and files go now
+            removed = abandon(cfg, state, store_dir, slug(version))
+            if space.is_out_of_space(err):
+                raise space.OutOfSpace(f"{writing['what']} of {version!r}", writing["where"],
+                                       f"{served}; {removed}", SPACE_FIX) from err
+            raise
+        # the switch is committed: a full disk from here on cannot unpublish, only leave the record short
+        with space.guard("the run manifest and live.json", store_dir,
+                         f"the new version {version!r} is live and serving", SPACE_FIX):
+            _register_manifest(state, slug(version), manifest_path)
+            write_state(store_dir, state)
     log.info("published %r: feast service %s (and %s, the live one), milvus aliases %s; manifest %s\n%s", version,
              manifest["feast"]["feature_service"], manifest["feast"]["live_feature_service"],
              manifest["milvus"]["aliases"], manifest_path, describe_store(state, store_dir))
     return {"version": version, "noop": False, "rows": manifest["rows"], "timings_s": manifest["timings_s"],
             "materialize_rows_per_s": manifest["feast"]["materialize_rows_per_s"],
             "sanity": manifest["milvus"]["sanity"], "store_dir": str(store_dir), "status": "live"}
-
-
-def recover(cfg: DictConfig, state: dict[str, Any]) -> list[str]:
-    """Undo a switch that a SIGKILL interrupted: every alias and the live service back to what
-    live.json says. Returns what was repaired (empty almost always)."""
-    repos = [Path(e["manifest"]["feast"]["repo_path"]) for e in
-             sorted(state["versions"].values(), key=lambda e: e["slug"] != state["live"])]
-    repo = next((r for r in repos if (r / "feature_store.yaml").exists()), None)
-    if repo is None:  # nothing was ever applied here
-        return []
-    types = sorted({t for e in state["versions"].values() for t in e["manifest"]["milvus"]["collections"]})
-    client = milvus_store.connect(cfg.publish.milvus.uri, cfg.publish.milvus.token)
-    try:
-        return switch.recover(state, client, feast_store.open_store(repo), safe_name(cfg.publish.milvus.prefix),
-                              cfg.publish.feast.feature_service, types)
-    finally:
-        milvus_store.disconnect(client, cfg.publish.milvus.uri)
 
 
 @dataclass
@@ -185,15 +181,23 @@ class _Job:
     manifest: dict[str, Any]
     entry: dict[str, Any]
     timings: dict[str, float] = field(default_factory=dict)
+    writing: dict[str, Any] = field(default_factory=dict)
+
+    def now_writing(self, what: str, where: Path | str) -> None:
+        """What the next phase writes, and where (an out-of-space message names them)."""
+        self.writing.update(what=what, where=where)
 
 
 def publish_version(cfg: DictConfig, state: dict[str, Any], store_dir: Path, emb_dir: Path,
-                    result: dict[str, Any]) -> dict[str, Any]:
-    """Stage, switch, commit and retire; returns the manifest of the new live version."""
+                    result: dict[str, Any], writing: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Stage, switch, commit and retire; returns the manifest of the new live version.
+    ``writing`` is kept up to date with what is being written where (for an out-of-space message)."""
     pcfg = cfg.publish
+    writing = {} if writing is None else writing
     with progress_steps("publish", 6) as step:
         t0 = time.perf_counter()
         job = _prepare(cfg, state, store_dir, emb_dir, result)
+        job.writing = writing
         job.timings["stage_files"] = time.perf_counter() - t0
         step("feast apply")
         store = feast_store.open_store(job.repo)
@@ -220,6 +224,7 @@ def _prepare(cfg: DictConfig, state: dict[str, Any], store_dir: Path, emb_dir: P
         raise HirError(f"model_version {version!r} is kept in {store_dir} with different content; a version is "
                        "immutable once published: export under a new model_version")
     vdir = store_dir / "versions" / sl
+    faults.point("stage_files")
     emb_meta = json.loads((emb_dir / "meta.json").read_text())
     levels = len(emb_meta.get("levels", []))
     tables, windows, rows, offline_sha = {}, {}, {}, {}
@@ -264,12 +269,16 @@ def _phases(job: _Job, store: Any, client: Any, step: Any) -> None:
     """feast apply -> materialize -> milvus (insert, index, load, sanity) -> switch -> retire."""
     pcfg, t, manifest = job.cfg.publish, job.timings, job.manifest
     milvus_cfg = milvus_settings(pcfg, max(job.rows.values(), default=0))
+    job.now_writing("the Feast registry", job.store_dir / "feast")
     faults.point("feast_apply")
     t0 = time.perf_counter()
     feast_store.apply(store, feast_store.load_definitions(job.repo))
     t["feast_apply"] = time.perf_counter() - t0
     step("feast materialize")
 
+    online = manifest["feast"]["online_store"]
+    job.now_writing("the Feast online store (materialize)",
+                    Path(online["path"]).parent if online.get("path") else job.store_dir / "feast")
     faults.point("feast_materialize")
     t0 = time.perf_counter()
     per_type = feast_store.materialize(store, {e: tab["view"] for e, tab in job.tables.items()}, job.windows)
@@ -278,6 +287,8 @@ def _phases(job: _Job, store: Any, client: Any, step: Any) -> None:
     manifest["feast"]["materialize_rows_per_s"] = round(sum(job.rows.values()) / max(t["feast_materialize"], 1e-9), 1)
     step("milvus")
 
+    uri = str(manifest["milvus"]["uri"])
+    job.now_writing("the Milvus collections", uri)
     faults.point("milvus_insert")
     t0 = time.perf_counter()
     sanity, stage_s, ties, payload, datas = {}, {}, {}, {}, {}
@@ -312,6 +323,7 @@ def _phases(job: _Job, store: Any, client: Any, step: Any) -> None:
     manifest["milvus"]["stage_s"] = {e: {k: round(v, 3) for k, v in d.items()} for e, d in stage_s.items()}
     step("switch")
 
+    job.now_writing("the switch (Feast registry, live.json)", job.store_dir)
     faults.point("switch")
     t0 = time.perf_counter()
     manifest["published_at"] = now_iso()

@@ -100,14 +100,35 @@ def retire(state: dict[str, Any], store_dir: Path, client: Any, store: Any, keep
     for slug, entry in state["versions"].items():
         if slug in keep_slugs or entry["status"] == "retired":
             continue
-        manifest = entry["manifest"]
-        milvus_store.drop(client, list(manifest["milvus"]["collections"].values()))
-        tables = {t: feast_store.names(t, slug, service) for t in manifest["feast"]["feature_views"]}
-        feast_store.drop_version(store, tables, manifest["feast"]["feature_service"])
-        shutil.rmtree(Path(store_dir) / "versions" / slug, ignore_errors=True)
+        remove_objects(store_dir, client, store, entry, service)
         entry.update(status="retired", retired_at=now_iso())
         retired.append(entry["version"])
     if retired:
         write_state(store_dir, state)
         log.info("retired versions %s (publish.keep_versions=%d)", retired, keep)
     return retired
+
+
+def remove_objects(store_dir: Path, client: Any, store: Any, entry: dict[str, Any], service: str) -> dict[str, list[str]]:
+    """Drop one version's Milvus collections, Feast objects (views with their online tables,
+    sources, service) and files under ``versions/<slug>``; what was never created is skipped.
+    Returns the names removed. Never call it on the live version (its aliases point here)."""
+    slug, manifest = entry["slug"], entry["manifest"]
+    # files first: they are most of the space, and freeing them lets the SQLite writes below
+    # (registry, online tables) succeed on a disk that a failed publish filled
+    shutil.rmtree(Path(store_dir) / "versions" / slug, ignore_errors=True)
+    failed: list[BaseException] = []
+    dropped: list[str] = []
+    removed: list[str] = []
+    try:  # each system on its own: a Milvus that fails must not keep the Feast objects
+        dropped = milvus_store.drop(client, list(manifest["milvus"]["collections"].values()))
+    except Exception as err:
+        failed.append(err)
+    try:
+        tables = {t: feast_store.names(t, slug, service) for t in manifest["feast"]["feature_views"]}
+        removed = feast_store.drop_version(store, tables, manifest["feast"]["feature_service"]) if store else []
+    except Exception as err:
+        failed.append(err)
+    if failed:
+        raise failed[0]
+    return {"milvus": dropped, "feast": removed}

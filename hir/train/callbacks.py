@@ -13,6 +13,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint, TQDMProgressBar
 
+from hir.atomic import atomic_path
 from hir.model import INIT_CHECKPOINT
 
 log = logging.getLogger(__name__)
@@ -66,8 +67,9 @@ class InitialValidation(Callback):
         if trainer.is_global_zero:
             self.dirpath.mkdir(parents=True, exist_ok=True)
             # the keys export reads (hir.export.embed.load_checkpoint), nothing of the loops
-            torch.save({"state_dict": pl_module.state_dict(), "hyper_parameters": dict(pl_module.hparams),
-                        "hir_history": list(pl_module.history)}, self.dirpath / INIT_CHECKPOINT)
+            with atomic_path(self.dirpath / INIT_CHECKPOINT) as tmp, tmp.open("wb") as fh:  # whole or absent
+                torch.save({"state_dict": pl_module.state_dict(), "hyper_parameters": dict(pl_module.hparams),
+                            "hir_history": list(pl_module.history)}, fh)
 
 
 class StopBelowBase(Callback):

@@ -15,7 +15,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, open_dict
+
+from hir.atomic import write_text_atomic
 
 # Idle OpenMP threads sleep instead of spinning. The model runs many small ops; with spinning
 # threads, two intra-op threads on a busy 2-core machine measured 10x slower per step (4.2 vs
@@ -25,6 +27,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 log = logging.getLogger(__name__)
 
 METRICS_FILE = "train_metrics.json"
+LAST = "last.ckpt"
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
@@ -35,7 +38,17 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     if metrics_path.exists() and not cfg.force and not cfg.get("ckpt_path"):
         log.info("trained model exists at %s; reusing it (force=true retrains)", ckpt_dir)
         return json.loads(metrics_path.read_text())["metrics"]
+    if not metrics_path.exists() and not cfg.force and cfg.get("ckpt_path") is None and (ckpt_dir / LAST).exists():
+        # an earlier run of this dir stopped before finishing (killed, out of space): go on from
+        # its last epoch; Lightning writes last.ckpt atomically, so it is whole or absent
+        log.warning("%s exists without %s: an earlier training here was interrupted; resuming from it "
+                    "(force=true starts over)", ckpt_dir / LAST, METRICS_FILE)
+        cfg = cfg.copy()
+        with open_dict(cfg):
+            cfg.ckpt_path = str(ckpt_dir / LAST)
 
+    # retraining: the old marker goes first, so a kill below never leaves it describing new checkpoints
+    metrics_path.unlink(missing_ok=True)
     import lightning as L
     from hydra.utils import instantiate
 
@@ -62,7 +75,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     report = fit_report(cfg, trainer, module, dm, best_cb, ckpt_dir, seconds)
     if trainer.is_global_zero:
         ckpt_dir.mkdir(parents=True, exist_ok=True)
-        metrics_path.write_text(json.dumps(report, indent=2))
+        # atomic: train_metrics.json marks a finished training (reused unless force)
+        write_text_atomic(metrics_path, json.dumps(report, indent=2))
         best = report["best"]
         log.info("trained in %.1fs (%d steps, stopped by %s); best %s = %.4f at epoch %d (%s; the spectral base "
                  "alone: %s)", seconds["fit"], trainer.global_step, report["stopped_by"], module.monitor, best["score"],

@@ -17,7 +17,9 @@ from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 from omegaconf import DictConfig, OmegaConf
 
+from hir.atomic import remove_stale_tmp
 from hir.train.callbacks import InitialValidation, ProgressBar, best_checkpoint
+from hir.train.checkpoint_io import AtomicCheckpointIO
 from hir.train.datamodule import HirDataModule
 from hir.train.module import HirModule
 from hir_kernels import attention_backend
@@ -92,8 +94,11 @@ def build_trainer(cfg: DictConfig, ckpt_dir: Path, monitor: str, planned_steps: 
     if planned_steps and batches_per_epoch and int(cfg.trainer.get("max_steps", -1) or -1) < 0:
         epochs = -(-int(planned_steps) // int(batches_per_epoch))
         extra["max_epochs"] = max(1, min(int(cfg.trainer.max_epochs), epochs))
+    # checkpoints written beside their final name and renamed: a kill leaves a whole last.ckpt
+    # (hir/train/checkpoint_io.py); a killed writer's temporary file goes now
+    remove_stale_tmp(ckpt_dir)
     trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=logger, use_distributed_sampler=False,
-                          reload_dataloaders_every_n_epochs=1, **extra)
+                          reload_dataloaders_every_n_epochs=1, plugins=[AtomicCheckpointIO()], **extra)
     return trainer, best_cb
 
 

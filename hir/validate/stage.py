@@ -21,6 +21,7 @@ from typing import Any
 import polars as pl
 from omegaconf import DictConfig, OmegaConf
 
+from hir.atomic import write_text_atomic
 from hir.data.schema import relation_types
 from hir.data.snapshot import Snapshot, load_snapshot
 from hir.errors import HirError, InputError
@@ -255,6 +256,7 @@ def _validate(cfg: DictConfig, snap: Snapshot, emb_dir: Path, val_dir: Path, emb
         **binding,
     }
     val_dir.mkdir(parents=True, exist_ok=True)
-    (val_dir / RESULT_FILE).write_text(json.dumps(result, indent=2, default=str))
+    # atomic: a kill mid-write must not leave a torn result.json that `hir publish` then cannot read
+    write_text_atomic(val_dir / RESULT_FILE, json.dumps(result, indent=2, default=str))
     return result
 

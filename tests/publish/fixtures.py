@@ -110,3 +110,55 @@ def assert_serving(store_dir: Path, version: str) -> None:
     assert seen["service_views"] == {t: manifest["feast"]["feature_views"][t] for t in manifest["feast"]["service_types"]}
     assert seen["online_version"] == (version, version)
     assert seen["milvus_version"] == version
+
+
+def served_objects(store_dir: Path) -> dict:
+    """What the store holds: version dirs, Milvus collections, Feast views, live.json's versions
+    that are not retired, and stray temporary files (a failed or killed publish must leave these as they were)."""
+    from feast import FeatureStore
+
+    from hir.publish import milvus_store
+    from hir.serving import read_state
+
+    state = read_state(store_dir)
+    manifest = state["versions"][state["live"]]["manifest"]
+    client = milvus_store.connect(manifest["milvus"]["uri"])
+    try:
+        collections = sorted(client.list_collections())
+    finally:
+        milvus_store.disconnect(client, manifest["milvus"]["uri"])
+    views = sorted(v.name for v in FeatureStore(repo_path=manifest["feast"]["repo_path"]).list_feature_views())
+    return {"dirs": sorted(p.name for p in (store_dir / "versions").iterdir()), "collections": collections,
+            "views": views, "versions": sorted(s for s, e in state["versions"].items() if e["status"] != "retired"),
+            "tmp": sorted(str(p) for p in store_dir.rglob("*.tmp"))}
+
+
+# A ranker in a process of its own: polls the live FeatureService of store argv[1] for user argv[3]
+# and product argv[4] (registry refreshed every read) until the file argv[2] exists, then prints {"seen": {"<user version>|<product version>": reads},
+# "errors": [...], "n_errors": n}. A read that mixes versions shows as "v1|v2".
+READER = r"""
+import json, sys, time
+from pathlib import Path
+from feast import FeatureStore
+import polars as pl
+store_dir, stop = Path(sys.argv[1]), Path(sys.argv[2])
+state = json.loads((store_dir / "live.json").read_text())
+m = state["versions"][state["live"]]["manifest"]
+store = FeatureStore(repo_path=m["feast"]["repo_path"])
+# keys every version serves: argv[3:5] (a refresh may have added keys only the live version has)
+user = sys.argv[3] if len(sys.argv) > 3 else pl.read_parquet(m["feast"]["offline_files"]["user"])["user_id"][0]
+product = sys.argv[4] if len(sys.argv) > 4 else pl.read_parquet(m["feast"]["offline_files"]["product"])["product_id"][0]
+seen, errors = {}, []
+print("ready", flush=True)
+while not stop.exists():
+    try:
+        store.refresh_registry()
+        got = store.get_online_features(features=store.get_feature_service(m["feast"]["live_feature_service"]),
+                                        entity_rows=[{"user_id": user, "product_id": product}],
+                                        full_feature_names=True).to_dict()
+        key = f'{got["user__model_version"][0]}|{got["product__model_version"][0]}'
+        seen[key] = seen.get(key, 0) + 1
+    except Exception as e:
+        errors.append(repr(e)[:300])
+print(json.dumps({"seen": seen, "errors": errors[:5], "n_errors": len(errors)}), flush=True)
+"""

@@ -2,7 +2,7 @@
 uninterrupted run's weights and metrics (single-threaded: bitwise reproducible on CPU).
 
 The fast test runs both in-process: the real ``CrashAfterEpoch`` callback, whose kill raises
-instead of ending the process, then a resume from ``last.ckpt`` in a fresh Trainer. The ``slow``
+instead of ending the process, then a plain re-run, which resumes from ``last.ckpt`` by itself. The ``slow``
 test does it through the `hir` command with a real SIGKILL."""
 
 from __future__ import annotations
@@ -81,8 +81,10 @@ def test_resume_in_process_matches_uninterrupted(tiny_run: Path, tmp_path: Path,
     assert not (crashed / "checkpoints" / "train_metrics.json").exists()
     assert torch.load(crashed / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 4
 
+    # the next plain `hir train` of that dir resumes by itself (no ckpt_path needed)
     with caplog.at_level("INFO"):
-        run(compose(crashed, "data=synthetic", *TINY_MODEL, "++ckpt_path=last"))
+        run(compose(crashed, "data=synthetic", *TINY_MODEL))
+    assert "an earlier training here was interrupted; resuming from it" in caplog.text
     assert "Restored all states" in caplog.text
     assert_resumed_equals_uninterrupted(full, crashed, exact=True)
 

@@ -149,6 +149,13 @@ def _events(
                 f"{what}: {path} has no column {name_!r} (mapped by data.columns.{role}); columns found: "
                 f"{[c for c in raw.columns if c != q.ROW]}; fix it with data.columns.{role}=<one of those>"
             )
+    q.require_plain_types(raw, list(col.values()), path, what)
+    # columns hir does not read, of types with no text form (lists, structs, bytes): not kept
+    unread = [c for c in raw.columns if c not in col.values() and c != q.ROW and not q.is_plain(raw.schema[c])]
+    if unread:
+        log.warning("%s: %s columns %s are not mapped and have no text form; not kept in the quarantine", what, path,
+                    unread)
+        raw = raw.drop(unread)
     raw = raw.with_columns(pl.col(c).cast(pl.String) for c in raw.columns if c != q.ROW)
     has_ts = "timestamp" in col
     ts = q.parse_timestamp(col["timestamp"], timestamp_format) if has_ts else pl.lit(None, TS)
