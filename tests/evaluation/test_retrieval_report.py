@@ -109,7 +109,7 @@ def test_report_shows_both_tables_and_names_the_winner(capsys: pytest.CaptureFix
     assert "| best | repeat | repeat |" in md
     assert "masked/item_cold" in md and "best epoch 7 of 12" in md and "at its val plateau" in md
     page = html_page(md, {}, "t")
-    assert "<b>0.5000</b>" in page and "**0.5000**" not in page
+    assert "<strong>0.5000</strong>" in page and "**0.5000**" not in page
     print_summary(m, Path("report"))
     out = capsys.readouterr().out
     assert "full catalogue" in out and MASKED in out and "3.333" in out
