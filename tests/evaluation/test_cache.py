@@ -1,0 +1,82 @@
+"""The evaluation's baseline fits are cached under the snapshot's hash: a second evaluation of the
+same snapshot reuses exactly the fits that read nothing of the HIR export, with the same figures,
+says so, and refits an arm whose settings or inputs changed."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hir_evaluation import stage
+from hir_evaluation.cache import FitCache, fit_key, snapshot_hash
+from tests.evaluation.fixtures import write_export
+from tests.evaluation.test_stage import FAST, TINY_TASK
+
+BASELINE_FITS = {"ranking/baseline", "retrieval/popularity", "retrieval/itemknn", "retrieval/lightgcn",
+                 "retrieval/repeat", "retrieval/gfcf"}
+
+
+def test_a_second_evaluation_reuses_the_baseline_fits(compose: Callable, tiny_graph: Path, tmp_path: Path,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
+    from tests.evaluation.tiny import TEST_START
+
+    write_export(tiny_graph, tmp_path / "embeddings", dim=4, levels=(2,), top_k=1, event_timestamp=TEST_START)
+    base = ["data=rees46", f"paths.graph_dir={tiny_graph}", TINY_TASK, "eval.require_content=false", *FAST]
+    first = stage.run(compose(*base, stage="evaluate"))
+    assert first["cache"]["reused"] == [] and set(first["cache"]["stored"]) == BASELINE_FITS
+    assert first["cache"]["snapshot"] == snapshot_hash(tiny_graph)
+
+    with caplog.at_level(logging.INFO, logger="hir_evaluation.cache"):
+        second = stage.run(compose(*base, "force=true", stage="evaluate"))
+    assert set(second["cache"]["reused"]) == BASELINE_FITS and second["cache"]["stored"] == []
+    assert "evaluate cache: reusing the ranking fit of baseline" in caplog.text
+    # the same figures: the baseline's metrics and every arm's lift, which pair it with the hir fits
+    for arm in ("baseline", "hir"):
+        assert second["ranking"][arm]["seed_values"] == first["ranking"][arm]["seed_values"]
+    assert second["ranking"]["ne_lift"]["value"] == first["ranking"]["ne_lift"]["value"]
+    for arm in ("popularity", "itemknn", "lightgcn", "gfcf", "hir"):
+        assert second["retrieval"][arm] == first["retrieval"][arm], arm
+    assert second["retrieval"]["fits"]["lightgcn"]["reused_from_cache"] is True
+    assert "Baseline fits reused from the cache" in (tmp_path / "report" / "report.md").read_text()
+
+    # one arm's setting changed: that arm alone is fitted again
+    third = stage.run(compose(*base, "force=true", "eval.retrieval.itemknn.neighbours=5", stage="evaluate"))
+    assert set(third["cache"]["reused"]) == BASELINE_FITS - {"retrieval/itemknn"}
+    assert third["cache"]["stored"] == ["retrieval/itemknn"]
+    # off: nothing read or written
+    off = stage.run(compose(*base, "force=true", "eval.cache.enabled=false", stage="evaluate"))
+    assert off["cache"]["reused"] == [] == off["cache"]["stored"] and off["cache"]["enabled"] is False
+
+
+def test_the_snapshot_hash_follows_the_files(tiny_graph: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "copy"
+    shutil.copytree(tiny_graph, copy)
+    assert snapshot_hash(copy) == snapshot_hash(tiny_graph)  # where it lies does not matter
+    (copy / "quarantine").mkdir(exist_ok=True)
+    (copy / "quarantine" / "x.parquet").write_bytes(b"rows evaluate never reads")
+    assert snapshot_hash(copy) == snapshot_hash(tiny_graph)
+    meta = copy / "meta.json"
+    meta.write_text(meta.read_text() + " ")
+    assert snapshot_hash(copy) != snapshot_hash(tiny_graph)
+
+
+def test_keys_see_every_input_and_a_broken_entry_is_refitted(tmp_path: Path) -> None:
+    x = np.arange(6, dtype=np.float32).reshape(3, 2)
+    key = fit_key("baseline", {"lr": 0.1}, x)
+    assert key == fit_key("baseline", {"lr": 0.1}, x.copy())
+    assert key != fit_key("baseline", {"lr": 0.2}, x)
+    assert key != fit_key("baseline", {"lr": 0.1}, x.astype(np.float64))
+    y = x.copy()
+    y[2, 1] += 1
+    assert key != fit_key("baseline", {"lr": 0.1}, y)
+    cache = FitCache(tmp_path, "ab" * 32)
+    cache.put("ranking", "baseline", key, {"preds": [x]})
+    assert np.array_equal(cache.get("ranking", "baseline", key)["preds"][0], x)
+    next(cache.dir.glob("*.pkl")).write_bytes(b"truncated")
+    assert cache.get("ranking", "baseline", key) is None  # unreadable: fitted again, with a warning
+    assert cache.reused == ["ranking/baseline"] and not list(cache.dir.glob("*.tmp*"))
