@@ -177,3 +177,18 @@ def test_commands_that_pass() -> None:
     assert check_command("curl http://milvus:19530/healthz  # needs a server: Milvus") is None
     assert shell_commands("```bash\nhir prepare \\\n  data=rees46   # x\n\n# note\nmake test\n```\n") == [
         (2, "hir prepare    data=rees46   # x"), (6, "make test")]
+
+
+def _code_lines(text: str, lang: str = "python") -> list[str]:
+    blocks = re.findall(rf"^```{lang}\n(.*?)^```", text, flags=re.S | re.M)
+    return [line.rstrip() for block in blocks for line in block.splitlines() if line.strip()]
+
+
+def test_the_readme_is_a_front_door() -> None:
+    """At most 12 KB, and its Python is an excerpt of the serving page's code, which
+    tests/publish/test_publish.py runs against a real published store."""
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.encode()) <= 12 * 1024, f"README.md is {len(readme.encode())} bytes; move detail into docs/"
+    tested = set(_code_lines((ROOT / "docs" / "serving.md").read_text()))
+    untested = [line for line in _code_lines(readme) if line not in tested]
+    assert _code_lines(readme) and not untested, f"README lines not in docs/serving.md's tested code: {untested}"
