@@ -20,6 +20,8 @@ from __future__ import annotations
 import re
 import shlex
 import tomllib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -83,6 +85,28 @@ def hydra_overrides(args: list[str]) -> list[str]:
     return out
 
 
+def compose_overrides(overrides: list[str]) -> None:
+    """Compose the real config with ``overrides`` (raises what Hydra raises)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    register_resolvers()
+    if GlobalHydra.instance().is_initialized():  # inside composing(): one initialisation for many commands
+        compose("config", overrides=overrides)
+        return
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        compose("config", overrides=overrides)
+
+
+@contextmanager
+def composing() -> Iterator[None]:
+    """Hydra initialised once for the commands checked inside (composing is then ~10x faster)."""
+    from hydra import initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        yield
+
+
 def check_hir(args: list[str]) -> str | None:
     """None when ``hir <args>`` names a stage or tool and its overrides compose; else the problem."""
     if not args or args[0] in ("--help", "-h", "help"):
@@ -94,13 +118,9 @@ def check_hir(args: list[str]) -> str | None:
         return f"hir {stage} has no flag(s) {unknown}" if unknown else None
     if stage not in STAGES and stage != "pipeline":
         return f"hir has no stage or tool {stage!r} (stages {sorted(STAGES)}, tools {sorted(HELPERS)})"
-    from hydra import compose, initialize_config_dir
-
     overrides = [_first_of_sweep(o) for o in hydra_overrides(rest)]
-    register_resolvers()
     try:
-        with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-            compose("config", overrides=[f"stage={stage}", *overrides])
+        compose_overrides([f"stage={stage}", *overrides])
     except Exception as err:  # any composition error is the finding
         return f"the overrides {overrides} do not compose: {type(err).__name__}: {str(err).splitlines()[0]}"
     return None
@@ -143,10 +163,11 @@ def check_command(command: str) -> str | None:
     return "no test runs it: make it an hir/make/python command, or mark it `# needs a server`"
 
 
-@pytest.mark.parametrize(("where", "command"), all_commands(), ids=[w for w, _ in all_commands()])
-def test_every_documented_command_is_checked(where: str, command: str) -> None:
-    problem = check_command(command)
-    assert problem is None, f"{where}: `{command}`: {problem}"
+def test_every_documented_command_is_checked() -> None:
+    with composing():
+        problems = [f"{where}: `{command}`: {problem}" for where, command in all_commands()
+                    if (problem := check_command(command)) is not None]
+    assert not problems, "\n".join(problems)
 
 
 def test_the_pages_show_commands() -> None:
