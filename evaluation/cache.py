@@ -93,6 +93,8 @@ class FitCache:
         self.snapshot, self.enabled = snapshot, enabled
         self.reused: list[str] = []
         self.stored: list[str] = []
+        # fits a second process of this evaluation stored (evaluation/retrieval/background.py)
+        self.parallel: set[str] = set()
 
     def _path(self, kind: str, arm: str, key: str) -> Path:
         return self.dir / f"{kind}-{arm}-{key[:20]}.pkl"
@@ -108,6 +110,10 @@ class FitCache:
         except (OSError, pickle.UnpicklingError, EOFError, AttributeError) as err:
             log.warning("evaluate cache: %s is unreadable (%s); fitting %s again", path, err, arm)
             return None
+        if f"{kind}/{arm}" in self.parallel:
+            log.info("evaluate cache: taking the %s fit of %s made in parallel by this evaluation", kind, arm)
+            self.stored.append(f"{kind}/{arm}")
+            return payload
         self.reused.append(f"{kind}/{arm}")
         log.info("evaluate cache: reusing the %s fit of %s from %s (snapshot %s; eval.cache.enabled=false refits)",
                  kind, arm, path, self.snapshot[:12])
@@ -132,7 +138,8 @@ class FitCache:
     def record(self) -> dict[str, Any]:
         """metrics.json's ``cache``: where, for which snapshot, what was reused and what stored."""
         return {"enabled": self.enabled, "dir": str(self.dir), "snapshot": self.snapshot,
-                "reused": list(self.reused), "stored": list(self.stored)}
+                "reused": list(self.reused), "stored": list(self.stored),
+                "fitted_in_parallel": sorted(self.parallel & set(self.stored))}
 
 
 def cacheable(needs: Iterable[str]) -> bool:

@@ -94,9 +94,11 @@ def ranking_section(
 
 
 def retrieval_section(
-    cfg: DictConfig, snap: Snapshot, task: RetrievalTask, sources: Sources, cache: FitCache | None = None
+    cfg: DictConfig, snap: Snapshot, task: RetrievalTask, sources: Sources, cache: FitCache | None = None,
+    history_splits: list[str] | None = None,
 ) -> dict[str, Any]:
-    """metrics.json's ``retrieval``: every arm of ``eval.retrieval`` (or of ``eval.retrieval_arms``)."""
+    """metrics.json's ``retrieval``: every arm of ``eval.retrieval`` (or of ``eval.retrieval_arms``);
+    ``history_splits``: the periods the arms learn from (default: as the sources say)."""
     from hir_evaluation.retrieval.evaluate import evaluate_retrieval
     from hir_evaluation.retrieval.hir_search import hir_search
     from hir_evaluation.retrieval.registry import build_arms
@@ -104,7 +106,7 @@ def retrieval_section(
     ev = cfg.eval
     return evaluate_retrieval(
         snap, task, build_arms(ev.retrieval), int(ev.seed), hir_search(sources), sources.content_vectors(),
-        sources.history_splits(ev.get("retrieval_history_splits")),
+        history_splits or sources.history_splits(ev.get("retrieval_history_splits")),
         list(ev.retrieval_arms) if ev.get("retrieval_arms") else None,
         int(ev.retrieval_few_events), cache,
     )
@@ -151,12 +153,22 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     timings: dict[str, float] = {}
     with timed(timings, "snapshot_hash"):
         cache = fit_cache(cfg, snap)
+    history = sources.history_splits(ev.get("retrieval_history_splits"))
+    background = None
+    if cache.enabled and bool(ev.parallel_baselines):
+        from hir_evaluation.retrieval.background import Background
+
+        background = Background(snap.dir, ret_task, OmegaConf.to_container(ev.retrieval, resolve=True), int(ev.seed),
+                                history, list(ev.retrieval_arms) if ev.get("retrieval_arms") else None, cache)
     with progress_steps("evaluate", 4) as step:
         with timed(timings, "ranking"):
             ranking = ranking_section(cfg, snap, rank_task, sources, cache)
         step("retrieval")
         with timed(timings, "retrieval"):
-            retrieval = retrieval_section(cfg, snap, ret_task, sources, cache)
+            if background is not None:
+                with timed(timings, "retrieval_wait"):
+                    background.join(cache)
+            retrieval = retrieval_section(cfg, snap, ret_task, sources, cache, history)
         step("diagnostics")
         with timed(timings, "diagnostics"):
             diagnostics, points = diagnostics_section(

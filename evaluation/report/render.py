@@ -338,7 +338,9 @@ def cache_sentence(cache: Mapping[str, Any]) -> str:
     if not cache.get("enabled"):
         return ""
     reused = ", ".join(cache.get("reused") or []) or "none"
-    return f" Baseline fits reused from the cache of this snapshot ({cache.get('dir')}): {reused}."
+    parallel = ", ".join(cache.get("fitted_in_parallel") or [])
+    return (f" Baseline fits reused from the cache of this snapshot ({cache.get('dir')}): {reused}"
+            + (f"; fitted in a second process while the rankers trained: {parallel}." if parallel else "."))
 
 
 def markdown(m: Mapping[str, Any], figures: Mapping[str, str]) -> str:

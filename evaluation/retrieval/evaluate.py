@@ -75,7 +75,8 @@ def evaluate_retrieval(
         key = arm_key(name, arm, ks[-1], seed, task, data, content, history_splits) \
             if cache is not None and cacheable(arm.info.needs) else None
         ranked = cache.get("retrieval", name, key) if key is not None and cache is not None else None
-        reused = ranked is not None
+        how = None if ranked is None or cache is None else \
+            "fitted_in_parallel" if f"retrieval/{name}" in cache.parallel else "reused_from_cache"
         if ranked is None:
             ranked = arm.topk(ctx, ks[-1])
             if key is not None and cache is not None:
@@ -83,7 +84,7 @@ def evaluate_retrieval(
         scores[name] = score_arm(ranked, data, ks, few)
         seconds[name] = time.perf_counter() - t0
         if ranked.fit is not None:
-            fits[name] = ranked.fit | ({"reused_from_cache": True} if reused else {})
+            fits[name] = ranked.fit | ({how: True} if how else {})
         log.info("retrieval %s: recall@20 %.4f full, %.4f %s (%.1fs)", name, scores[name]["all"].get("recall@20", math.nan),
                  scores[name].get(MASKED, {}).get("recall@20", math.nan), MASKED, seconds[name])
     metric_names = [f"{m}@{k}" for k in ks for m in ("recall", "ndcg")]

@@ -27,8 +27,10 @@ def test_a_second_evaluation_reuses_the_baseline_fits(compose: Callable, tiny_gr
 
     write_export(tiny_graph, tmp_path / "embeddings", dim=4, levels=(2,), top_k=1, event_timestamp=TEST_START)
     base = ["data=rees46", f"paths.graph_dir={tiny_graph}", TINY_TASK, "eval.require_content=false", *FAST]
-    first = stage.run(compose(*base, stage="evaluate"))
+    # the retrieval baselines fitted in a second process while the rankers train
+    first = stage.run(compose(*base, "eval.parallel_baselines=true", stage="evaluate"))
     assert first["cache"]["reused"] == [] and set(first["cache"]["stored"]) == BASELINE_FITS
+    assert set(first["cache"]["fitted_in_parallel"]) == BASELINE_FITS - {"ranking/baseline"}
     assert first["cache"]["snapshot"] == snapshot_hash(tiny_graph)
 
     with caplog.at_level(logging.INFO, logger="hir_evaluation.cache"):
@@ -42,6 +44,7 @@ def test_a_second_evaluation_reuses_the_baseline_fits(compose: Callable, tiny_gr
     for arm in ("popularity", "itemknn", "lightgcn", "gfcf", "hir"):
         assert second["retrieval"][arm] == first["retrieval"][arm], arm
     assert second["retrieval"]["fits"]["lightgcn"]["reused_from_cache"] is True
+    assert "reused_from_cache" not in first["retrieval"]["fits"]["lightgcn"]
     assert "Baseline fits reused from the cache" in (tmp_path / "report" / "report.md").read_text()
 
     # one arm's setting changed: that arm alone is fitted again

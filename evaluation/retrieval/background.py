@@ -1,0 +1,92 @@
+"""The retrieval baselines fitted in a second process while the rankers train.
+
+On a machine with two cores the rankers (one thread, ``eval.ranker.threads``) leave one core
+idle for most of `hir evaluate`; the baselines that read neither the HIR export nor the content
+vectors (popularity, item-kNN, LightGCN, GF-CF, repeat: one thread each) use it. The second
+process writes their top-k lists into the evaluation's fit cache (evaluation/cache.py) under the
+same keys the retrieval section looks up, so nothing else changes: the retrieval section finds
+them there (and says they were fitted in parallel), and whatever the second process did not
+finish, or failed on, is fitted in the main process as before. The figures are the same: every
+arm is seeded and runs on one thread either way.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import time
+from concurrent.futures import Future, ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from hir_evaluation.cache import FitCache
+from hir_evaluation.tasks import RetrievalTask
+
+log = logging.getLogger(__name__)
+
+
+def fit_baselines(
+    graph_dir: str,
+    task: RetrievalTask,
+    specs: dict[str, Any],
+    seed: int,
+    history_splits: list[str],
+    run: list[str] | None,
+    cache_root: str,
+    snapshot: str,
+) -> dict[str, float]:
+    """(In the second process.) Fit every arm of ``specs`` that needs no optional input and is
+    not cached yet, and store its top-k lists in the cache; returns arm -> seconds."""
+    from threadpoolctl import threadpool_limits
+
+    from hir.data.snapshot import load_snapshot
+    from hir_evaluation.retrieval.data import retrieval_data
+    from hir_evaluation.retrieval.evaluate import arm_key
+    from hir_evaluation.retrieval.registry import RetrievalContext, build_arms
+
+    logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] - (parallel) %(message)s")
+    snap = load_snapshot(graph_dir)
+    data = retrieval_data(snap, task, "test", seed, history_splits)
+    ctx = RetrievalContext(snap, task, data, seed)
+    cache, k, done = FitCache(Path(cache_root), snapshot), max(task.ks), {}
+    with threadpool_limits(1):  # one core each: the rankers have the other
+        for name, arm in build_arms(specs).items():
+            if arm.info.needs or (run is not None and name not in run):
+                continue
+            key = arm_key(name, arm, k, seed, task, data, None, history_splits)
+            if cache.get("retrieval", name, key) is not None:
+                continue
+            t0 = time.perf_counter()
+            cache.put("retrieval", name, key, arm.topk(ctx, k))
+            done[name] = time.perf_counter() - t0
+    return done
+
+
+class Background:
+    """The second process, started at once; :meth:`join` waits for it and tells ``cache`` which
+    fits it made (logged as made in parallel, listed as stored)."""
+
+    def __init__(self, graph_dir: Path, task: RetrievalTask, specs: dict[str, Any], seed: int,
+                 history_splits: list[str], run: list[str] | None, cache: FitCache) -> None:
+        self.t0 = time.perf_counter()
+        # spawn, not fork: the parent holds torch and Polars thread pools a fork would copy mid-use
+        self._pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+        self._future: Future[dict[str, float]] = self._pool.submit(
+            fit_baselines, str(graph_dir), task, specs, seed, history_splits, run, str(cache.dir.parent), cache.snapshot)
+        log.info("retrieval baselines: fitting in a second process while the rankers train")
+
+    def join(self, cache: FitCache) -> dict[str, float]:
+        """Wait for the second process; arm -> its seconds there ({} when it failed: the arms are
+        then fitted in this process, and the reason is logged)."""
+        try:
+            done = self._future.result()
+        except Exception as err:  # any failure there only costs the time: the arms are fitted here
+            log.warning("retrieval baselines: the second process failed (%s: %s); fitting them here",
+                        type(err).__name__, err)
+            done = {}
+        finally:
+            self._pool.shutdown(wait=True)
+        cache.parallel |= {f"retrieval/{name}" for name in done}
+        log.info("retrieval baselines: %s fitted in parallel (%s), joined after %.0fs", ", ".join(done) or "none",
+                 ", ".join(f"{n} {s:.0f}s" for n, s in done.items()), time.perf_counter() - self.t0)
+        return done
