@@ -32,15 +32,26 @@ log = logging.getLogger(__name__)
 FORMAT = 1
 
 
+# meta.json keys that say when and how fast a prepare ran, not what it wrote
+VOLATILE_META = ("created", "timings_s")
+
+
 def snapshot_hash(graph_dir: Path) -> str:
     """sha256 (hex) of the snapshot's files: paths relative to ``graph_dir`` and their bytes, in
-    path order; ``quarantine/`` and temporary folders are left out (nothing evaluate reads)."""
+    path order; ``quarantine/`` and temporary folders are left out (nothing evaluate reads), and so
+    are meta.json's ``created`` and ``timings_s``, so two prepares of the same data (a second run
+    directory) share one hash."""
     h = hashlib.sha256()
     graph_dir = Path(graph_dir)
     files = sorted(p for p in graph_dir.rglob("*") if p.is_file()
                    and not {"quarantine", "_tmp"} & set(p.relative_to(graph_dir).parts))
     for path in files:
-        h.update(str(path.relative_to(graph_dir)).encode() + b"\0")
+        rel = path.relative_to(graph_dir)
+        h.update(str(rel).encode() + b"\0")
+        if str(rel) == "meta.json":
+            meta = json.loads(path.read_text())
+            h.update(json.dumps({k: v for k, v in meta.items() if k not in VOLATILE_META}, sort_keys=True).encode())
+            continue
         with path.open("rb") as fh:
             while chunk := fh.read(1 << 20):
                 h.update(chunk)

@@ -4,6 +4,7 @@ says so, and refits an arm whose settings or inputs changed."""
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 from collections.abc import Callable
@@ -64,7 +65,14 @@ def test_the_snapshot_hash_follows_the_files(tiny_graph: Path, tmp_path: Path) -
     (copy / "quarantine" / "x.parquet").write_bytes(b"rows evaluate never reads")
     assert snapshot_hash(copy) == snapshot_hash(tiny_graph)
     meta = copy / "meta.json"
-    meta.write_text(meta.read_text() + " ")
+    data = json.loads(meta.read_text())
+    meta.write_text(json.dumps(data | {"created": "2031-01-01T00:00:00+00:00", "timings_s": {"split": 9.9}}))
+    assert snapshot_hash(copy) == snapshot_hash(tiny_graph)  # when and how fast it was prepared: not content
+    meta.write_text(json.dumps(data | {"split_bounds": data["split_bounds"] | {"max": "2031-01-01T00:00:00+00:00"}}))
+    assert snapshot_hash(copy) != snapshot_hash(tiny_graph)
+    (copy / "meta.json").write_text(json.dumps(data))
+    events = copy / "events.parquet"
+    events.write_bytes(events.read_bytes()[:-1] + b"\0")
     assert snapshot_hash(copy) != snapshot_hash(tiny_graph)
 
 
