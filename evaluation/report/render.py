@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from hir_evaluation.ranking.registry import BASELINE, lift_key
-from hir_evaluation.report.headline import headline_md
+from hir_evaluation.report.headline import headline_md, ranking_answer, retrieval_answer
 from hir_evaluation.report.html import html_page
 from hir_evaluation.report.sections import ranking_arms, retrieval_arms
 
@@ -194,6 +194,8 @@ def print_summary(m: Mapping[str, Any], report_dir: Path) -> None:
         console.print(f"[red]ranking arm {arm}: skipped: {why}[/]")
     for note in (m.get("sources") or {}).get("notes", []):
         console.print(f"[yellow]note:[/] {note}")
+    console.print("did HIR help ranking? " + ranking_answer(m.get("ranking") or {}).replace("**", ""), markup=False)
+    console.print("did HIR help retrieval? " + retrieval_answer(m.get("retrieval") or {}).replace("**", ""), markup=False)
     console.print(f"report: {report_dir / 'report.html'}")
 
 
