@@ -52,9 +52,6 @@ def test_a_second_evaluation_reuses_the_baseline_fits(compose: Callable, tiny_gr
     third = stage.run(compose(*base, "force=true", "eval.retrieval.itemknn.neighbours=5", stage="evaluate"))
     assert set(third["cache"]["reused"]) == BASELINE_FITS - {"retrieval/itemknn"}
     assert third["cache"]["stored"] == ["retrieval/itemknn"]
-    # off: nothing read or written
-    off = stage.run(compose(*base, "force=true", "eval.cache.enabled=false", stage="evaluate"))
-    assert off["cache"]["reused"] == [] == off["cache"]["stored"] and off["cache"]["enabled"] is False
 
 
 def test_the_snapshot_hash_follows_the_files(tiny_graph: Path, tmp_path: Path) -> None:
@@ -91,3 +88,6 @@ def test_keys_see_every_input_and_a_broken_entry_is_refitted(tmp_path: Path) -> 
     next(cache.dir.glob("*.pkl")).write_bytes(b"truncated")
     assert cache.get("ranking", "baseline", key) is None  # unreadable: fitted again, with a warning
     assert cache.reused == ["ranking/baseline"] and not list(cache.dir.glob("*.tmp*"))
+    off = FitCache(tmp_path, "cd" * 32, enabled=False)  # eval.cache.enabled=false: nothing read or written
+    off.put("ranking", "baseline", key, {"preds": [x]})
+    assert off.get("ranking", "baseline", key) is None and not off.dir.exists() and off.record()["stored"] == []
