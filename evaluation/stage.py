@@ -161,8 +161,13 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         background = Background(snap.dir, ret_task, OmegaConf.to_container(ev.retrieval, resolve=True), int(ev.seed),
                                 history, list(ev.retrieval_arms) if ev.get("retrieval_arms") else None, cache)
     with progress_steps("evaluate", 4) as step:
-        with timed(timings, "ranking"):
-            ranking = ranking_section(cfg, snap, rank_task, sources, cache)
+        try:
+            with timed(timings, "ranking"):
+                ranking = ranking_section(cfg, snap, rank_task, sources, cache)
+        except BaseException:
+            if background is not None:
+                background.stop()
+            raise
         step("retrieval")
         with timed(timings, "retrieval"):
             if background is not None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import time
-from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -62,31 +61,51 @@ def fit_baselines(
     return done
 
 
+def _child(conn: Any, *args: Any) -> None:
+    """The second process's entry: :func:`fit_baselines`, its result or its error sent back."""
+    try:
+        conn.send(("ok", fit_baselines(*args)))
+    except BaseException as err:  # reported in the parent, which then fits the arms itself
+        conn.send(("error", f"{type(err).__name__}: {err}"))
+    finally:
+        conn.close()
+
+
 class Background:
     """The second process, started at once; :meth:`join` waits for it and tells ``cache`` which
-    fits it made (logged as made in parallel, listed as stored)."""
+    fits it made (logged as made in parallel, listed as stored); :meth:`stop` ends it (the main
+    process failed: nothing waits for a fit nobody will read)."""
 
     def __init__(self, graph_dir: Path, task: RetrievalTask, specs: dict[str, Any], seed: int,
                  history_splits: list[str], run: list[str] | None, cache: FitCache) -> None:
         self.t0 = time.perf_counter()
         # spawn, not fork: the parent holds torch and Polars thread pools a fork would copy mid-use
-        self._pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
-        self._future: Future[dict[str, float]] = self._pool.submit(
-            fit_baselines, str(graph_dir), task, specs, seed, history_splits, run, str(cache.dir.parent), cache.snapshot)
-        log.info("retrieval baselines: fitting in a second process while the rankers train")
+        ctx = multiprocessing.get_context("spawn")
+        self._conn, child_conn = ctx.Pipe(duplex=False)
+        self._proc = ctx.Process(target=_child, name="hir-evaluate-baselines", daemon=True, args=(
+            child_conn, str(graph_dir), task, specs, seed, history_splits, run, str(cache.dir.parent), cache.snapshot))
+        self._proc.start()
+        child_conn.close()
+        log.info("retrieval baselines: fitting in a second process (pid %s) while the rankers train", self._proc.pid)
 
     def join(self, cache: FitCache) -> dict[str, float]:
         """Wait for the second process; arm -> its seconds there ({} when it failed: the arms are
         then fitted in this process, and the reason is logged)."""
         try:
-            done = self._future.result()
-        except Exception as err:  # any failure there only costs the time: the arms are fitted here
-            log.warning("retrieval baselines: the second process failed (%s: %s); fitting them here",
-                        type(err).__name__, err)
-            done = {}
-        finally:
-            self._pool.shutdown(wait=True)
+            status, payload = self._conn.recv()
+        except EOFError:  # it died without a word (killed, out of memory)
+            status, payload = "error", f"exit code {self._proc.exitcode}"
+        self._proc.join()
+        done: dict[str, float] = payload if status == "ok" else {}
+        if status != "ok":
+            log.warning("retrieval baselines: the second process failed (%s); fitting them here", payload)
         cache.parallel |= {f"retrieval/{name}" for name in done}
         log.info("retrieval baselines: %s fitted in parallel (%s), joined after %.0fs", ", ".join(done) or "none",
                  ", ".join(f"{n} {s:.0f}s" for n, s in done.items()), time.perf_counter() - self.t0)
         return done
+
+    def stop(self) -> None:
+        """End the second process if it still runs."""
+        if self._proc.is_alive():
+            self._proc.terminate()
+        self._proc.join()

@@ -91,3 +91,28 @@ def test_keys_see_every_input_and_a_broken_entry_is_refitted(tmp_path: Path) -> 
     off = FitCache(tmp_path, "cd" * 32, enabled=False)  # eval.cache.enabled=false: nothing read or written
     off.put("ranking", "baseline", key, {"preds": [x]})
     assert off.get("ranking", "baseline", key) is None and not off.dir.exists() and off.record()["stored"] == []
+
+
+def test_a_failed_evaluation_ends_the_second_process(compose: Callable, tiny_graph: Path, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from hir.errors import HirError
+    from hir_evaluation.retrieval import background
+    from tests.evaluation.tiny import TEST_START
+
+    started: list[background.Background] = []
+
+    class Spy(background.Background):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            started.append(self)
+
+    def fail(*args, **kwargs):
+        raise HirError("the rankers failed")
+
+    monkeypatch.setattr(background, "Background", Spy)
+    monkeypatch.setattr(stage, "ranking_section", fail)
+    write_export(tiny_graph, tmp_path / "embeddings", dim=4, levels=(2,), top_k=1, event_timestamp=TEST_START)
+    with pytest.raises(HirError, match="the rankers failed"):
+        stage.run(compose("data=rees46", f"paths.graph_dir={tiny_graph}", TINY_TASK, "eval.require_content=false",
+                          *FAST, "eval.parallel_baselines=true", stage="evaluate"))
+    assert len(started) == 1 and not started[0]._proc.is_alive()  # ended, not waited for
