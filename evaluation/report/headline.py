@@ -9,6 +9,13 @@ from typing import Any
 
 from hir_evaluation.ranking.registry import BASELINE, lift_key
 
+# retrieval ratios within this of 1 read as level (retrieval reports no interval)
+LEVEL = 0.02
+
+
+def _article(word: str) -> str:
+    return f"an {word}" if word[:1].lower() in "aeiou" else f"a {word}"
+
 
 def _pct(x: float) -> str:
     return f"{100 * x:+.2f}%"
@@ -65,7 +72,9 @@ def retrieval_answer(ret: Mapping[str, Any]) -> str:
         return "**Not measured**: no HIR retrieval (no embeddings were searched)."
     name, best = parts[0]
     ratio = float(best["ratio"])
-    verdict = "**Yes.**" if ratio > 1 else "**No.**" if ratio < 1 else "**Level.**"
+    # no interval is computed for retrieval: a ratio within LEVEL of 1 is not called a win or a loss
+    verdict = ("**Yes.**" if ratio >= 1 + LEVEL else "**No.**" if ratio <= 1 - LEVEL
+               else f"**About level** (within {100 * LEVEL:g}%; retrieval has no interval).")
     metric = best.get("metric", "recall@20")
     text = (f"{verdict} Under the {name} protocol, hir's {metric} is {_num(best['hir'])}, {ratio:.2f}× the best "
             f"baseline ({best['best_baseline']}, {_num(best.get('best_value'))}).")
@@ -108,7 +117,7 @@ def ranking_task_sentence(r: Mapping[str, Any]) -> str:
     window = f"within {t['window']}" if t.get("window") else "before the end of the period"
     kind = t.get("kind")
     if kind == "funnel":
-        task = (f"every (user, {etype}) pair with a {_stages(t.get('candidate_stages'))} event in a period is a "
+        task = (f"every (user, {etype}) pair with {_article(_stages(t.get('candidate_stages')))} event in a period is a "
                 f"candidate at that event, positive when the user reaches {label} with it {window}")
     elif kind == "next_period":
         task = (f"for each user who reaches {label} in a period, the candidates are the user's "
