@@ -8,8 +8,10 @@ STAMP := $(VENV)/.installed-stamp
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
+# mkdocs-material's banner about its successor, printed on every build
+export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: install run test test-slow lint bench redis-server clean
+.PHONY: install run test test-slow lint bench docs docs-build redis-server chromium clean
 
 # torch first and pinned: `pip install torch==2.13.0` takes the local CPU wheel on these
 # machines (an unpinned torch pulls a multi-GB CUDA build); then the full pin set; then hir.
@@ -25,10 +27,19 @@ install: $(STAMP)
 run: install
 	$(VENV)/bin/hir pipeline data=completejourney
 
-# the fast suite (a budget of 5 minutes on 2 cores; the slowest tests are listed at the end)
-test: install redis-server
+# the fast suite (a budget of 5 minutes on 2 cores; the slowest tests are listed at the end), then
+# the manual's strict build: a broken link, anchor or nav entry fails
+test: install redis-server chromium
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -m "not slow" --durations=10
+	$(MAKE) docs-build
+
+# the manual (mkdocs.yml, docs/): built into site/, or served with live reload on 127.0.0.1:8000
+docs-build: install
+	$(VENV)/bin/mkdocs build --strict --quiet
+
+docs: install
+	$(VENV)/bin/mkdocs serve
 
 test-slow: install redis-server
 	$(PY) -m pytest -m slow
@@ -47,5 +58,14 @@ redis-server:
 	  $$SUDO apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq redis-server >/dev/null \
 	    || echo "warning: could not install redis-server; the Redis integration test will be skipped"; }
 
+# The report's browser test (tests/evaluation/test_report_html.py) loads report.html in Debian's
+# headless Chromium; install it when absent (the test is skipped, with that reason, without it).
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  echo "installing chromium (apt-get)"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium >/dev/null \
+	    || echo "warning: could not install chromium; the report's browser test will be skipped"; }
+
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache outputs multirun
+	rm -rf $(VENV) .pytest_cache .ruff_cache outputs multirun site

@@ -12,7 +12,7 @@
    GraphStore (hir/train/datamodule.py shards the seeds, not the graph), so a rank's memory is the store
    plus the model, optimizer and torch runtime.
 
-Results: benchmarks/results/graph_memory.json. Extrapolations are left to the README, labelled.
+Results: benchmarks/results/graph_memory.json. Extrapolations are left to docs/scale.md, labelled.
 """
 
 from __future__ import annotations

@@ -24,7 +24,8 @@ from omegaconf import DictConfig, OmegaConf
 from hir.data.snapshot import Snapshot, load_snapshot
 from hir.errors import HirError
 from hir.progress import progress_steps
-from hir_evaluation.ranking.registry import bind, build_ranking_arms, require_options
+from hir_evaluation.cache import FitCache, cacheable, snapshot_hash
+from hir_evaluation.ranking.registry import BASELINE, bind, build_ranking_arms, require_options
 from hir_evaluation.report.render import print_summary, write_report
 from hir_evaluation.sources.selection import Sources
 from hir_evaluation.tasks import RankingTask, RetrievalTask
@@ -56,7 +57,16 @@ def resolve_tasks(cfg: DictConfig, snap: Snapshot) -> tuple[RankingTask, Retriev
     return ranking, retrieval
 
 
-def ranking_section(cfg: DictConfig, snap: Snapshot, task: RankingTask, sources: Sources) -> dict[str, Any]:
+def fit_cache(cfg: DictConfig, snap: Snapshot) -> FitCache:
+    """The baseline fits of this snapshot (``eval.cache``; evaluation/cache.py)."""
+    enabled = bool(cfg.eval.cache.enabled)
+    digest = snapshot_hash(snap.dir) if enabled else "disabled"
+    return FitCache(Path(cfg.eval.cache.dir), digest, enabled)
+
+
+def ranking_section(
+    cfg: DictConfig, snap: Snapshot, task: RankingTask, sources: Sources, cache: FitCache | None = None
+) -> dict[str, Any]:
     """metrics.json's ``ranking``: the baseline and every arm of ``eval.ranking``; a skipped arm
     carries its reason (``ranking.<arm>.skipped``), the notes go to the sources; ``explanations``:
     the shared tokens of the pairs ``eval.explain.arm`` scores highest (the report's "why this?")."""
@@ -64,11 +74,14 @@ def ranking_section(cfg: DictConfig, snap: Snapshot, task: RankingTask, sources:
     from hir_evaluation.ranking.explain import explain_pairs
 
     ev = cfg.eval
+    arms = build_ranking_arms(ev.ranking)
+    cached = frozenset({BASELINE, *(name for name, arm in arms.items() if cacheable(arm.needs))})
     ranking = evaluate_ranking(
-        snap, task, instantiate(ev.ranker), list(ev.ranker_fit_splits), bind(build_ranking_arms(ev.ranking), sources),
+        snap, task, instantiate(ev.ranker), list(ev.ranker_fit_splits), bind(arms, sources),
         int(ev.bootstrap.resamples), str(ev.bootstrap.unit), float(ev.bootstrap.level), int(ev.seed),
         int(ev.id_buckets), float(ev.min_fit_coverage), bool(ev.ranker_crossfit_fallback), int(ev.crossfit_folds),
         int(ev.ranker_seeds), int(ev.explain.pairs) if sources.hir != "none" else 0, str(ev.explain.arm),
+        cache, cached,
     )
     sources.notes += ranking["notes"]
     for arm, why in ranking["skipped"].items():
@@ -84,8 +97,12 @@ def ranking_section(cfg: DictConfig, snap: Snapshot, task: RankingTask, sources:
 RETRIEVAL_USERS_FILE = "retrieval_users.parquet"
 
 
-def retrieval_section(cfg: DictConfig, snap: Snapshot, task: RetrievalTask, sources: Sources) -> dict[str, Any]:
-    """metrics.json's ``retrieval``: every arm of ``eval.retrieval`` (or of ``eval.retrieval_arms``)."""
+def retrieval_section(
+    cfg: DictConfig, snap: Snapshot, task: RetrievalTask, sources: Sources, cache: FitCache | None = None,
+    history_splits: list[str] | None = None,
+) -> dict[str, Any]:
+    """metrics.json's ``retrieval``: every arm of ``eval.retrieval`` (or of ``eval.retrieval_arms``);
+    ``history_splits``: the periods the arms learn from (default: as the sources say)."""
     from hir_evaluation.retrieval.evaluate import evaluate_retrieval
     from hir_evaluation.retrieval.hir_search import hir_search
     from hir_evaluation.retrieval.registry import build_arms
@@ -93,10 +110,25 @@ def retrieval_section(cfg: DictConfig, snap: Snapshot, task: RetrievalTask, sour
     ev = cfg.eval
     return evaluate_retrieval(
         snap, task, build_arms(ev.retrieval), int(ev.seed), hir_search(sources), sources.content_vectors(),
-        sources.history_splits(ev.get("retrieval_history_splits")),
+        history_splits or sources.history_splits(ev.get("retrieval_history_splits")),
         list(ev.retrieval_arms) if ev.get("retrieval_arms") else None,
-        int(ev.retrieval_few_events), Path(cfg.paths.report_dir) / RETRIEVAL_USERS_FILE,
+        int(ev.retrieval_few_events), cache, Path(cfg.paths.report_dir) / RETRIEVAL_USERS_FILE,
     )
+
+
+def outputs_record(cfg: DictConfig, sources: Sources) -> dict[str, Any]:
+    """metrics.json's ``outputs``: where this run's report, export and served version are (the
+    report's "where are the outputs?")."""
+    paths = cfg.paths
+    out: dict[str, Any] = {"run_dir": str(paths.output_dir), "report": str(Path(paths.report_dir) / "report.html"),
+                           "embeddings": str(paths.embeddings_dir), "hierarchy": str(paths.hierarchy_dir)}
+    manifest = sources.manifest
+    if manifest:
+        out |= {"manifest": str(Path(paths.publish_dir) / "manifest.json"), "serving_store": manifest.get("store_dir"),
+                "version": manifest.get("version"),
+                "feature_service": (manifest.get("feast") or {}).get("feature_service"),
+                "milvus_aliases": (manifest.get("milvus") or {}).get("aliases") or {}}
+    return out
 
 
 @contextmanager
@@ -126,12 +158,29 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     rank_task, ret_task = resolve_tasks(cfg, snap)
     sources = Sources(cfg, snap, rank_task.entity_type, ret_task.history_stages)
     timings: dict[str, float] = {}
+    with timed(timings, "snapshot_hash"):
+        cache = fit_cache(cfg, snap)
+    history = sources.history_splits(ev.get("retrieval_history_splits"))
+    background = None
+    if cache.enabled and bool(ev.parallel_baselines):
+        from hir_evaluation.retrieval.background import Background
+
+        background = Background(snap.dir, ret_task, OmegaConf.to_container(ev.retrieval, resolve=True), int(ev.seed),
+                                history, list(ev.retrieval_arms) if ev.get("retrieval_arms") else None, cache)
     with progress_steps("evaluate", 4) as step:
-        with timed(timings, "ranking"):
-            ranking = ranking_section(cfg, snap, rank_task, sources)
+        try:
+            with timed(timings, "ranking"):
+                ranking = ranking_section(cfg, snap, rank_task, sources, cache)
+        except BaseException:
+            if background is not None:
+                background.stop()
+            raise
         step("retrieval")
         with timed(timings, "retrieval"):
-            retrieval = retrieval_section(cfg, snap, ret_task, sources)
+            if background is not None:
+                with timed(timings, "retrieval_wait"):
+                    background.join(cache)
+            retrieval = retrieval_section(cfg, snap, ret_task, sources, cache, history)
         step("diagnostics")
         with timed(timings, "diagnostics"):
             diagnostics, points = diagnostics_section(
@@ -142,7 +191,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         metrics: dict[str, Any] = {
             "schema": 1, "dataset": snap.dataset, "model_version": sources.model_version,
             "created": datetime.now(UTC).isoformat(timespec="seconds"), "sources": sources.record(),
-            "ranking": ranking, "retrieval": retrieval, "diagnostics": diagnostics,
+            "ranking": ranking, "retrieval": retrieval, "diagnostics": diagnostics, "cache": cache.record(),
+            "outputs": outputs_record(cfg, sources),
             "config": OmegaConf.to_container(ev, resolve=True),
         }
         with timed(timings, "figures"):

@@ -1,5 +1,6 @@
-"""Every defaults table of the README (a table whose header starts ``| key | default |``) states
-the composed config's values, so a default changed in conf/ and not in the README fails here.
+"""Every defaults table of the README and of every page of the manual (docs/*.md; a table whose
+header starts ``| key | default |``) states the composed config's values, so a default changed
+in conf/ and not in the documentation fails here.
 
 A row names its keys in backticks in the first cell (a backticked ``data=<name>`` there picks the
 dataset it is composed with, completejourney otherwise) and one backticked value per key, in the
@@ -18,6 +19,8 @@ from omegaconf import DictConfig, OmegaConf
 from hir.stages import ROOT, register_resolvers
 
 README = ROOT / "README.md"
+# the README and every page of the manual (mkdocs.yml, docs/)
+PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
 DEFAULT_DATASET = "completejourney"
 CODE = re.compile(r"`([^`]*)`")
 CELL_SEPARATOR = re.compile(r"(?<!\\)\|")  # `\|` inside a cell is text, not a column
@@ -81,17 +84,19 @@ def stale_rows(text: str, source: str = "README.md") -> list[str]:
             composed = _composed(cfg, key)
             if not _matches(stated, composed):
                 problems.append(f"{where}: {key} is stated as {stated!r}, the composed config (data={dataset}) has "
-                                f"{composed!r}; fix the README row (or the config)")
+                                f"{composed!r}; fix the documented row (or the config)")
     return problems
 
 
-def test_readme_has_defaults_tables() -> None:
-    rows = defaults_rows(README.read_text())
-    assert len(rows) >= 5, f"README.md has {len(rows)} rows in `| key | default |` tables; did the header change?"
+def test_the_pages_have_defaults_tables() -> None:
+    rows = sum(len(defaults_rows(page.read_text())) for page in PAGES)
+    assert len(PAGES) > 5, f"the manual has {len(PAGES) - 1} pages under docs/"
+    assert rows >= 10, f"the README and docs/ have {rows} rows in `| key | default |` tables; did the header change?"
 
 
-def test_readme_defaults_match_the_composed_config() -> None:
-    problems = stale_rows(README.read_text())
+@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(ROOT)) for p in PAGES])
+def test_defaults_match_the_composed_config(page) -> None:
+    problems = stale_rows(page.read_text(), str(page.relative_to(ROOT)))
     assert not problems, "\n".join(problems)
 
 

@@ -15,6 +15,7 @@ import polars as pl
 
 from hir.data.snapshot import Snapshot
 from hir.errors import HirError
+from hir_evaluation.cache import FitCache, fit_key
 from hir_evaluation.metrics import (
     bootstrap_weights,
     interval,
@@ -97,6 +98,8 @@ def evaluate_ranking(
     seeds: int = 1,
     top_pairs: int = 0,
     top_arm: str | None = None,
+    cache: FitCache | None = None,
+    cached_arms: frozenset[str] = frozenset(),
 ) -> dict[str, Any]:
     """Train the baseline and each arm (None = an input it needs is missing, reported as nulls)
     ``seeds`` times each and score them.
@@ -113,6 +116,10 @@ def evaluate_ranking(
     seeds; intervals come from ``resamples`` bootstrap draws over ``unit`` (users), the same
     draws for every arm and seed (paired), each draw averaging the seeds; the NE lift's seed
     spread (per-seed lifts) is reported beside its interval.
+
+    ``cache``: the fits of ``cached_arms`` (the baseline and the arms that read nothing of the HIR
+    export) are reused from it when every input of the fit (features, labels, rows, seeds, recipe)
+    is the same, and stored in it otherwise.
 
     Returns the ``ranking`` section of metrics.json (plus ``calibration_curves`` for the plot and
     ``top_pairs``: the ``top_pairs`` test rows that ``top_arm`` (else the baseline) scores
@@ -181,6 +188,14 @@ def evaluate_ranking(
     preds: dict[str, list[np.ndarray]] = {}
     fits: dict[str, list[dict[str, Any]]] = {}
     for name, x in inputs.items():
+        key = None
+        if cache is not None and name in cached_arms:
+            # everything the fits read: two evaluations with the same key fit the same rankers
+            key = fit_key(name, ranker, seed_list, [(learn, out) for learn, out in plan], test_idx, y, users, times,
+                          x.dense, x.dense_names, x.sparse, x.sparse_names, x.vocab, x.vectors, x.bags)
+            if (hit := cache.get("ranking", name, key)) is not None:
+                preds[name], fits[name] = hit["preds"], hit["fits"]
+                continue
         preds[name], fits[name] = [], []
         for s in seed_list:
             p = np.zeros(len(test_idx))
@@ -195,6 +210,8 @@ def evaluate_ranking(
             preds[name].append(p)
         log.info("ranker %s: best steps %s, %.1fs", name, [f["best_step"] for f in fits[name]],
                  sum(f["seconds"] for f in fits[name]))
+        if key is not None and cache is not None:
+            cache.put("ranking", name, key, {"preds": preds[name], "fits": fits[name]})
 
     y_test, test_rows = y[test_idx], rows[test_idx]
     groups = users[test_idx] if unit == "user" else np.arange(len(test_idx))

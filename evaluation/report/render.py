@@ -3,8 +3,6 @@ report.html (PNGs inlined as base64) and the PNGs; print a short summary table."
 
 from __future__ import annotations
 
-import base64
-import html
 import json
 import math
 from collections.abc import Mapping
@@ -15,6 +13,8 @@ from rich.console import Console
 from rich.table import Table
 
 from hir_evaluation.ranking.registry import BASELINE, lift_key
+from hir_evaluation.report.headline import headline_md, ranking_answer, retrieval_answer
+from hir_evaluation.report.html import html_page
 from hir_evaluation.report.sections import ranking_arms, retrieval_arms
 
 
@@ -194,6 +194,8 @@ def print_summary(m: Mapping[str, Any], report_dir: Path) -> None:
         console.print(f"[red]ranking arm {arm}: skipped: {why}[/]")
     for note in (m.get("sources") or {}).get("notes", []):
         console.print(f"[yellow]note:[/] {note}")
+    console.print("did HIR help ranking? " + ranking_answer(m.get("ranking") or {}).replace("**", ""), markup=False)
+    console.print("did HIR help retrieval? " + retrieval_answer(m.get("retrieval") or {}).replace("**", ""), markup=False)
     console.print(f"report: {report_dir / 'report.html'}")
 
 
@@ -333,15 +335,25 @@ def fits_md(m: Mapping[str, Any]) -> str:
     return "Training: " + "; ".join(parts) + "." if parts else ""
 
 
+def cache_sentence(cache: Mapping[str, Any]) -> str:
+    """Which baseline fits came from the cache (metrics.json ``cache``), as a sentence."""
+    if not cache.get("enabled"):
+        return ""
+    reused = ", ".join(cache.get("reused") or []) or "none"
+    parallel = ", ".join(cache.get("fitted_in_parallel") or [])
+    return (f" Baseline fits reused from the cache of this snapshot ({cache.get('dir')}): {reused}"
+            + (f"; fitted in a second process while the rankers trained: {parallel}." if parallel else "."))
+
+
 def markdown(m: Mapping[str, Any], figures: Mapping[str, str]) -> str:
     src = m.get("sources") or {}
     out = [
         f"# hir evaluation: {m.get('dataset')}",
-        f"Model version `{m.get('model_version')}`; HIR ranking features from **{src.get('ranking_hir')}**, "
-        f"HIR retrieval from **{src.get('retrieval_hir')}**.",
+        headline_md(m),
+        f"Model version `{m.get('model_version')}`; HIR ranking features from {src.get('ranking_hir')}, "
+        f"HIR retrieval from {src.get('retrieval_hir')}.{cache_sentence(m.get('cache') or {})}",
         *[f"> note: {n}" for n in src.get("notes", [])],
         "## Ranking (deep funnel)",
-        f"Task: `{json.dumps((m.get('ranking') or {}).get('task'))}`",
         protocol_md(m.get("ranking") or {}),
         _md_table(RANKING_HEADER, ranking_rows(m)),
         "Ranker fits (every seed and fold): the step of the best holdout check, and which check it was out of "
@@ -365,50 +377,6 @@ def markdown(m: Mapping[str, Any], figures: Mapping[str, str]) -> str:
     return "\n\n".join(out) + "\n"
 
 
-def _cell(text: str) -> str:
-    """A table cell as HTML: markdown ``**bold**`` (the best arm's value) becomes <b>."""
-    if len(text) > 4 and text.startswith("**") and text.endswith("**"):
-        return f"<b>{html.escape(text[2:-2])}</b>"
-    return html.escape(text)
-
-
-def html_page(md_text: str, figures: Mapping[str, bytes], title: str) -> str:
-    """A self-contained page: the markdown's tables rendered as HTML, figures inlined."""
-    body: list[str] = []
-    table: list[str] = []
-
-    def flush() -> None:
-        if table:
-            cells = [[c.strip() for c in r.strip().strip("|").split("|")] for r in table if not set(r) <= set("|- ")]
-            head, *rest = cells
-            body.append("<table><tr>" + "".join(f"<th>{html.escape(c)}</th>" for c in head) + "</tr>" + "".join(
-                "<tr>" + "".join(f"<td>{_cell(c)}</td>" for c in r) + "</tr>" for r in rest) + "</table>")
-            table.clear()
-
-    for line in md_text.splitlines():
-        if line.startswith("|"):
-            table.append(line)
-            continue
-        flush()
-        if line.startswith("!["):
-            continue
-        if line.startswith("#"):
-            level = len(line) - len(line.lstrip("#"))
-            body.append(f"<h{level}>{html.escape(line.lstrip('# '))}</h{level}>")
-        elif line.strip():
-            body.append(f"<p>{html.escape(line.lstrip('> '))}</p>")
-    flush()
-    for name, png in figures.items():
-        data = base64.b64encode(png).decode()
-        body.append(f'<figure><img alt="{html.escape(name)}" src="data:image/png;base64,{data}"/>'
-                    f"<figcaption>{html.escape(name)}</figcaption></figure>")
-    style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}"
-             "table{border-collapse:collapse;margin:1em 0;font-size:13px}td,th{border:1px solid #ccc;padding:3px 8px;"
-             "text-align:right}th{background:#f3f3f3}figure{display:inline-block;margin:1em}")
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-            f"<style>{style}</style></head><body>{''.join(body)}</body></html>")
-
-
 def write_report(report_dir: Path, metrics: dict[str, Any], figures: Mapping[str, bytes]) -> dict[str, Any]:
     """Write metrics.json, the PNGs, report.md and report.html; returns the cleaned metrics."""
     report_dir.mkdir(parents=True, exist_ok=True)
@@ -420,7 +388,7 @@ def write_report(report_dir: Path, metrics: dict[str, Any], figures: Mapping[str
     metrics = clean(metrics)
     md_text = markdown(metrics, names)
     (report_dir / "report.md").write_text(md_text)
-    (report_dir / "report.html").write_text(html_page(md_text, figures, f"hir evaluation: {metrics.get('dataset')}"))
+    (report_dir / "report.html").write_text(html_page(md_text, figures, f"hir evaluation: {metrics.get('dataset')}", names))
     # metrics.json last: its presence marks a complete report (the stage reuses it unless force)
     tmp = report_dir / "metrics.json.tmp"
     tmp.write_text(json.dumps(metrics, indent=2))

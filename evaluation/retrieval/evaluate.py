@@ -8,7 +8,7 @@ import logging
 import math
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +16,9 @@ import numpy as np
 import polars as pl
 
 from hir.data.snapshot import Snapshot
+from hir_evaluation.cache import FitCache, cacheable, fit_key
 from hir_evaluation.metrics import recall_per_user
-from hir_evaluation.retrieval.data import retrieval_data
+from hir_evaluation.retrieval.data import RetrievalData, retrieval_data
 from hir_evaluation.retrieval.rank import TopK, score_arm
 from hir_evaluation.retrieval.registry import RetrievalArm, RetrievalContext
 from hir_evaluation.tasks import RetrievalTask
@@ -42,6 +43,7 @@ def evaluate_retrieval(
     history_splits: list[str] | None = None,
     run: Sequence[str] | None = None,
     few_events: int | None = None,
+    cache: FitCache | None = None,
     per_user_path: Path | None = None,
 ) -> dict[str, Any]:
     """The ``retrieval`` section of metrics.json: both protocols for every arm.
@@ -57,6 +59,8 @@ def evaluate_retrieval(
             they share (LightGCN's fit).
         few_events: adds the ``few_events`` slice to both protocols: the users whose history
             (the pairs every arm learns from) has at most this many events (None: no slice).
+        cache: the top-k lists of the arms that read nothing of the HIR export are reused from it
+            (same arm settings, test users, history and content) and stored in it otherwise.
         per_user_path: also write each test user's masked new-to-user recall@20 per arm there
             (parquet: ``user_id``, ``few_events``, one column per arm), for paired comparisons of
             runs over the same users (benchmarks/learner.py bootstraps them).
@@ -76,13 +80,21 @@ def evaluate_retrieval(
         if (run is not None and name not in run) or not ctx.has(arm.info.needs):
             continue
         t0 = time.perf_counter()
-        ranked = arm.topk(ctx, ks[-1])
+        key = arm_key(name, arm, ks[-1], seed, task, data, content, history_splits) \
+            if cache is not None and cacheable(arm.info.needs) else None
+        ranked = cache.get("retrieval", name, key) if key is not None and cache is not None else None
+        how = None if ranked is None or cache is None else \
+            "fitted_in_parallel" if f"retrieval/{name}" in cache.parallel else "reused_from_cache"
+        if ranked is None:
+            ranked = arm.topk(ctx, ks[-1])
+            if key is not None and cache is not None:
+                cache.put("retrieval", name, key, ranked)
         scores[name] = score_arm(ranked, data, ks, few)
         if ranked.masked is not None:
             per_user[name] = recall_per_user(ranked.masked, data.new_to_user, 20 if 20 in ks else ks[-1])
         seconds[name] = time.perf_counter() - t0
         if ranked.fit is not None:
-            fits[name] = ranked.fit
+            fits[name] = ranked.fit | ({how: True} if how else {})
         log.info("retrieval %s: recall@20 %.4f full, %.4f %s (%.1fs)", name, scores[name]["all"].get("recall@20", math.nan),
                  scores[name].get(MASKED, {}).get("recall@20", math.nan), MASKED, seconds[name])
     if per_user_path is not None and per_user:
@@ -131,6 +143,29 @@ def evaluate_retrieval(
     masked |= model_ratios(masked, roles, "recall@20", references=False)
     out[MASKED] = masked
     return out
+
+
+def arm_key(
+    name: str,
+    arm: RetrievalArm,
+    k: int,
+    seed: int,
+    task: RetrievalTask,
+    data: RetrievalData,
+    content: tuple[np.ndarray, np.ndarray] | None,
+    history_splits: list[str] | None,
+) -> str:
+    """The cache key of an arm's top-k lists: its class and settings, k, the seed, the task, the
+    test users, the history every arm learns from (sorted pairs) and, for an arm that reads them,
+    the content vectors."""
+    settings = asdict(arm) if is_dataclass(arm) else dict(vars(arm))
+    hist = data.history.sort("user_id", "entity_id")
+    parts: list[Any] = [name, f"{type(arm).__module__}.{type(arm).__qualname__}", settings, k, seed, asdict(task),
+                        history_splits, data.users, hist["user_id"].to_numpy(), hist["entity_id"].to_numpy(),
+                        hist["n"].to_numpy()]
+    if "content" in arm.info.needs and content is not None:
+        parts += [content[0], content[1]]
+    return fit_key(*parts)
 
 
 def best_arms(section: Mapping[str, Any], arms: tuple[str, ...], metrics: list[str]) -> dict[str, str | None]:

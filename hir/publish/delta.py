@@ -77,7 +77,7 @@ def read_file(path: Path) -> pl.DataFrame:
     what = "hir refresh"
     if not path.exists():
         raise InputError(f"refresh.delta_path={path} does not exist; give the file of new entities "
-                         "(README: Serving new entities between trainings)")
+                         "(docs/serving.md: Serving new entities between trainings)")
     if path.is_dir() or path.stat().st_size == 0:
         raise InputError(f"refresh.delta_path={path} is {'a directory' if path.is_dir() else 'empty'}; give a CSV or "
                          "Parquet file of new entities")

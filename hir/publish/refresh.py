@@ -65,7 +65,7 @@ def delta_path(cfg: DictConfig) -> Path:
     if not path:
         raise InputError("hir refresh needs the new entities: refresh.delta_path=<CSV or Parquet file>, e.g. "
                          "refresh.delta_path=new_products.csv (columns entity_id, text, attr_*, category, ...; "
-                         "README: Serving new entities between trainings)")
+                         "docs/serving.md: Serving new entities between trainings)")
     if not Path(path).exists():
         raise InputError(f"refresh.delta_path={path} does not exist")
     return Path(path)

@@ -1,7 +1,7 @@
 """`hir explain` ("why this?"): the Bag-of-Meaning tokens a user and an entity share, read from the
 Feast online store of a published version and labelled from its hierarchy. The shared tokens are
 computed from what the store holds (a token changed in the store changes the explanation), the
-errors say what is missing, and the README's command runs as written."""
+errors say what is missing, and the serving page's command (docs/serving.md) runs as written."""
 
 from __future__ import annotations
 
@@ -137,16 +137,16 @@ def test_errors_name_what_is_missing(served: SimpleNamespace, tmp_path: Path) ->
 
 @pytest.mark.slow  # three fresh `hir` processes (~30 s each on 2 cores); test_explains_a_pair_from_the_live_version is its in-process equivalent
 def test_the_readme_command_runs_as_written(served: SimpleNamespace, tmp_path: Path) -> None:
-    """The README's serving section names one `hir explain` command for the default dataset; run
+    """The manual's serving page names one `hir explain` command for the default dataset; run
     it with only the ids and the store (`--store`, the default is outputs/serving/completejourney)
     replaced by this store's, in a fresh process. Its exit code and output are what a user gets;
     an unknown id exits 2 with one line."""
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("## Serving: reading HIR features downstream", 1)[1].split("\n## ", 1)[0]
+    page = (ROOT / "docs" / "serving.md").read_text()
+    section = page.split("## Why this? `hir explain`", 1)[1].split("\n## ", 1)[0]
     commands = re.findall(r"^hir explain .*$", section, flags=re.M)
-    assert commands, "README's serving section has no `hir explain` command"
+    assert commands, "docs/serving.md's explain section has no `hir explain` command"
     args = shlex.split(commands[0].split("#")[0])[2:]
-    assert args[:2] == ["1234", "1082185"]  # completejourney's household and product of the README
+    assert args[:2] == ["1234", "1082185"]  # completejourney's household and product of docs/serving.md
     user, product = served.user["entity_id"], served.product["entity_id"]
     proc = run_hir("explain", user, product, *args[2:], "--store", str(served.store), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]

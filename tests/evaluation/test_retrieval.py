@@ -148,3 +148,27 @@ def test_retrieval_data_slices(tiny_graph: Path) -> None:
     assert data.new_to_user == [{2}, set()]
     assert data.item_cold == [set(), set()]  # product 5 (cold) is only viewed
     assert set(data.history["user_id"].to_list()) == {0, 1, 2, 3}
+
+
+def test_lightgcn_stops_where_its_curve_turns_over() -> None:
+    """The completejourney curve of 2026-12-02 (masked val recall@20 per check): best at check 6;
+    patience alone runs to check 11, the decline rule stops at check 9 with the same best check;
+    a flat, noisy stretch (dips under 4%) waits the full patience."""
+    from hir_evaluation.retrieval.arms.lightgcn import LightGCN, plateau_stop
+
+    cfg = LightGCN(dim=8, layers=1, lr=0.01, lambda_reg=0.0, init_std=0.1, batch_size=8, steps_per_epoch=1,
+                   max_epochs=40, patience=5, min_epochs=5, max_seconds=30, threads=1, decline=0.04, decline_checks=2)
+    curve = [0.0240, 0.0242, 0.0238, 0.0246, 0.0254, 0.0267, 0.0262, 0.0250, 0.0253, 0.0246, 0.0237]
+
+    def stop_at(recalls: list[float], c: LightGCN) -> tuple[int, str] | None:
+        for n in range(1, len(recalls) + 1):
+            seen = recalls[:n]
+            bad = n - 1 - max(range(n), key=lambda i: (seen[i], -i))
+            if n >= c.min_epochs and (why := plateau_stop(seen, bad, c)):
+                return n, why
+        return None
+
+    assert stop_at(curve, cfg) == (9, "decline")
+    assert stop_at(curve, LightGCN(**{**cfg.__dict__, "decline": 0.0})) == (11, "patience")
+    flat = [0.050, 0.052, 0.053, 0.051, 0.0515, 0.052, 0.0512, 0.0518, 0.0525, 0.0529]  # never 4% under 0.053
+    assert stop_at(flat, cfg) == (8, "patience")

@@ -109,7 +109,7 @@ def test_report_shows_both_tables_and_names_the_winner(capsys: pytest.CaptureFix
     assert "| best | repeat | repeat |" in md
     assert "masked/item_cold" in md and "best epoch 7 of 12" in md and "at its val plateau" in md
     page = html_page(md, {}, "t")
-    assert "<b>0.5000</b>" in page and "**0.5000**" not in page
+    assert "<strong>0.5000</strong>" in page and "**0.5000**" not in page
     print_summary(m, Path("report"))
     out = capsys.readouterr().out
     assert "full catalogue" in out and MASKED in out and "3.333" in out
@@ -123,3 +123,12 @@ def test_report_of_an_older_metrics_file_has_one_table() -> None:
     assert md.count("### Retrieval") == 1 and "### Retrieval, full catalogue" in md
     assert "masked/" not in md and "gfcf" not in md
     assert "| repeat | **0.4000** |" in md and "hir / best baseline (itemknn) recall@20 = 0.667" in md
+
+
+@pytest.mark.parametrize(("ratio", "verdict"), [(1.5, "**Yes.**"), (1.003, "**About level**"), (0.9, "**No.**")])
+def test_the_retrieval_answer_calls_no_win_inside_two_percent(ratio: float, verdict: str) -> None:
+    from hir_evaluation.report.headline import retrieval_answer
+
+    best = {"metric": "recall@20", "best_baseline": "gfcf", "best_value": 0.02, "hir": 0.02 * ratio, "ratio": ratio}
+    answer = retrieval_answer({MASKED: {"hir_over_best_baseline": best}})
+    assert answer.startswith(verdict) and f"{ratio:.2f}× the best baseline (gfcf, 0.0200)" in answer

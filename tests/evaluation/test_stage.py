@@ -19,6 +19,7 @@ from tests.evaluation.fixtures import write_content, write_export
 
 # small budgets: the code paths, not the numbers, are under test here
 FAST = [
+    "eval.parallel_baselines=false",  # no second process per test (tests/evaluation/test_cache.py runs one)
     "eval.ranker.max_steps=60", "eval.ranker.eval_every=20", "eval.bootstrap.resamples=20", "eval.ranker_seeds=2",
     "eval.retrieval.lightgcn.max_epochs=2", "eval.retrieval.lightgcn.steps_per_epoch=3", "eval.retrieval.lightgcn.batch_size=1024",
     "eval.retrieval.itemknn.neighbours=20", "eval.retrieval.gfcf.rank=32", "eval.diagnostics.map_points=300",

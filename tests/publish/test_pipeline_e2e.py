@@ -33,7 +33,7 @@ def test_pipeline_publishes_and_refresh_serves_new_products(tmp_path: Path) -> N
 
     with gzip.open(REES46, "rt") as fh:
         rows = [r for _, r in zip(range(100), csv.DictReader(fh)) if r["brand"] and r["category_code"]][: len(NEW)]
-    # the documented delta (README "Serving new entities"): content columns, links, a first view
+    # the documented delta (docs/serving.md "Serving new entities"): content columns, links, a first view
     delta = tmp_path / "new_products.csv"
     with delta.open("w", newline="") as fh:
         out = csv.DictWriter(fh, fieldnames=["entity_id", "text", "attr_price", "attr_brand", "category", "advertiser",

@@ -102,16 +102,16 @@ def test_nudged_twins_are_checked_against_the_validated_vectors(make_run) -> Non
     assert sent["twin_group"].n_unique() == 1 and sent["embedding"].n_unique() == 4  # one group, four vectors
 
 
-def _readme_blocks(section: str) -> list[str]:
-    """The ```python blocks of one README section, in order."""
-    text = (ROOT / "README.md").read_text()
+def _readme_blocks(section: str, page: str = "docs/serving.md") -> list[str]:
+    """The ```python blocks of one section of a documentation page, in order."""
+    text = (ROOT / page).read_text()
     body = text[text.index(f"## {section}"):]
     body = body[:body.index("\n## ", 3)]
     return re.findall(r"```python\n(.*?)```", body, flags=re.S)
 
 
 def _check_readme_snippets(served: SimpleNamespace, tmp_path: Path, fresh_process: bool) -> None:
-    """The README's serving code with only the manifest path, the ids and the dates replaced by
+    """The serving page's code (docs/serving.md) with only the manifest path, the ids and the dates replaced by
     this store's, run as one script (``fresh_process``: in a new Python, as a user runs it; else
     in this process, with a namespace of its own): Feast online (an unknown id comes back as None
     and the coverage count says so), point in time, and plain pymilvus."""
@@ -121,7 +121,7 @@ def _check_readme_snippets(served: SimpleNamespace, tmp_path: Path, fresh_proces
     import subprocess
     import sys
 
-    blocks = _readme_blocks("Serving: reading HIR features downstream")
+    blocks = _readme_blocks("Reading HIR features downstream")
     assert len(blocks) == 2
     user, product = served.emb["user"]["entity_id"][5], served.emb["product"]["entity_id"][7]
     code = "\n".join(blocks)
@@ -159,7 +159,7 @@ print("RESULT", _json.dumps({"covered": covered, "status": manifest["status"], "
 
 
 def test_readme_serving_snippets_run_as_written(served: SimpleNamespace, tmp_path: Path) -> None:
-    """The README's serving code runs as written (in this process; the fresh-process run, which
+    """The serving page's code (docs/serving.md) runs as written (in this process; the fresh-process run, which
     pays Feast's and pymilvus' imports again, is the slow test below)."""
     _check_readme_snippets(served, tmp_path, fresh_process=False)
 
@@ -171,7 +171,7 @@ def test_readme_serving_snippets_run_in_a_fresh_process(served: SimpleNamespace,
 
 
 def test_online_and_point_in_time_values_are_the_exported_ones(served: SimpleNamespace) -> None:
-    """What the README's calls return, value by value, against the export files."""
+    """What the serving page's calls return, value by value, against the export files."""
     manifest_path = served.manifest_path
     user, product = served.emb["user"]["entity_id"][5], served.emb["product"]["entity_id"][7]
     t_known = CREATED + timedelta(days=1)

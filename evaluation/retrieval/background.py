@@ -1,0 +1,111 @@
+"""The retrieval baselines fitted in a second process while the rankers train.
+
+On a machine with two cores the rankers (one thread, ``eval.ranker.threads``) leave one core
+idle for most of `hir evaluate`; the baselines that read neither the HIR export nor the content
+vectors (popularity, item-kNN, LightGCN, GF-CF, repeat: one thread each) use it. The second
+process writes their top-k lists into the evaluation's fit cache (evaluation/cache.py) under the
+same keys the retrieval section looks up, so nothing else changes: the retrieval section finds
+them there (and says they were fitted in parallel), and whatever the second process did not
+finish, or failed on, is fitted in the main process as before. The figures are the same: every
+arm is seeded and runs on one thread either way.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import time
+from pathlib import Path
+from typing import Any
+
+from hir_evaluation.cache import FitCache
+from hir_evaluation.tasks import RetrievalTask
+
+log = logging.getLogger(__name__)
+
+
+def fit_baselines(
+    graph_dir: str,
+    task: RetrievalTask,
+    specs: dict[str, Any],
+    seed: int,
+    history_splits: list[str],
+    run: list[str] | None,
+    cache_root: str,
+    snapshot: str,
+) -> dict[str, float]:
+    """(In the second process.) Fit every arm of ``specs`` that needs no optional input and is
+    not cached yet, and store its top-k lists in the cache; returns arm -> seconds."""
+    from threadpoolctl import threadpool_limits
+
+    from hir.data.snapshot import load_snapshot
+    from hir_evaluation.retrieval.data import retrieval_data
+    from hir_evaluation.retrieval.evaluate import arm_key
+    from hir_evaluation.retrieval.registry import RetrievalContext, build_arms
+
+    logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] - (parallel) %(message)s")
+    snap = load_snapshot(graph_dir)
+    data = retrieval_data(snap, task, "test", seed, history_splits)
+    ctx = RetrievalContext(snap, task, data, seed)
+    cache, k, done = FitCache(Path(cache_root), snapshot), max(task.ks), {}
+    with threadpool_limits(1):  # one core each: the rankers have the other
+        for name, arm in build_arms(specs).items():
+            if arm.info.needs or (run is not None and name not in run):
+                continue
+            key = arm_key(name, arm, k, seed, task, data, None, history_splits)
+            if cache.get("retrieval", name, key) is not None:
+                continue
+            t0 = time.perf_counter()
+            cache.put("retrieval", name, key, arm.topk(ctx, k))
+            done[name] = time.perf_counter() - t0
+    return done
+
+
+def _child(conn: Any, *args: Any) -> None:
+    """The second process's entry: :func:`fit_baselines`, its result or its error sent back."""
+    try:
+        conn.send(("ok", fit_baselines(*args)))
+    except BaseException as err:  # reported in the parent, which then fits the arms itself
+        conn.send(("error", f"{type(err).__name__}: {err}"))
+    finally:
+        conn.close()
+
+
+class Background:
+    """The second process, started at once; :meth:`join` waits for it and tells ``cache`` which
+    fits it made (logged as made in parallel, listed as stored); :meth:`stop` ends it (the main
+    process failed: nothing waits for a fit nobody will read)."""
+
+    def __init__(self, graph_dir: Path, task: RetrievalTask, specs: dict[str, Any], seed: int,
+                 history_splits: list[str], run: list[str] | None, cache: FitCache) -> None:
+        self.t0 = time.perf_counter()
+        # spawn, not fork: the parent holds torch and Polars thread pools a fork would copy mid-use
+        ctx = multiprocessing.get_context("spawn")
+        self._conn, child_conn = ctx.Pipe(duplex=False)
+        self._proc = ctx.Process(target=_child, name="hir-evaluate-baselines", daemon=True, args=(
+            child_conn, str(graph_dir), task, specs, seed, history_splits, run, str(cache.dir.parent), cache.snapshot))
+        self._proc.start()
+        child_conn.close()
+        log.info("retrieval baselines: fitting in a second process (pid %s) while the rankers train", self._proc.pid)
+
+    def join(self, cache: FitCache) -> dict[str, float]:
+        """Wait for the second process; arm -> its seconds there ({} when it failed: the arms are
+        then fitted in this process, and the reason is logged)."""
+        try:
+            status, payload = self._conn.recv()
+        except EOFError:  # it died without a word (killed, out of memory)
+            status, payload = "error", f"exit code {self._proc.exitcode}"
+        self._proc.join()
+        done: dict[str, float] = payload if status == "ok" else {}
+        if status != "ok":
+            log.warning("retrieval baselines: the second process failed (%s); fitting them here", payload)
+        cache.parallel |= {f"retrieval/{name}" for name in done}
+        log.info("retrieval baselines: %s fitted in parallel (%s), joined after %.0fs", ", ".join(done) or "none",
+                 ", ".join(f"{n} {s:.0f}s" for n, s in done.items()), time.perf_counter() - self.t0)
+        return done
+
+    def stop(self) -> None:
+        """End the second process if it still runs."""
+        if self._proc.is_alive():
+            self._proc.terminate()
+        self._proc.join()
