@@ -11,7 +11,7 @@ run_name=learner``, reused when it exists). Then, for each seed and arm, one cel
 ``outputs/<d>/learner_<arm>_s<seed>`` reading that snapshot, with ``seed=<seed>`` and every other
 setting at its default. What each arm trains (ARMS):
 
-- ``untrained``: ``model.net.transformer=false trainer.max_steps=1``: the spectral base refit on
+- ``untrained``: ``model.net.transformer=false``, one batch: the spectral base refit on
   train + val at export, the knowledge view (cold entities) untrained: the base as it is fitted;
 - ``base``: ``model.net.transformer=false``: the same base, its knowledge view (content -> the
   base's space, for cold entities) and prototypes trained;
@@ -49,7 +49,10 @@ from _results_md import markers, write_section  # benchmarks/ (the script's fold
 
 ROOT = Path(__file__).resolve().parents[1]
 DATASETS = ("online_retail", "beibei", "completejourney", "gowalla")
-ARMS = {"untrained": ["model.net.transformer=false", "trainer.max_steps=1"],
+# untrained: one batch then the epoch's validation (`trainer.max_steps=1` stopped mid-epoch, before
+# any validation, and early stopping failed on the missing metric: this round's three untrained
+# cells did not run)
+ARMS = {"untrained": ["model.net.transformer=false", "trainer.max_epochs=1", "+trainer.limit_train_batches=1"],
         "base": ["model.net.transformer=false"], "full": ["model.net.transformer=true"]}
 TRAINS = {"untrained": "nothing: the spectral base (refit on train + val), knowledge view untrained",
           "base": "the knowledge view (cold entities) and the prototypes; users are the spectral base",
