@@ -14,7 +14,9 @@ def net_kwargs(**overrides: Any) -> dict[str, Any]:
     """``model.net`` without its target: :class:`hir.nn.HirNet`'s hyper-parameters, ``overrides`` on top."""
     net = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "model" / "hir.yaml").net)
     net.pop("_target_")
-    return net | overrides
+    # these tests exercise the network itself: its transformer on (the shipped default is off,
+    # conf/model/hir.yaml says why)
+    return net | {"transformer": True} | overrides
 
 
 def tokenizer_kwargs(**overrides: Any) -> dict[str, Any]:
