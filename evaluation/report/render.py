@@ -345,6 +345,12 @@ def cache_sentence(cache: Mapping[str, Any]) -> str:
             + (f"; fitted in a second process while the rankers trained: {parallel}." if parallel else "."))
 
 
+def as_sentence(text: str) -> str:
+    """``text`` ending as a sentence: the notes are written as clauses (they are also log lines)."""
+    text = text.rstrip()
+    return text if text.endswith((".", "!", "?")) else f"{text}."
+
+
 def markdown(m: Mapping[str, Any], figures: Mapping[str, str]) -> str:
     src = m.get("sources") or {}
     out = [
@@ -352,7 +358,7 @@ def markdown(m: Mapping[str, Any], figures: Mapping[str, str]) -> str:
         headline_md(m),
         f"Model version `{m.get('model_version')}`; HIR ranking features from {src.get('ranking_hir')}, "
         f"HIR retrieval from {src.get('retrieval_hir')}.{cache_sentence(m.get('cache') or {})}",
-        *[f"> note: {n}" for n in src.get("notes", [])],
+        *[f"> note: {as_sentence(n)}" for n in src.get("notes", [])],
         "## Ranking (deep funnel)",
         protocol_md(m.get("ranking") or {}),
         _md_table(RANKING_HEADER, ranking_rows(m)),

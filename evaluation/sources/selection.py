@@ -109,8 +109,8 @@ class Sources:
             return list(configured)
         as_of = self.as_of
         if as_of is not None and as_of < self.snap.test_start:
-            self.notes.append(f"the HIR export is valid from {as_of.isoformat()} (before the test period): "
-                              "the retrieval baselines learn from the train period only, like it")
+            self.notes.append(f"the HIR export is valid from {as_of.isoformat()}, before the test period, so the "
+                              "retrieval baselines, like the HIR embeddings, learn from the train period only")
             return ["train"]
         return ["train", "val"]
 
