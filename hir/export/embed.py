@@ -177,8 +177,9 @@ class Embedder:
 
     @torch.inference_mode()
     def embed_nodes(self, nodes: np.ndarray, batch_size: int = 2048, seed: int = 0) -> np.ndarray:
-        """Global node ids (n,) -> (n, dim) float32 unit embeddings: nodes with train engagement
-        through the engagement view, the rest (cold start) through the knowledge view."""
+        """Global node ids (n,) -> (n, dim) float32 unit embeddings: nodes with engagement in the
+        visible splits (warm) through the engagement view, the rest (cold start) through the
+        knowledge view."""
         ds = EmbedBatches(self.store, self.base, self.sampler, np.asarray(nodes, np.int64), batch_size, seed)
         out = np.zeros((len(nodes), self.dim), np.float32)
         pos = 0

@@ -45,7 +45,7 @@ def to_tensors(store: GraphStore, base: SpectralBase | None, views: dict[str, di
 
 class EmbedBatches(Dataset):
     """Fixed batches of nodes to embed: warm nodes through the engagement view, cold ones (no
-    train engagement) through the knowledge view. Deterministic per batch index.
+    engagement in the store's visible splits) through the knowledge view. Deterministic per batch index.
 
     Args:
         store, base: the snapshot and its spectral base.
