@@ -39,8 +39,10 @@ class HirNet(nn.Module):
     The transformer refines the query side: a user's embedding is a learned, context-aware
     correction of its spectral fold-in (which of its engagements matter, by funnel stage,
     recency and content), trained against the whole catalogue of entity bases
-    (:class:`hir.nn.CatalogueLoss`); warm entities keep their base, cold ones get the knowledge
-    view, which is trained to land where the base would be (cross-view distillation).
+    (:class:`hir.nn.CatalogueLoss`; a catalogue entity without a base is ranked there by its
+    knowledge view); warm entities keep their base, cold ones get the knowledge view, which is
+    trained to land where the base would be (cross-view distillation) and, through the cold
+    catalogue entities, where the users' targets are.
 
     ``g_seed`` is the logit of the seed's base scale (popularity, from the base norm). The gate
     ``gamma`` starts at zero, so before training the engagement view *is* the spectral base and

@@ -29,7 +29,12 @@ from tests.train.fixtures import TINY_MODEL, compose, tiny_snapshot
 # one filter candidate: the base's hyper-parameters are fixed, so only the fit itself could leak
 FIXED_BASE = ["spectral.rank=16", "spectral.stage_base=4.0", "spectral.betas=[0.5]", "spectral.responses=[linear]",
               "spectral.ideal_weights=[1.0]", "spectral.trend_days=[28.0]", "spectral.trend_powers=[0.0]"]
-LABELS = ("tgt_rows", "tgt_cols", "tgt_weight")
+# the labels, and the cold catalogue entities a batch ranks by their knowledge view: its users'
+# cold targets are always among them (hir.train.datamodule.TrainBatches.cold_draw); their contexts
+# hold no engagement (test_cold_candidates_hold_no_engagement)
+COLD = ("cold.node", "cold.content", "cold.type", "cold.relation", "cold.hop", "cold.stage", "cold.recency",
+        "cold.count", "cold.age", "cold.exposure", "cold.mask", "cold.row", "cold_cols", "cold_bias")
+LABELS = ("tgt_rows", "tgt_cols", "tgt_weight", *COLD)
 
 
 @pytest.fixture(scope="module")
@@ -233,3 +238,17 @@ def test_task_kinds_and_errors(tiny: Path):
         TaskConfig(kind="nope")
     with pytest.raises(Exception, match=r"datamodule\.task\.drop"):
         TaskConfig(drop=1.5)
+
+
+def test_cold_candidates_hold_no_engagement(tiny: Path):
+    """What of a batch may follow its labels beyond ``tgt_*``: the cold candidates, whose contexts
+    are the knowledge view's (the seed and its metadata), never an engagement token."""
+    from hir.nn.buckets import ENGAGEMENT
+
+    dm = _datamodule(tiny, "next_period")
+    users = dm.targets.users[:8]
+    batch = _flat(TrainBatches(dm.task_store, dm.task_base, dm.task_sampler, dm.targets, 32, len(users), 128, 3,
+                               catalogue=dm.catalogue).build(users, np.zeros(0, np.int64), np.random.default_rng(5)))
+    assert {k for k in batch if k.startswith("cold")} <= set(COLD)
+    assert len(batch["cold_cols"]) and not (batch["cold.relation"] == ENGAGEMENT).any()
+    assert not (batch["cold.stage"] > 0).any()
