@@ -25,7 +25,6 @@ import torch
 from hir.data.snapshot import Snapshot, load_snapshot
 from hir.errors import InputError
 from hir.model import (
-    INIT_CHECKPOINT,
     SPECTRAL_FILE,
     ContextSampler,
     EmbedBatches,
@@ -131,8 +130,9 @@ class Embedder:
     def refit_report(self, wanted: bool, visible_splits: Sequence[str]) -> dict[str, Any]:
         """Whether the base is refit on the visible splits (``done``) and why not (``reason``).
 
-        The net without the transformer and the step-0 checkpoint (``init.ckpt``: the correction
-        is zero) are the base, so they take the refit base. A correction trained on the training
+        A network whose correction is off (no transformer, or its gate closed: the step-0
+        ``init.ckpt`` and a rejected correction's ``closed.ckpt``) is the base in its engagement
+        view, so it takes the refit base. A correction trained on the training
         task (``data.task`` in the checkpoint) was trained on one base (the task's view) and
         validated on another (the train split's), so it takes the refit base too; a checkpoint of
         an older training, fit to the train basis alone, keeps it."""
@@ -140,7 +140,7 @@ class Embedder:
             return {"done": False, "reason": "export.refit_base=false"}
         if tuple(visible_splits) == ("train",):
             return {"done": False, "reason": "only train is visible: the basis already saw it all"}
-        if self.net.use_transformer and self.checkpoint.name != INIT_CHECKPOINT and not self.hp.get("data", {}).get("task"):
+        if self.net.corrects and not self.hp.get("data", {}).get("task"):
             return {"done": False, "reason": f"{self.checkpoint.name} holds a trained transformer correction of the "
                                              "train basis"}
         return {"done": True, "visible_splits": list(visible_splits)}
@@ -177,8 +177,9 @@ class Embedder:
 
     @torch.inference_mode()
     def embed_nodes(self, nodes: np.ndarray, batch_size: int = 2048, seed: int = 0) -> np.ndarray:
-        """Global node ids (n,) -> (n, dim) float32 unit embeddings: nodes with train engagement
-        through the engagement view, the rest (cold start) through the knowledge view."""
+        """Global node ids (n,) -> (n, dim) float32 unit embeddings: nodes with engagement in the
+        visible splits (warm) through the engagement view, the rest (cold start) through the
+        knowledge view."""
         ds = EmbedBatches(self.store, self.base, self.sampler, np.asarray(nodes, np.int64), batch_size, seed)
         out = np.zeros((len(nodes), self.dim), np.float32)
         pos = 0

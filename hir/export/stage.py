@@ -1,7 +1,7 @@
 """`hir export`: checkpoint + snapshot -> ``embeddings/<type>.parquet`` and ``hierarchy/``.
 
-Every entity of every type gets a row: its universal embedding (engagement view when it has train
-engagement, knowledge view alone otherwise, flagged ``cold_start``), its Bag-of-Meaning (top-k
+Every entity of every type gets a row: its universal embedding (engagement view when it has
+engagement in ``export.visible_splits``, knowledge view alone otherwise, flagged ``cold_start``), its Bag-of-Meaning (top-k
 tokens and renormalised weights per level), the model version and timestamps
 (docs/contracts.md). ``hierarchy/`` holds the prototypes with readable labels and usage, and the
 super-graph density statistics.

@@ -45,7 +45,7 @@ def to_tensors(store: GraphStore, base: SpectralBase | None, views: dict[str, di
 
 class EmbedBatches(Dataset):
     """Fixed batches of nodes to embed: warm nodes through the engagement view, cold ones (no
-    train engagement) through the knowledge view. Deterministic per batch index.
+    engagement in the store's visible splits) through the knowledge view. Deterministic per batch index.
 
     Args:
         store, base: the snapshot and its spectral base.
@@ -94,18 +94,29 @@ def embed_batch(net: HirNet, batch: dict[str, Any]) -> tuple[Tensor, Tensor]:
 
 
 def catalogue(store: GraphStore, base: SpectralBase | None) -> np.ndarray:
-    """(M,) global ids of the catalogue the user-side loss ranks: every entity of the types
-    deep-stage edges point to that has a spectral base."""
-    if base is None or len(store.deep_pairs) == 0:
+    """(M,) global ids of the catalogue the user-side loss ranks: every entity of the types the
+    deep-stage edges (the visible ones and the targets, ``val_pairs``) point to, as val and test
+    rank them. An entity with a spectral base is ranked by it; one without (cold: no visible
+    engagement, e.g. an item first sold in the target window) by its knowledge view
+    (:func:`catalogue_cold`), so its targets are kept and train the content placement."""
+    if base is None or len(store.deep_pairs) + len(store.val_pairs) == 0:
         return np.zeros(0, np.int64)
-    types = np.unique(store.node_type[store.deep_pairs[:, 1]])
-    has = np.linalg.norm(base.vectors, axis=1) > 0
-    return np.flatnonzero(np.isin(store.node_type, types) & has).astype(np.int64)
+    types = np.unique(store.node_type[np.concatenate([store.deep_pairs[:, 1], store.val_pairs[:, 1]])])
+    return np.flatnonzero(np.isin(store.node_type, types)).astype(np.int64)
+
+
+def catalogue_cold(base: SpectralBase, ids: np.ndarray) -> np.ndarray:
+    """(M,) bool: the catalogue entities ``ids`` without a spectral base (ranked by their knowledge view)."""
+    return ~(np.linalg.norm(base.vectors[ids], axis=1) > 0)
 
 
 def catalogue_vectors(store: GraphStore, base: SpectralBase) -> Tensor:
     """(M, K + 1) packed base embeddings of :func:`catalogue` (the entities' engagement view,
-    which the transformer does not change: see :class:`hir.nn.HirNet`)."""
+    which the transformer does not change: see :class:`hir.nn.HirNet`); the rows of cold entities
+    (:func:`catalogue_cold`) are zero, a training batch fills them with the entities' knowledge view
+    (:class:`hir.train.datamodule.TrainBatches`, ``cold``)."""
     ids = catalogue(store, base)
     s = torch.nn.functional.normalize(torch.from_numpy(base.vectors[ids]), dim=-1)
-    return HirNet.pack(s, torch.from_numpy(base.logit[ids]), torch.from_numpy(store.node_type[ids].astype(np.int64)))
+    z = HirNet.pack(s, torch.from_numpy(base.logit[ids]), torch.from_numpy(store.node_type[ids].astype(np.int64)))
+    z[torch.from_numpy(catalogue_cold(base, ids))] = 0.0
+    return z

@@ -39,7 +39,7 @@ class Engagement:
     deep_pairs: np.ndarray  # (P, 2) int64 (user, entity) visible deep-stage pairs
     deep_weight: np.ndarray  # (P,) float64 their sampling weight, (deep-stage events) ** pair_power
     val_pairs: np.ndarray  # (V, 2) int64 (user, entity) deep-stage edges of the val split
-    trained: np.ndarray  # (T,) int64 nodes with train engagement (with repeats)
+    engaged: np.ndarray  # (T,) int64 nodes with visible engagement (with repeats): the warm ones
     recency_edges: list[float]  # recency bucket boundaries (days)
     half_life: float  # recency decay of the weights (days)
 
@@ -85,7 +85,7 @@ def load_engagement(snap: Snapshot, offsets: np.ndarray, visible_splits: tuple[s
     span = span_days(snap.split_bounds["min"], visible_end(snap, visible_splits))
     stage_rank = pl.col("stage").replace_strict(stage_order, list(range(len(stage_order))), return_dtype=pl.Int8)
 
-    pairs, deep, val, trained = [], [], [], []
+    pairs, deep, val, engaged = [], [], [], []
     for ti, t in enumerate(ENTITY_TYPES):
         scan = snap.engagement(t)
         if scan is None:
@@ -94,18 +94,19 @@ def load_engagement(snap: Snapshot, offsets: np.ndarray, visible_splits: tuple[s
         dst_off = int(offsets[ti])
         vis = e.filter(pl.col("split").is_in(list(visible_splits)))
         is_deep = pl.col("stage") == deep_stage
-        # one pass over the file: the four queries share its scan
-        agg, deep_t, val_t, tr = pl.collect_all([
+        # one pass over the file: the three queries share its scan
+        agg, deep_t, val_t = pl.collect_all([
             vis.group_by("src_id", "dst_id").agg(pl.col("rank").max(), pl.col("count").sum(), pl.col("last_ts").max()),
             vis.filter(is_deep).group_by("src_id", "dst_id").agg(pl.col("count").sum().cast(pl.Float64))
             .sort("src_id", "dst_id").select("src_id", (pl.col("dst_id") + dst_off).alias("dst"), "count"),
             e.filter(is_deep & (pl.col("split") == "val")).select("src_id", (pl.col("dst_id") + dst_off).alias("dst")),
-            e.filter(pl.col("split") == "train").select("src_id", "dst_id"),
         ])
         pairs.append(agg.with_columns(pl.lit(dst_off).alias("dst_off")))
         deep.append(deep_t.to_numpy())
         val.append(val_t.to_numpy())
-        trained += [tr["src_id"].to_numpy() + offsets[0], tr["dst_id"].to_numpy() + dst_off]
+        # warm = engaged in the visible splits: at export (train + val) a node first seen in val has
+        # a base (the refit on train + val) and an engagement context, as a train node has
+        engaged += [agg["src_id"].to_numpy() + offsets[0], agg["dst_id"].to_numpy() + dst_off]
     if not pairs:
         raise InputError(f"{snap.dir / 'edges'}: no user__engages__<type>.parquet; the snapshot has no engagement")
 
@@ -138,4 +139,4 @@ def load_engagement(snap: Snapshot, offsets: np.ndarray, visible_splits: tuple[s
     val_pairs[:, 0] += offsets[0]
     return Engagement(eng=eng, exposure=exposure, deep_pairs=deep_pairs,
                       deep_weight=np.maximum(deep_rows[:, 2], 1.0) ** float(pair_power), val_pairs=val_pairs,
-                      trained=np.concatenate(trained), recency_edges=rec_edges, half_life=half_life)
+                      engaged=np.concatenate(engaged), recency_edges=rec_edges, half_life=half_life)

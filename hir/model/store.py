@@ -40,7 +40,7 @@ class GraphStore:
     node_type: np.ndarray  # (n,) int8
     content: np.ndarray  # (n, content_dim) float16: text | image | attr blocks per type | has_text
     exposure: np.ndarray  # (n,) float32 visible engagement events of the node (popularity)
-    warm: np.ndarray  # (n,) bool: has train engagement (or, without engagement types, linked to warm)
+    warm: np.ndarray  # (n,) bool: has engagement in the visible splits (or, without engagement types, linked to warm)
     eng: CSR
     up: CSR
     down: CSR
@@ -110,7 +110,7 @@ def load_graph(
     up = closure(n, src, dst, meta_depth)
     exposure = inherit_exposure(up, e.exposure)
     warm = np.zeros(n, bool)
-    warm[e.trained] = True
+    warm[e.engaged] = True
     warm = spread_warm(warm, node_type, src, dst, meta_depth)
     content, layout = load_content(Path(content_dir), types, counts)
     stage_order = tuple(snap.stage_order)

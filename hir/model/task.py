@@ -7,9 +7,10 @@ contains its answer:
 
 - ``next_period`` (data with real time, split modes ``temporal*``): a cut-off ``t_k`` one
   window ``W`` before the val split (``W`` = the val period's length unless set). The *view* is
-  every train pair first engaged at or before ``t_k`` (its times clipped to ``t_k``); the
-  *targets* are the deep-stage engagements in ``(t_k, t_k + W]`` of pairs new to the user (first
-  engaged after ``t_k``). The base, the contexts and the masked items all come from the view.
+  every train *event* at or before ``t_k``, aggregated into engagement rows as prepare does (so
+  a pair's repeats, later stages and counts after the cut are not in it); the *targets* are the
+  deep-stage engagements in ``(t_k, t_k + W]`` of pairs new to the user (first engaged after
+  ``t_k``). The base, the contexts and the masked items all come from the view.
 - ``denoise`` (no real time: ``random_pairs*`` splits, or too few next-period targets): a
   seeded share ``drop`` of the train *pairs* (every event of a pair, by a hash of the pair, so
   removing one pair never moves another) is hidden; the view is the rest, the targets are the
@@ -20,7 +21,8 @@ The task is a :class:`TaskSnapshot`: the snapshot with its engagement relabelled
 cut-off, so :func:`hir.model.load_graph` builds the view's store and
 :func:`hir.model.validation_set` its targets, exactly as for the real val split. Because the view
 holds no event of a target pair, removing a target pair from the snapshot changes the labels and
-nothing else (tests/model/test_task.py proves it).
+nothing else, and removing every train event after the cut changes no input at all
+(tests/model/test_task.py proves both).
 """
 
 from __future__ import annotations
@@ -101,22 +103,9 @@ class TaskSnapshot(Snapshot):
         scan = self.real.engagement(entity_type)
         if scan is None:
             return None
-        train = pl.col("split") == "train"
         if self.kind == "next_period":
-            cut = pl.lit(self.cut).cast(pl.Datetime("us", "UTC"))
-            end = pl.lit(self.window_end).cast(pl.Datetime("us", "UTC"))
-            # the pair's first train event over every stage: a pair seen before the cut is in the view
-            first = pl.when(train).then(pl.col("first_ts")).min().over("src_id", "dst_id")
-            split = (pl.when(train & (first <= cut)).then(pl.lit("train"))
-                     .when(train & (pl.col("first_ts") <= end)).then(pl.lit("val"))
-                     .otherwise(pl.lit("test")))
-            ts = pl.Datetime("us", "UTC")
-            return scan.with_columns(
-                split.alias("split"),
-                # what the view may know of a pair it sees is what happened up to the cut
-                pl.min_horizontal(pl.col("last_ts").cast(ts), cut).alias("last_ts"),
-                pl.min_horizontal(pl.col("first_ts").cast(ts), cut).alias("first_ts"),
-            )
+            return self._next_period(entity_type)
+        train = pl.col("split") == "train"
         # denoise: a pair is hidden by a hash of (type, user, entity) alone, so no pair's
         # membership depends on any other pair of the snapshot
         t = ENTITY_TYPES.index(entity_type)  # types hash apart even where their ids coincide
@@ -124,6 +113,39 @@ class TaskSnapshot(Snapshot):
         hidden = (h % 1_000_003).cast(pl.Float64) / 1_000_003 < self.drop
         split = pl.when(train & ~hidden).then(pl.lit("train")).when(train).then(pl.lit("val")).otherwise(pl.lit("test"))
         return scan.with_columns(split.alias("split"))
+
+    def _next_period(self, entity_type: str) -> pl.LazyFrame:
+        """next_period's engagement rows, rebuilt from the snapshot's events as prepare builds
+        them (one row per (user, entity, stage, split): count, first and last time, value sum;
+        :func:`hir.data.steps.aggregate_edges`), with each *event* labelled:
+
+        - ``train`` (the view): train events at or before the cut. A pair's repeats, later stages
+          and counts inside the target window are not the view's: an edge row of the real snapshot
+          totals the whole train period, so relabelling rows would carry them into the view (at
+          age 0, in the newest recency bucket, moving the bucket edges, the half-life, the exposure
+          and the trend factor);
+        - ``val`` (the targets): train events in ``(cut, window_end]`` of pairs new to the user (no
+          train event at or before the cut, of any stage);
+        - ``test``: everything else (the window's events of view pairs, the real val and test).
+        """
+        ts = pl.Datetime("us", "UTC")
+        cut = pl.lit(self.cut).cast(ts)
+        end = pl.lit(self.window_end).cast(ts)
+        events = (self.real.scan_events().filter(pl.col("entity_type") == entity_type)
+                  .select(pl.col("user_id").alias("src_id"), pl.col("entity_id").alias("dst_id"),
+                          pl.col("stage").cast(pl.String), pl.col("split").cast(pl.String),
+                          pl.col("timestamp").cast(ts), pl.col("value").cast(pl.Float64)))
+        train = pl.col("split") == "train"
+        before = train & (pl.col("timestamp") <= cut)
+        seen = before.any().over("src_id", "dst_id")  # the pair is in the view
+        split = (pl.when(before).then(pl.lit("train"))
+                 .when(train & ~seen & (pl.col("timestamp") <= end)).then(pl.lit("val"))
+                 .otherwise(pl.lit("test")))
+        return (events.with_columns(split.alias("split"))
+                .group_by("src_id", "dst_id", "stage", "split")
+                .agg(pl.len().cast(pl.UInt32).alias("count"), pl.col("timestamp").min().alias("first_ts"),
+                     pl.col("timestamp").max().alias("last_ts"), pl.col("value").sum().alias("value"))
+                .sort("src_id", "dst_id", "stage", "split"))
 
 
 def count_targets(task: TaskSnapshot, deep_stage: str) -> int:

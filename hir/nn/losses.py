@@ -119,11 +119,14 @@ class CatalogueLoss(nn.Module):
         return self.log_scale.clamp(0.0, math.log(100.0)).exp()
 
     def forward(self, users: Tensor, catalogue: Tensor, tgt_rows: Tensor, tgt_cols: Tensor, tgt_weight: Tensor,
-                mask_rows: Tensor, mask_cols: Tensor) -> Tensor:
+                mask_rows: Tensor, mask_cols: Tensor, col_bias: Tensor | None = None) -> Tensor:
         """users: (U, C); catalogue: (M, C); tgt_rows, tgt_cols, tgt_weight: (T,) each target's
         (user row, catalogue row, 1 / the user's target count); mask_rows, mask_cols: (Q,) entries
-        to remove -> scalar."""
+        to remove; col_bias: (M,) log-weight added to each entity's logit (-inf leaves it out; a
+        sampled entity's ``log(1 / inclusion probability)``) or None -> scalar."""
         logits = (users @ catalogue.T) * self.scale  # (U, M)
+        if col_bias is not None:
+            logits = logits + col_bias[None, :]
         logits = logits.index_put((mask_rows, mask_cols), logits.new_tensor(float("-inf")))
         logp = torch.log_softmax(logits, dim=-1)  # (U, M)
         n = torch.unique(tgt_rows).numel()

@@ -39,8 +39,10 @@ class HirNet(nn.Module):
     The transformer refines the query side: a user's embedding is a learned, context-aware
     correction of its spectral fold-in (which of its engagements matter, by funnel stage,
     recency and content), trained against the whole catalogue of entity bases
-    (:class:`hir.nn.CatalogueLoss`); warm entities keep their base, cold ones get the knowledge
-    view, which is trained to land where the base would be (cross-view distillation).
+    (:class:`hir.nn.CatalogueLoss`; a catalogue entity without a base is ranked there by its
+    knowledge view); warm entities keep their base, cold ones get the knowledge view, which is
+    trained to land where the base would be (cross-view distillation) and, through the cold
+    catalogue entities, where the users' targets are.
 
     ``g_seed`` is the logit of the seed's base scale (popularity, from the base norm). The gate
     ``gamma`` starts at zero, so before training the engagement view *is* the spectral base and
@@ -233,6 +235,32 @@ class HirNet(nn.Module):
         direction; see :meth:`HierarchicalTokenizer.forward`."""
         return self.tokenizer(self.semantic(z))
 
+    @property
+    def corrects(self) -> bool:
+        """Whether the engagement view differs from the spectral base: the transformer is on and
+        its gate ``gamma`` is open. False at step 0 and for a checkpoint whose correction was
+        rejected (:func:`close_correction`): such a network's engagement view *is* the base."""
+        return self.use_transformer and bool(self.gate.detach() != 0)
+
     def extra_repr(self) -> str:
         return (f"n_types={self.n_types}, base_dim={self.base_dim}, width={self.width}, "
                 f"primitives={self.primitive is not None}, transformer={self.use_transformer}")
+
+
+# the state-dict keys of the correction's gate (``HirNet.gate``): a bare network's, and the
+# student's and the EMA teacher's in a training checkpoint (hir.train.module.HirModule)
+GATE_KEYS = ("gate", "net.gate", "teacher.gate")
+
+
+def close_correction(state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
+    """A copy of a (module's) state dict with every :class:`HirNet`'s gate ``gamma`` at 0: the
+    engagement view becomes the spectral base exactly (the user correction is ``gamma W_s h``),
+    and everything else trained (the knowledge view, the prototypes, the scale heads) stays."""
+    out = dict(state_dict)
+    gates = [k for k in GATE_KEYS if k in out]
+    if not gates:
+        raise ValueError(f"none of the gate keys {list(GATE_KEYS)} in the state dict (keys {sorted(out)[:6]}, ...): "
+                         "not a HirNet or hir training checkpoint")
+    for k in gates:
+        out[k] = torch.zeros_like(out[k])
+    return out

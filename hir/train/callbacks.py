@@ -15,6 +15,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint, TQDMProgressB
 
 from hir.atomic import atomic_path
 from hir.model import INIT_CHECKPOINT
+from hir.nn.net import close_correction
 
 log = logging.getLogger(__name__)
 
@@ -95,13 +96,38 @@ class StopBelowBase(Callback):
             trainer.should_stop = self.stopped = True
 
 
-def best_checkpoint(history: list[dict[str, float]], monitor: str, ckpt_dir: Path, best_cb: ModelCheckpoint) -> dict[str, Any]:
+# the trained checkpoint with its correction closed: what export takes when the correction is rejected
+CLOSED_CHECKPOINT = "closed.ckpt"
+
+
+def write_closed_checkpoint(trained: Path, out: Path) -> None:
+    """``trained`` (a Lightning checkpoint of a fit) with the correction's gate at 0
+    (:func:`hir.nn.net.close_correction`), written atomically to ``out`` with the keys export reads
+    (as ``init.ckpt``): the engagement view is the spectral base, and the knowledge view, the
+    prototypes and the scale heads are the trained ones."""
+    ckpt = torch.load(trained, map_location="cpu", weights_only=True)
+    with atomic_path(out) as tmp, tmp.open("wb") as fh:  # whole or absent
+        torch.save({"state_dict": close_correction(ckpt["state_dict"]), "hyper_parameters": ckpt["hyper_parameters"],
+                    "hir_history": list(ckpt.get("hir_history", [])), "closed_from": trained.name}, fh)
+
+
+def best_checkpoint(history: list[dict[str, float]], monitor: str, ckpt_dir: Path, best_cb: ModelCheckpoint,
+                    write: bool = True) -> dict[str, Any]:
     """The validation point export should use: the best epoch by ``monitor`` (``best.ckpt``,
     ``best_cb``'s) only when it beats the step-0 base by more than the paired noise (the lower end
-    of its paired-bootstrap 95% interval over val users, ``val/gain_lo``, is above 0); otherwise
-    the step-0 point (``init.ckpt``, the spectral base, which export refits on every visible
-    split). Returns its ``checkpoint``, ``epoch``, ``step``, ``score``, the step-0
-    ``base_score``, the ``gain_over_base`` with its interval, and ``why``."""
+    of its paired-bootstrap 95% interval over val users, ``val/gain_lo``, is above 0).
+
+    Otherwise the correction is rejected, and only the correction: export takes the best epoch's
+    checkpoint with the correction's gate closed (``closed.ckpt``, written here when ``write``,
+    :func:`write_closed_checkpoint`), whose engagement view is the spectral base (export refits it
+    on every visible split) and whose knowledge view (the cold and rare path), prototypes and
+    scale heads are trained. (``init.ckpt`` would compare a trained base arm with an untrained
+    knowledge view.) Without a trained epoch, the step-0 point (``init.ckpt``).
+
+    Returns its ``checkpoint``, ``epoch``, ``step``, ``score`` (the validation of the correction
+    taken: the step-0 point's when it is rejected), the step-0 ``base_score``, the
+    ``gain_over_base`` with its interval, ``closed_from`` (the epoch whose trained weights a closed
+    checkpoint holds) and ``why``."""
     points = [h for h in history if monitor in h]
     if not points:
         return {"checkpoint": str(ckpt_dir / "last.ckpt"), "epoch": -1, "score": float("nan")}
@@ -110,12 +136,21 @@ def best_checkpoint(history: list[dict[str, float]], monitor: str, ckpt_dir: Pat
     top = max(epochs, key=lambda h: (h[monitor], -h["step"])) if epochs else None
     beats = top is not None and (init is None or top.get("val/gain_lo", -1.0) > 0)
     pick = top if beats else (init or top)
-    path = Path(best_cb.best_model_path or ckpt_dir / "last.ckpt") if pick is top else ckpt_dir / INIT_CHECKPOINT
+    trained = Path(best_cb.best_model_path or ckpt_dir / "last.ckpt")
+    path = trained if pick is top else ckpt_dir / INIT_CHECKPOINT
+    out: dict[str, Any] = {}
+    if pick is not top and top is not None and trained.exists():
+        path = ckpt_dir / CLOSED_CHECKPOINT
+        if write:
+            write_closed_checkpoint(trained, path)
+        out["closed_from"] = {"checkpoint": trained.name, "epoch": int(top["epoch"]), "step": int(top["step"])}
     why = ("no step-0 point to compare with" if init is None else
            "beats the base beyond the paired noise" if beats else
+           "no epoch beats the base beyond the paired noise (val/gain_lo <= 0): the correction is closed, "
+           "the rest of the best epoch kept" if "closed_from" in out else
            "no epoch beats the base beyond the paired noise (val/gain_lo <= 0)")
-    out = {"checkpoint": str(path), "epoch": int(pick["epoch"]), "step": int(pick["step"]), "score": float(pick[monitor]),
-           "base_score": float(init[monitor]) if init else None, "why": why}
+    out |= {"checkpoint": str(path), "epoch": int(pick["epoch"]), "step": int(pick["step"]), "score": float(pick[monitor]),
+            "base_score": float(init[monitor]) if init else None, "why": why}
     if top is not None:
         out["best_epoch"] = {"epoch": int(top["epoch"]), "score": float(top[monitor]),
                              **{k: top[k] for k in ("val/gain_over_base", "val/gain_lo", "val/gain_hi") if k in top}}

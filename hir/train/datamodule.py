@@ -18,6 +18,7 @@ from typing import Any
 
 import lightning as L
 import numpy as np
+import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from hir.data.snapshot import Snapshot, load_snapshot
@@ -36,6 +37,7 @@ from hir.model import (
     to_tensors,
     validation_set,
 )
+from hir.model.batches import catalogue_cold
 from hir.model.spectral import fit_spectral, procrustes
 from hir.model.stats import input_stats
 from hir.model.task import TaskConfig, task_snapshot
@@ -55,6 +57,18 @@ class TrainBatches(Dataset):
     row, catalogue row) of each target, ``tgt_weight`` (T,) ``1 / |targets of the user|``, and
     ``mask_rows``/``mask_cols`` the user's deep-stage view entities, which the loss masks (the
     test's masked new-to-user ranking).
+
+    A catalogue entity without a base in the view (cold: e.g. an item first sold in the target
+    window, which val and test rank too) is ranked by its knowledge view, so its targets are kept
+    and train the content placement. With target users, the batch carries ``cold`` (the knowledge
+    contexts of the batch's cold catalogue entities, with their own ``content`` rows),
+    ``cold_cols`` (C,) their catalogue rows and ``cold_bias`` (C,) the log-weight of each in the
+    softmax: the cold targets of the batch's users (weight 1, bias 0) and the other cold entities,
+    all of them when they fit in ``batch_size`` contexts (bias 0: the exact softmax), else a
+    uniform sample of ``batch_size`` standing for all (bias ``log(n_other / batch_size)``, the
+    sampled softmax's correction; a catalogue of 25k cold items must not cost 25k contexts a step).
+    The loss leaves the cold entities outside the batch out. Which cold entities are drawn depends
+    on the labels (a target is always in); their contexts hold no engagement.
     """
 
     def __init__(self, store: GraphStore, base: SpectralBase | None, sampler: ContextSampler, targets: ValSet,
@@ -62,8 +76,11 @@ class TrainBatches(Dataset):
                  catalogue: np.ndarray | None = None) -> None:
         self.store, self.base, self.sampler, self.targets = store, base, sampler, targets
         self.catalogue_row = np.full(store.n_nodes, -1, np.int64)
-        if catalogue is not None:
-            self.catalogue_row[catalogue] = np.arange(len(catalogue))
+        self.catalogue = np.zeros(0, np.int64) if catalogue is None else np.asarray(catalogue, np.int64)
+        self.catalogue_row[self.catalogue] = np.arange(len(self.catalogue))
+        # catalogue rows of the entities without a base (ranked by their knowledge view)
+        self.cold_cols = (np.flatnonzero(catalogue_cold(base, self.catalogue)) if base is not None and len(self.catalogue)
+                          else np.zeros(0, np.int64))
         self.target_of = {int(u): i for i, u in enumerate(targets.users)}
         self.batch_size, self.seed, self.rank, self.world = batch_size, seed, rank, world
         # at most every target user once a batch (a tiny task must not repeat a user within one)
@@ -102,7 +119,26 @@ class TrainBatches(Dataset):
         all_seeds = np.concatenate([users, seeds]).astype(np.int64)
         views = {"eng": self.sampler.engagement(all_seeds, rng), "kno": self.sampler.knowledge(all_seeds, rng)}
         extra = self._labels(users) if len(users) else {}
-        return to_tensors(self.store, self.base, views, seeds=all_seeds, n_users=np.asarray(len(users)), **extra)
+        out = to_tensors(self.store, self.base, views, seeds=all_seeds, n_users=np.asarray(len(users)), **extra)
+        if len(users) and len(self.cold_cols):
+            # the batch's cold catalogue entities through the knowledge view, with their own content
+            # rows (the other views' tensors stay those of the view alone)
+            cols, bias = self.cold_draw(extra["tgt_cols"], rng)
+            cold = to_tensors(self.store, None, {"cold": self.sampler.knowledge(self.catalogue[cols], rng)})
+            out |= {"cold": {**cold["cold"], "content": cold["content"]}, "cold_cols": torch.from_numpy(cols),
+                    "cold_bias": torch.from_numpy(bias)}
+        return out
+
+    def cold_draw(self, tgt_cols: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """The batch's cold catalogue rows (C,) and their softmax log-weights (C,) float32: the cold
+        targets (bias 0), then the other cold rows, all of them when they fit in ``batch_size``
+        (bias 0), else a uniform sample of ``batch_size`` (bias ``log(others / batch_size)``)."""
+        forced = np.intersect1d(tgt_cols, self.cold_cols)
+        rest = np.setdiff1d(self.cold_cols, forced)
+        n = min(len(rest), int(self.batch_size))
+        pick = rest if n == len(rest) else np.sort(rng.choice(rest, n, replace=False))
+        bias = np.concatenate([np.zeros(len(forced)), np.full(n, np.log(len(rest) / n) if n else 0.0)])
+        return np.concatenate([forced, pick]).astype(np.int64), bias.astype(np.float32)
 
     def _labels(self, users: np.ndarray) -> dict[str, np.ndarray]:
         t = self.targets
@@ -111,7 +147,7 @@ class TrainBatches(Dataset):
             j = self.target_of.get(int(u))
             if j is not None:
                 c = self.catalogue_row[t.cands[t.positives[j]]]
-                c = c[c >= 0]  # a target the view has no base for cannot be ranked
+                c = c[c >= 0]  # (every target is of a catalogue type; cold ones are ranked by their knowledge view)
                 rows.append(np.full(len(c), i)), cols.append(c), weight.append(np.full(len(c), 1.0 / max(len(c), 1)))
             # the user's deep-stage view entities: masked, as the test masks its history
             a, b = self.store.eng.indptr[u], self.store.eng.indptr[u + 1]

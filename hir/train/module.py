@@ -136,7 +136,7 @@ class HirModule(L.LightningModule):
     @torch.no_grad()
     def catalogue_matrix(self) -> Tensor:
         """(M, C) packed base embeddings of the training task's catalogue (the view's base,
-        :func:`hir.model.catalogue_vectors`)."""
+        :func:`hir.model.catalogue_vectors`; the cold rows are filled per batch)."""
         dm = self.trainer.datamodule
         return catalogue_vectors(dm.task_store, dm.task_base).to(self.device)
 
@@ -206,8 +206,18 @@ class HirModule(L.LightningModule):
         zero = full[0].sum() * 0.0
         parts["catalogue"], parts["anchor"] = zero, zero
         if n and len(batch.get("tgt_rows", ())) and self._catalogue is not None and len(self._catalogue):
-            parts["catalogue"] = self.catalogue_loss(full[0][:n], self._catalogue, batch["tgt_rows"], batch["tgt_cols"],
-                                                     batch["tgt_weight"], batch["mask_rows"], batch["mask_cols"])
+            catalogue = self._catalogue  # (M, C) the warm entities' base; zero rows: cold entities
+            # a cold entity outside the batch is left out of the softmax; the batch's cold entities
+            # (no base in the view) are ranked by the student's knowledge view: their targets
+            # train the content placement export gives cold entities (TrainBatches, `cold`)
+            bias = torch.zeros(len(catalogue), device=catalogue.device)  # (M,)
+            bias = bias.masked_fill(catalogue.norm(dim=-1) == 0, float("-inf"))
+            if "cold" in batch:
+                z_cold = self.net(batch["cold"], use_ids=False)  # (C_cold, C)
+                catalogue = catalogue.index_copy(0, batch["cold_cols"], z_cold.to(catalogue.dtype))
+                bias = bias.index_copy(0, batch["cold_cols"], batch["cold_bias"].to(bias.dtype))
+            parts["catalogue"] = self.catalogue_loss(full[0][:n], catalogue, batch["tgt_rows"], batch["tgt_cols"],
+                                                     batch["tgt_weight"], batch["mask_rows"], batch["mask_cols"], bias)
         if correction is not None and n:
             # the user correction's squared size: it stays at the base unless the targets pay for it
             parts["anchor"] = correction[:n].pow(2).sum(-1).mean()

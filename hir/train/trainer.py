@@ -125,7 +125,8 @@ def fit_report(cfg: DictConfig, trainer: L.Trainer, module: HirModule, dm: HirDa
                ckpt_dir: Path, seconds: dict[str, float]) -> dict[str, Any]:
     """What ``train_metrics.json`` records of a finished fit (docs/contracts.md)."""
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if torch.is_tensor(v) and v.numel() == 1}
-    best = best_checkpoint(module.history, module.monitor, ckpt_dir, best_cb)
+    # rank 0 writes the closed checkpoint when the correction is rejected; every rank reports its path
+    best = best_checkpoint(module.history, module.monitor, ckpt_dir, best_cb, write=trainer.is_global_zero)
     early = next((c for c in trainer.callbacks if isinstance(c, EarlyStopping)), None)
     gate = any(type(c).__name__ == "StopBelowBase" and getattr(c, "stopped", False) for c in trainer.callbacks)
     stopped_by = ("below_base" if gate else

@@ -10,6 +10,7 @@ base fit on all train pairs, the target's included) fail this check: the last te
 from __future__ import annotations
 
 import shutil
+from datetime import datetime
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +20,7 @@ import torch
 from hydra.utils import instantiate
 
 from hir.data.snapshot import load_snapshot
+from hir.data.steps import aggregate_edges
 from hir.model import ContextSampler, EmbedBatches, load_graph, to_tensors
 from hir.model.task import TaskConfig, task_snapshot
 from hir.train.datamodule import HirDataModule, TrainBatches
@@ -27,7 +29,12 @@ from tests.train.fixtures import TINY_MODEL, compose, tiny_snapshot
 # one filter candidate: the base's hyper-parameters are fixed, so only the fit itself could leak
 FIXED_BASE = ["spectral.rank=16", "spectral.stage_base=4.0", "spectral.betas=[0.5]", "spectral.responses=[linear]",
               "spectral.ideal_weights=[1.0]", "spectral.trend_days=[28.0]", "spectral.trend_powers=[0.0]"]
-LABELS = ("tgt_rows", "tgt_cols", "tgt_weight")
+# the labels, and the cold catalogue entities a batch ranks by their knowledge view: its users'
+# cold targets are always among them (hir.train.datamodule.TrainBatches.cold_draw); their contexts
+# hold no engagement (test_cold_candidates_hold_no_engagement)
+COLD = ("cold.node", "cold.content", "cold.type", "cold.relation", "cold.hop", "cold.stage", "cold.recency",
+        "cold.count", "cold.age", "cold.exposure", "cold.mask", "cold.row", "cold_cols", "cold_bias")
+LABELS = ("tgt_rows", "tgt_cols", "tgt_weight", *COLD)
 
 
 @pytest.fixture(scope="module")
@@ -49,13 +56,42 @@ def _without(run: Path, out: Path, pairs: list[tuple[int, int]], splits: tuple[s
     assert hit.height > 0, "the pairs to remove are not in the snapshot"
     edges.join(hit.select("src_id", "dst_id", "stage", "split"), on=["src_id", "dst_id", "stage", "split"],
                how="anti").write_parquet(path)
+    events = snap.events
+    gone = ((pl.col("entity_type") == "product") & pl.col("split").is_in(splits)
+            & pl.struct("user_id", "entity_id").is_in(
+                drop.rename({"src_id": "user_id", "dst_id": "entity_id"}).cast(
+                    {c: events.schema[c] for c in ("user_id", "entity_id")}).to_struct().implode()))
+    assert events.filter(gone).height > 0
+    events.filter(~gone).write_parquet(snap.events_path)
     return out
 
 
-def _datamodule(run: Path, kind: str) -> HirDataModule:
+def _after_cut_removed(run: Path, out: Path, cut: datetime) -> Path:
+    """A copy of ``run`` without the train events after ``cut`` (events.parquet and the engagement
+    edges, rebuilt from the remaining events as prepare aggregates them)."""
+    shutil.copytree(run, out)
+    snap = load_snapshot(out / "graph")
+    events = snap.events
+    keep = events.filter(~((pl.col("split") == "train") & (pl.col("timestamp") > cut)))
+    assert keep.height < events.height, "no train event after the cut to remove"
+    keep.write_parquet(snap.events_path)
+    for etype in snap.engaged_types():
+        path = snap.edge_path(f"user__engages__{etype}")
+        schema = pl.read_parquet_schema(path)
+        edges = (aggregate_edges(keep.lazy().filter(pl.col("entity_type") == etype)).collect()
+                 .rename({"user_id": "src_id", "entity_id": "dst_id"}).select(list(schema))
+                 .cast(dict(schema)).sort("src_id", "dst_id", "stage", "split"))
+        edges.write_parquet(path)
+    return out
+
+
+def _datamodule(run: Path, kind: str, spectral: Path | None = None) -> HirDataModule:
+    """The datamodule of ``run``; with ``spectral``, that basis reloaded (the base's choice held fixed)."""
     cfg = compose(run, *TINY_MODEL, *FIXED_BASE, f"datamodule.task.kind={kind}", "datamodule.task.min_targets=1",
                   f"paths.graph_dir={run / 'graph'}", f"paths.content_dir={run / 'content'}")
-    dm = instantiate(cfg.datamodule, spectral_file=str(run / "spectral.npz"))
+    if spectral is not None:
+        shutil.copy(spectral, run / "spectral.npz")
+    dm = instantiate(cfg.datamodule, spectral_file=str(run / "spectral.npz"), reuse_spectral=spectral is not None)
     dm.setup("fit")
     return dm
 
@@ -112,6 +148,34 @@ def test_training_inputs_do_not_see_the_target(tiny: Path, tmp_path: Path, kind:
     np.testing.assert_array_equal(dm.task_base.vectors, cut.task_base.vectors)
     # and the removal was real: the train split itself did change
     assert len(dm.store.eng.dst) != len(cut.store.eng.dst)
+
+
+def test_training_inputs_do_not_see_the_target_window(tiny: Path, tmp_path: Path):
+    """next_period's view holds what happened up to the cut and nothing after it: removing every
+    train event after the cut (the target window's repeats, stage upgrades and counts of view
+    pairs included) changes no input the network reads, nor the view's store and base."""
+    dm = _datamodule(tiny, "next_period")
+    cut = datetime.fromisoformat(dm.task_report["cut"])
+    # the window does hold events of pairs the view sees (what an edge-row relabelling leaked)
+    ev = load_snapshot(tiny / "graph").events.filter(pl.col("split") == "train")
+    before = ev.filter(pl.col("timestamp") <= cut).select("user_id", "entity_id").unique()
+    after = ev.filter(pl.col("timestamp") > cut).join(before, on=["user_id", "entity_id"], how="semi")
+    assert after.height > 0
+    cut_dm = _datamodule(_after_cut_removed(tiny, tmp_path / "cut", cut), "next_period",
+                         spectral=tiny / "spectral.npz")
+    users = np.random.default_rng(2).choice(dm.task_store.type_range("user")[1], 16, replace=False).astype(np.int64)
+    seeds = np.random.default_rng(1).choice(dm.store.n_nodes, 24, replace=False)
+    _assert_same(_inputs(dm, users, seeds), _inputs(cut_dm, users, seeds), skip=LABELS)
+    a, b = dm.task_store, cut_dm.task_store
+    for name in ("dst", "weight", "stage", "recency", "count", "age"):
+        np.testing.assert_array_equal(getattr(a.eng, name), getattr(b.eng, name), err_msg=name)
+    np.testing.assert_array_equal(a.exposure, b.exposure)
+    np.testing.assert_array_equal(a.warm, b.warm)
+    np.testing.assert_array_equal(dm.task_base.vectors, cut_dm.task_base.vectors)
+    np.testing.assert_array_equal(dm.task_base.logit, cut_dm.task_base.logit)
+    # and the removal was real: the train split itself did change, and the targets went with it
+    assert len(dm.store.eng.dst) != len(cut_dm.store.eng.dst)
+    assert len(cut_dm.targets) == 0 < len(dm.targets)
 
 
 def test_seed_training_batches_would_fail_this_check(tiny: Path, tmp_path: Path):
@@ -174,3 +238,17 @@ def test_task_kinds_and_errors(tiny: Path):
         TaskConfig(kind="nope")
     with pytest.raises(Exception, match=r"datamodule\.task\.drop"):
         TaskConfig(drop=1.5)
+
+
+def test_cold_candidates_hold_no_engagement(tiny: Path):
+    """What of a batch may follow its labels beyond ``tgt_*``: the cold candidates, whose contexts
+    are the knowledge view's (the seed and its metadata), never an engagement token."""
+    from hir.nn.buckets import ENGAGEMENT
+
+    dm = _datamodule(tiny, "next_period")
+    users = dm.targets.users[:8]
+    batch = _flat(TrainBatches(dm.task_store, dm.task_base, dm.task_sampler, dm.targets, 32, len(users), 128, 3,
+                               catalogue=dm.catalogue).build(users, np.zeros(0, np.int64), np.random.default_rng(5)))
+    assert {k for k in batch if k.startswith("cold")} <= set(COLD)
+    assert len(batch["cold_cols"]) and not (batch["cold.relation"] == ENGAGEMENT).any()
+    assert not (batch["cold.stage"] > 0).any()

@@ -53,13 +53,20 @@ def test_step_zero_is_the_spectral_base_and_export_takes_the_best_point(trained)
     assert best["score"] == max(scores) and best["epoch"] == report["history"][scores.index(max(scores))]["epoch"]
     assert best["base_score"] == step0["val/recall@20"]
     assert Path(report["best_checkpoint"]).exists()
-    assert Path(report["best_checkpoint"]).name == ("init.ckpt" if best["epoch"] == -1 else "best.ckpt")
+    # a rejected correction is the best epoch with its gate closed (the rest of training kept)
+    closed = "closed_from" in best
+    assert Path(report["best_checkpoint"]).name == ("best.ckpt" if best["epoch"] >= 0 else
+                                                    "closed.ckpt" if closed else "init.ckpt")
+    if closed:
+        ckpt = torch.load(report["best_checkpoint"], weights_only=True)
+        assert float(ckpt["state_dict"]["teacher.gate"]) == 0.0 and ckpt["closed_from"] == best["closed_from"]["checkpoint"]
 
 
 def test_checkpoints_load_weights_only(trained):
     out, _ = trained
     names = sorted(p.name for p in (out / "checkpoints").glob("*.ckpt"))
-    assert names == ["best.ckpt", "init.ckpt", "last.ckpt"]
+    closed = "closed_from" in json.loads((out / "checkpoints" / "train_metrics.json").read_text())["best"]
+    assert names == ["best.ckpt", *(["closed.ckpt"] if closed else []), "init.ckpt", "last.ckpt"]
     for name in names:
         ckpt = torch.load(out / "checkpoints" / name, weights_only=True)  # no arbitrary pickle
         hp = ckpt["hyper_parameters"]
