@@ -23,6 +23,7 @@ STAGES: dict[str, tuple[str, str]] = {
     "enrich": ("hir.enrich.stage", "entity text/attributes -> content vectors, cached by content hash (content/)"),
     "train": ("hir.train.stage", "bias-aware graph transformer + cross-view distillation (checkpoints/)"),
     "export": ("hir.export.stage", "universal embeddings + Bag-of-Meaning tokens per entity (embeddings/, hierarchy/)"),
+    "funnel": ("hir.funnel.stage", "the user's open funnel + its learned deep-funnel scorer (funnel/)"),
     "validate": ("hir.validate.stage", "Great Expectations suites over graph/ and embeddings/ (validation/)"),
     "publish": ("hir.publish.stage", "validated version -> Feast + Milvus, switched atomically (publish/)"),
     "refresh": ("hir.publish.refresh", "embed new entities from a delta file and serve them in the live version"),
