@@ -173,7 +173,7 @@ def run_dataset(name: str, graph: Path, seeds: list[int], config: FunnelConfig, 
                  np.nanmean(r["deep_funnel"]["plain"]["all"]["hit@10"]), max(np.nanmean(r["deep_funnel"][a]["all"]["hit@10"]) for a in ("open_funnel", "open_funnel_pop")),
                  np.nanmean(r["full"]["recommend"]["all"]["recall@20"]), np.nanmean(r["full"]["repeat"]["all"]["recall@20"]),
                  time.perf_counter() - t0)
-    out: dict[str, Any] = {"graph": str(graph), "users": int(len(users)), "target_stage": stage,
+    out: dict[str, Any] = {"graph": str(graph), "users": len(users), "target_stage": stage,
                            "split_mode": split_mode, "fits": fits, "protocols": {}}
     for proto in masks:
         part: dict[str, Any] = {}

@@ -83,35 +83,88 @@ def view_candidates(view: pl.DataFrame, users: np.ndarray, asof: datetime, targe
                     n_entities: int, config: FunnelConfig, seed: int, targets: pl.DataFrame | None = None) -> Candidates:
     """The candidates of ``users`` from the events ``view`` (nothing after ``asof`` may be in it),
     labelled by ``targets`` (``user_id, entity_id``; None: unlabelled)."""
-    lazy = view.lazy()
-    source = open_funnel(lazy, target_rank, asof).collect()
-    entities = entity_stats(lazy, target_rank).collect()
-    user_table = user_stats(lazy, asof).collect()
-    weight = view.group_by("user_id", "entity_id").agg(pl.col("stage_rank").max().alias("r"))
-    weight = weight.with_columns((2.0 ** (pl.col("r") - target_rank).cast(pl.Float32)).alias("w"))
-    base = ViewBase.fit(weight, n_users, n_entities, config.rank, config.ideal, seed)
-    disc_ids, disc_scores = base.topk(users, pair_matrix(weight, n_users, n_entities), config.discovery)
-    popular = entities.sort(["entity_buyers", "entity_users", "entity_id"], descending=[True, True, False]) \
-        ["entity_id"].head(config.popular).to_numpy()
-    rows = build_candidates(source, users, disc_ids, disc_scores, popular, entities, user_table, config.max_funnel)
-    # the user-entity affinity of every candidate, history ones included (the discovery list masks
-    # them): how a cart fits the rest of the user's engagement
-    rows = rows.with_columns(pl.Series("base_score", base.pair_scores(rows["user_id"].to_numpy(), rows["entity_id"].to_numpy())))
-    if not config.use_time:
-        rows = rows.with_columns(pl.lit(None, pl.Float32).alias(c) for c in TIME_COLUMNS)
-    if targets is not None:
-        tgt = targets.select("user_id", "entity_id").unique()
-        rows = rows.join(tgt.with_columns(pl.lit(1.0, pl.Float32).alias("y")), on=["user_id", "entity_id"], how="left")
-        total = tgt.group_by("user_id").len()
-    else:
-        rows = rows.with_columns(pl.lit(None, pl.Float32).alias("y"))
-        total = pl.DataFrame({"user_id": [], "len": []}, schema={"user_id": pl.Int64, "len": pl.UInt32})
-    rows = rows.with_columns(pl.col("y").fill_null(0.0)).sort("user_id", "entity_id")
-    counts = rows.group_by("user_id", maintain_order=True).len()
-    offsets = np.concatenate([[0], np.cumsum(counts["len"].to_numpy())]).astype(np.int64)
-    tot = counts.join(total.rename({"len": "t"}), on="user_id", how="left")["t"].fill_null(0).to_numpy()
-    return Candidates(rows, feature_matrix(rows), rows["y"].to_numpy().astype(np.float32), offsets,
-                      tot.astype(np.float32), counts["user_id"].to_numpy())
+    tables = FunnelTables.of_view(view, asof, target_rank, n_users, n_entities, config, seed)
+    return tables.candidates(users, config, targets=targets)
+
+
+def view_weights(view: pl.DataFrame, target_rank: int) -> pl.DataFrame:
+    """(user_id, entity_id, w) of the view base: each pair weighted 2 ** (deepest stage - target)."""
+    return view.group_by("user_id", "entity_id").agg(pl.col("stage_rank").max().alias("r")) \
+        .with_columns((2.0 ** (pl.col("r") - target_rank).cast(pl.Float32)).alias("w"))
+
+
+@dataclass
+class FunnelTables:
+    """What a scorer's candidates are built from, at one as-of time: ``source`` (open-funnel pairs,
+    :func:`open_funnel`), ``entities`` and ``users`` (statistics), ``base`` (the view base) and
+    ``popular`` (entity ids, most converted first). Built from a view's events for training
+    (:meth:`of_view`) or read from ``funnel/`` for serving (hir/funnel/serve.py)."""
+
+    source: pl.DataFrame
+    entities: pl.DataFrame
+    users: pl.DataFrame
+    base: ViewBase
+    popular: np.ndarray
+    use_time: bool = True
+
+    @classmethod
+    def of_view(cls, view: pl.DataFrame, asof: datetime, target_rank: int, n_users: int, n_entities: int,
+                config: FunnelConfig, seed: int) -> FunnelTables:
+        lazy = view.lazy()
+        entities = entity_stats(lazy, target_rank).collect()
+        weight = view_weights(view, target_rank)
+        return cls(
+            source=open_funnel(lazy, target_rank, asof).collect(),
+            entities=entities,
+            users=user_stats(lazy, asof).collect(),
+            base=ViewBase.fit(weight, n_users, n_entities, config.rank, config.ideal, seed),
+            popular=popular_entities(entities, config.popular),
+            use_time=config.use_time,
+        )
+
+    def history(self, users: np.ndarray, n_users: int, n_entities: int) -> sp.csr_matrix:
+        """(n_users, n_entities) CSR of the pairs of ``users`` (what discovery masks)."""
+        return pair_matrix(self.source.join(pl.DataFrame({"user_id": users.astype(np.int64)}), on="user_id", how="semi"),
+                           n_users, n_entities)
+
+    def candidates(self, users: np.ndarray, config: FunnelConfig, targets: pl.DataFrame | None = None,
+                   discovery: tuple[np.ndarray, np.ndarray] | None = None) -> Candidates:
+        """The candidates of ``users`` (sorted ids); ``discovery``: (U, D) ids and scores of
+        another discovery source (an ANN search), else the view base's new-to-user top D."""
+        if discovery is None:
+            mask = self.history(users, *self.base_shape)
+            discovery = self.base.topk(users, mask, config.discovery)
+        rows = build_candidates(self.source, users, discovery[0], discovery[1], self.popular, self.entities, self.users,
+                                config.max_funnel)
+        # the user-entity affinity of every candidate, history ones included (discovery masks
+        # them): how a cart fits the rest of the user's engagement
+        rows = rows.with_columns(pl.Series("base_score", self.base.pair_scores(rows["user_id"].to_numpy(),
+                                                                               rows["entity_id"].to_numpy())))
+        if not self.use_time:
+            rows = rows.with_columns(pl.lit(None, pl.Float32).alias(c) for c in TIME_COLUMNS)
+        if targets is not None:
+            tgt = targets.select("user_id", "entity_id").unique()
+            rows = rows.join(tgt.with_columns(pl.lit(1.0, pl.Float32).alias("y")), on=["user_id", "entity_id"], how="left")
+            total = tgt.group_by("user_id").len()
+        else:
+            rows = rows.with_columns(pl.lit(None, pl.Float32).alias("y"))
+            total = pl.DataFrame({"user_id": [], "len": []}, schema={"user_id": pl.Int64, "len": pl.UInt32})
+        rows = rows.with_columns(pl.col("y").fill_null(0.0)).sort("user_id", "entity_id")
+        counts = rows.group_by("user_id", maintain_order=True).len()
+        offsets = np.concatenate([[0], np.cumsum(counts["len"].to_numpy())]).astype(np.int64)
+        tot = counts.join(total.rename({"len": "t"}), on="user_id", how="left")["t"].fill_null(0).to_numpy()
+        return Candidates(rows, feature_matrix(rows), rows["y"].to_numpy().astype(np.float32), offsets,
+                          tot.astype(np.float32), counts["user_id"].to_numpy())
+
+    @property
+    def base_shape(self) -> tuple[int, int]:
+        return self.base.users.shape[0], self.base.entities.shape[0]
+
+
+def popular_entities(entities: pl.DataFrame, n: int) -> np.ndarray:
+    """The ``n`` entities with the most converting users (then the most users), ids ascending on ties."""
+    return entities.sort(["entity_buyers", "entity_users", "entity_id"], descending=[True, True, False]) \
+        ["entity_id"].head(n).to_numpy()
 
 
 def _hashed(pairs: pl.DataFrame, share: float, seed: int) -> pl.Expr:
@@ -207,7 +260,7 @@ def fit_funnel(events: pl.DataFrame, target_rank: int, split_mode: str, val_star
         offsets.append(p.offsets[1:] + start)
         start += p.offsets[-1]
     scorer, record = fit_scorer(x, y, np.concatenate(offsets), total, config.scorer, seed)
-    record |= {"task": kind, "views": [{"asof": a.isoformat(), "users": int(len(np.unique(t["user_id"].to_numpy()))),
+    record |= {"task": kind, "views": [{"asof": a.isoformat(), "users": len(np.unique(t["user_id"].to_numpy())),
                                         "targets": t.height} for _, a, t in views],
                "reachable": float(y.sum() / max(total.sum(), 1)), "features": list(FEATURES)}
     return FunnelModel(scorer, config, target_rank, record)

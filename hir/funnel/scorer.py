@@ -126,7 +126,7 @@ def fit_scorer(x: np.ndarray, y: np.ndarray, offsets: np.ndarray, total: np.ndar
     users = np.arange(len(offsets) - 1)
     has = np.array([y[offsets[r]:offsets[r + 1]].any() for r in users])
     perm = gen.permutation(users)
-    n_hold = int(round(config.holdout * len(users)))
+    n_hold = round(config.holdout * len(users))
     hold, fit_users = np.sort(perm[:n_hold]), perm[n_hold:]
     fit_users = fit_users[has[fit_users]]  # a user without a reachable target gives no gradient
     if len(fit_users) == 0:
@@ -165,4 +165,4 @@ def fit_scorer(x: np.ndarray, y: np.ndarray, offsets: np.ndarray, total: np.ndar
                 best = (value, step, {k: v.clone() for k, v in model.state_dict().items()})
     model.load_state_dict(best[2])
     return model, {"checks": history, "best_step": best[1], "best_recall": best[0],
-                   "fit_users": int(len(fit_users)), "holdout_users": int(len(hold))}
+                   "fit_users": len(fit_users), "holdout_users": len(hold)}

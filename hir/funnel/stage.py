@@ -12,7 +12,7 @@ file                         what
 ``users.parquet``            per user: events, entities, days since the last visit
 ``base.npz``                 the view base's ``users`` (U, K) and ``entities`` (E, K) vectors, fit on
                              the visible events (the scorer's affinity feature, and discovery when
-                             no ANN index is given)
+                             no ANN index is given), and ``popular`` (P,) entity ids
 ``scorer.pt``                the trained scorer (state dict, widths, feature names)
 ``meta.json``                the cut-off, the task, the fit's record, counts and seconds
 ===========================  ========================================================================
@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from dataclasses import asdict
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -51,9 +52,8 @@ def write_funnel(graph_dir: Path, out_dir: Path, visible_splits: list[str], conf
     import torch
 
     from hir.data.snapshot import load_snapshot
-    from hir.funnel.discovery import ViewBase
-    from hir.funnel.fit import fit_funnel
-    from hir.funnel.source import entity_stats, open_funnel, plain_order, user_stats, visible_events
+    from hir.funnel.fit import FunnelTables, fit_funnel
+    from hir.funnel.source import plain_order, visible_events
 
     t0 = time.perf_counter()
     snap = load_snapshot(graph_dir)
@@ -73,21 +73,18 @@ def write_funnel(graph_dir: Path, out_dir: Path, visible_splits: list[str], conf
     model = fit_funnel(events, target_rank, str(split.get("mode", "")), end - period, end, n_users, n_entities,
                        config, seed)
     t_fit = time.perf_counter() - t0
-    lazy = events.lazy()
-    source = plain_order(open_funnel(lazy, target_rank, asof).collect(), include_converted=True) \
+    tables = FunnelTables.of_view(events, asof, target_rank, n_users, n_entities, config, seed)
+    source = plain_order(tables.source, include_converted=True) \
         .with_columns(pl.lit(end).cast(pl.Datetime("us", "UTC")).alias("event_timestamp"))
-    weight = events.group_by("user_id", "entity_id").agg(pl.col("stage_rank").max().alias("r")) \
-        .with_columns((2.0 ** (pl.col("r") - target_rank).cast(pl.Float32)).alias("w"))
-    base = ViewBase.fit(weight, n_users, n_entities, config.rank, config.ideal, seed)
     out_dir.mkdir(parents=True, exist_ok=True)
     tmp = out_dir / ".tmp"
     tmp.mkdir(exist_ok=True)
     source.write_parquet(tmp / "open_funnel.parquet")
-    entity_stats(lazy, target_rank).collect().sort("entity_id").write_parquet(tmp / "entities.parquet")
-    user_stats(lazy, asof).collect().sort("user_id").write_parquet(tmp / "users.parquet")
-    np.savez(tmp / "base.npz", users=base.users, entities=base.entities)
+    tables.entities.sort("entity_id").write_parquet(tmp / "entities.parquet")
+    tables.users.sort("user_id").write_parquet(tmp / "users.parquet")
+    np.savez(tmp / "base.npz", users=tables.base.users, entities=tables.base.entities, popular=tables.popular)
     torch.save({"state_dict": model.scorer.state_dict(), "hidden": list(config.scorer.hidden),
-                "features": model.record["features"]}, tmp / "scorer.pt")
+                "features": model.record["features"], "config": asdict(config)}, tmp / "scorer.pt")
     meta = {
         "asof": end.isoformat(), "visible_splits": list(visible_splits), "entity_type": entity_type,
         "target_stage": stage, "target_rank": target_rank, "stage_order": snap.stage_order,
