@@ -31,15 +31,16 @@ log = logging.getLogger(__name__)
 class ScorerConfig:
     """hidden: MLP widths; steps: optimiser steps; batch: users per step; lr, weight_decay:
     AdamW; holdout: share of training users held out for the checks; checks: how many checks;
-    k: the recall@k the checks compare."""
+    patience: stop after this many checks without a new best; k: the recall@k the checks compare."""
 
     hidden: list[int] = field(default_factory=lambda: [64, 64])
-    steps: int = 600
+    steps: int = 300
     batch: int = 256
     lr: float = 3e-3
     weight_decay: float = 1e-4
     holdout: float = 0.15
-    checks: int = 12
+    checks: int = 10
+    patience: int = 3
     k: int = 20
 
 
@@ -163,6 +164,9 @@ def fit_scorer(x: np.ndarray, y: np.ndarray, offsets: np.ndarray, total: np.ndar
             log.info("funnel scorer step %d: loss %.4f, held-out recall@%d %.4f", step, loss.item(), config.k, value)
             if value > best[0]:
                 best = (value, step, {k: v.clone() for k, v in model.state_dict().items()})
+            elif len(history) - 1 - [s for s, _ in history].index(best[1]) >= config.patience:
+                log.info("funnel scorer: no better check in %d, stopped at step %d", config.patience, step)
+                break
     model.load_state_dict(best[2])
     return model, {"checks": history, "best_step": best[1], "best_recall": best[0],
                    "fit_users": len(fit_users), "holdout_users": len(hold)}
