@@ -23,6 +23,7 @@ STAGES: dict[str, tuple[str, str]] = {
     "enrich": ("hir.enrich.stage", "entity text/attributes -> content vectors, cached by content hash (content/)"),
     "train": ("hir.train.stage", "bias-aware graph transformer + cross-view distillation (checkpoints/)"),
     "export": ("hir.export.stage", "universal embeddings + Bag-of-Meaning tokens per entity (embeddings/, hierarchy/)"),
+    "funnel": ("hir.funnel.stage", "the user's open funnel + its learned deep-funnel scorer (funnel/)"),
     "validate": ("hir.validate.stage", "Great Expectations suites over graph/ and embeddings/ (validation/)"),
     "publish": ("hir.publish.stage", "validated version -> Feast + Milvus, switched atomically (publish/)"),
     "refresh": ("hir.publish.refresh", "embed new entities from a delta file and serve them in the live version"),
@@ -32,6 +33,7 @@ PIPELINE_HELP = "run the stages in `pipeline.stages` in order, in one run dir"
 HELPERS: dict[str, tuple[str, str]] = {
     "gather": ("hir_evaluation.gather", "collect a multirun's metrics.json files into one table (md + csv)"),
     "promote": ("hir.publish.promote", "publish one multirun cell into the dataset's serving store (make it live)"),
+    "recommend": ("hir.funnel.recommend", "discovery and the user's open funnel side by side, scored by the learner"),
     "explain": ("hir.publish.explain", "why this? the Bag-of-Meaning tokens a user and an entity share, from Feast"),
 }
 

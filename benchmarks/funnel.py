@@ -1,0 +1,272 @@
+"""Deep-funnel retrieval: the learned funnel scorer against the plain ordering of the same
+candidates, the user's open funnel, the discovery list and the repeat reference, on test.
+
+    python benchmarks/funnel.py --datasets beibei,completejourney,online_retail --seeds 0,1,2
+
+Each dataset needs a prepared snapshot (``hir prepare data=<name>``; ``--graph`` points at
+another). Per seed the scorer is trained on its training views (hir/funnel/fit.py: next-period
+cuts on data with time, a denoised view without) and every arm ranks each test user's list from
+the events before the test period. Two protocols (evaluation/retrieval, issue 31):
+
+- ``full``: nothing masked; relevance = every test-period target-stage entity.
+- ``deep_funnel`` (GHCF/EHCF/CRGCN): only the user's history entities *of the target stage* are
+  masked; carts, views and coupons stay rankable.
+
+Each reports recall@K and HR@K over all test users and apart for **repeat** (test entities the user
+engaged with before, any stage) and **explore** (new to the user) relevance. Ratios between arms
+are pooled over seeds with a paired bootstrap over users (the same users resampled in every seed).
+Writes ``benchmarks/results/funnel.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import sys
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from _results_md import markers, write_section  # noqa: E402  (benchmarks/)
+
+from hir.data.snapshot import load_snapshot  # noqa: E402
+from hir.funnel.fit import Candidates, FunnelConfig, fit_funnel, top_per_user, view_candidates  # noqa: E402
+from hir.funnel.source import plain_order  # noqa: E402
+
+KS = (10, 20, 50)
+ARMS = ("recommend", "plain", "open_funnel", "open_funnel_pop", "discovery", "repeat")
+log = logging.getLogger("funnel")
+
+
+def plain_scores(cands: Candidates) -> np.ndarray:
+    """The non-learned ordering of the same candidates, as scores: the user's engaged entities in
+    :func:`plain_order` (deepest stage, most events there, most recent, most converted by
+    others), then the discovery list by position, then popular entities."""
+    rows = cands.rows.with_row_index("i")
+    funnel = plain_order(rows.filter(pl.col("in_funnel")), include_converted=True)
+    score = np.zeros(rows.height, np.float64)
+    score[funnel["i"].to_numpy()] = 3e6 - funnel["pos"].to_numpy()
+    rest = rows.filter(~pl.col("in_funnel"))
+    disc = rest["disc_pos"].fill_null(0).to_numpy()
+    pop = rest["pop_pos"].fill_null(0).to_numpy()
+    score[rest["i"].to_numpy()] = np.where(disc > 0, 2e6 - disc, np.where(pop > 0, 1e6 - pop, 0))
+    return score
+
+
+def open_funnel_scores(cands: Candidates, popularity_first: bool = False) -> np.ndarray:
+    """The issue's reference: the user's not-yet-converted entities by stage, recency and
+    popularity (``popularity_first``: by stage, popularity, recency), then the discovery
+    (item-neighbour) list. Converted pairs and popular fill come last."""
+    rows = cands.rows.with_row_index("i")
+    keys = ["entity_buyers", "age_days"] if popularity_first else ["age_days", "entity_buyers"]
+    open_ = rows.filter(pl.col("in_funnel") & ~pl.col("converted").fill_null(False)).sort(
+        ["user_id", "deepest", *keys], descending=[False, True, popularity_first, not popularity_first])
+    open_ = open_.with_columns(pl.int_range(pl.len()).over("user_id").alias("pos"))
+    score = np.zeros(rows.height, np.float64)
+    score[open_["i"].to_numpy()] = 3e6 - open_["pos"].to_numpy()
+    rest = rows.filter(~(pl.col("in_funnel") & ~pl.col("converted").fill_null(False)))
+    disc = rest["disc_pos"].fill_null(0).to_numpy()
+    score[rest["i"].to_numpy()] = np.where(disc > 0, 2e6 - disc, -1.0)
+    return score
+
+
+def discovery_scores(cands: Candidates) -> np.ndarray:
+    """The discovery list alone (the embedding retrieval's kind: new-to-user neighbours)."""
+    disc = cands.rows["disc_pos"].fill_null(0).to_numpy()
+    return np.where(disc > 0, -disc.astype(np.float64), -np.inf)
+
+
+def repeat_scores(cands: Candidates) -> np.ndarray:
+    """The user's target-stage history, most converted first (the ``repeat`` reference of
+    evaluation/retrieval/arms/repeat.py: history = the target stage)."""
+    r = cands.rows
+    n = r["n_target"].fill_null(0).to_numpy().astype(np.float64)
+    n = np.where(n > 0, n, -np.inf)
+    return np.where(r["in_funnel"].to_numpy(), n, -np.inf)
+
+
+def per_user_metrics(ids: np.ndarray, rel: list[set[int]], mask: list[set[int]], ks: tuple[int, ...]) -> dict[str, np.ndarray]:
+    """Per-user recall@K and hit@K of ranked ``ids`` (U, L) after removing each user's ``mask``
+    entities; users with no relevant entity get NaN."""
+    out = {f"{m}@{k}": np.full(len(rel), np.nan) for k in ks for m in ("recall", "hit")}
+    for u, (row, r, m) in enumerate(zip(ids, rel, mask, strict=True)):
+        if not r:
+            continue
+        kept = [e for e in row.tolist() if e >= 0 and e not in m]
+        for k in ks:
+            hits = len(r.intersection(kept[:k]))
+            out[f"recall@{k}"][u] = hits / len(r)
+            out[f"hit@{k}"][u] = float(hits > 0)
+    return out
+
+
+def bootstrap_ratio(num: np.ndarray, den: np.ndarray, resamples: int = 1000, seed: int = 0) -> dict[str, float]:
+    """Ratio of means and its 95% paired-bootstrap interval; num, den: (seeds, users), the same
+    users resampled in every seed (NaN users dropped)."""
+    ok = ~(np.isnan(num).any(0) | np.isnan(den).any(0))
+    num, den = num[:, ok], den[:, ok]
+    gen = np.random.default_rng(seed)
+    idx = gen.integers(0, num.shape[1], size=(resamples, num.shape[1]))
+    ratios = num[:, idx].mean(axis=(0, 2)) / np.maximum(den[:, idx].mean(axis=(0, 2)), 1e-12)
+    return {"ratio": float(num.mean() / max(den.mean(), 1e-12)), "lo": float(np.quantile(ratios, 0.025)),
+            "hi": float(np.quantile(ratios, 0.975)), "users": int(ok.sum())}
+
+
+def run_dataset(name: str, graph: Path, seeds: list[int], config: FunnelConfig, max_users: int) -> dict[str, Any]:
+    snap = load_snapshot(graph)
+    stage = snap.deep_stage
+    target_rank = snap.stage_order.index(stage)
+    ev = snap.events.filter(pl.col("entity_type") == "product")
+    visible = ev.filter(pl.col("split").is_in(["train", "val"]) & (pl.col("timestamp") < pl.lit(snap.test_start)))
+    test = ev.filter((pl.col("split") == "test") & (pl.col("stage_rank") == target_rank)).select("user_id", "entity_id").unique()
+    users = np.unique(test["user_id"].to_numpy())
+    if max_users and len(users) > max_users:
+        users = np.sort(np.random.default_rng(0).choice(users, max_users, replace=False))
+    rel_by_user = test.filter(pl.col("user_id").is_in(users)).group_by("user_id").agg("entity_id").sort("user_id")
+    rel = [set(x) for x in rel_by_user["entity_id"].to_list()]
+    hist_any = visible.select("user_id", "entity_id").unique().group_by("user_id").agg("entity_id")
+    hist_deep = visible.filter(pl.col("stage_rank") >= target_rank).select("user_id", "entity_id").unique() \
+        .group_by("user_id").agg("entity_id")
+    any_map = dict(zip(hist_any["user_id"].to_list(), hist_any["entity_id"].to_list(), strict=True))
+    deep_map = dict(zip(hist_deep["user_id"].to_list(), hist_deep["entity_id"].to_list(), strict=True))
+    seen = [set(any_map.get(u, ())) for u in users.tolist()]
+    masks = {"full": [set() for _ in users], "deep_funnel": [set(deep_map.get(u, ())) for u in users.tolist()]}
+    slices = {"all": rel, "repeat": [r & s for r, s in zip(rel, seen, strict=True)],
+              "explore": [r - s for r, s in zip(rel, seen, strict=True)]}
+    n_users, n_ent = snap.num_nodes("user"), snap.num_nodes("product")
+    split_mode = str(snap.meta.get("split", {}).get("mode", ""))
+    config.use_time = snap.meta.get("split", {}).get("timestamps") != "synthesized"
+    asof = snap.test_start - timedelta(microseconds=1)
+    per_seed: dict[str, dict[str, dict[str, dict[str, np.ndarray]]]] = {}
+    fits = []
+    for seed in seeds:
+        t0 = time.perf_counter()
+        model = fit_funnel(visible, target_rank, split_mode, snap.val_start, snap.test_start, n_users, n_ent, config, seed)
+        t_fit = time.perf_counter() - t0
+        cands = view_candidates(visible, users, asof, target_rank, n_users, n_ent, config, seed)
+        assert np.array_equal(cands.users, users), "every test user must get candidates"
+        scores = {"recommend": model.scorer.score(cands.x).astype(np.float64), "plain": plain_scores(cands),
+                  "open_funnel": open_funnel_scores(cands),
+                  "open_funnel_pop": open_funnel_scores(cands, popularity_first=True), "discovery": discovery_scores(cands),
+                  "repeat": repeat_scores(cands)}
+        t_serve = time.perf_counter() - t0 - t_fit
+        lists = {arm: top_per_user(cands, s, max(KS) + 200)[0] for arm, s in scores.items()}
+        for arm, s in scores.items():  # -inf entries are not retrieved
+            ids, vals = top_per_user(cands, s, max(KS) + 200)
+            lists[arm] = np.where(np.isfinite(vals), ids, -1)
+        per_seed[str(seed)] = {proto: {arm: {sl: per_user_metrics(lists[arm], sets, mask, KS) for sl, sets in slices.items()}
+                                       for arm in ARMS} for proto, mask in masks.items()}
+        fits.append(model.record | {"seed": seed, "fit_seconds": round(t_fit, 1), "serve_seconds": round(t_serve, 1),
+                                    "candidates_per_user": float(cands.rows.height / len(users))})
+        r = per_seed[str(seed)]
+        log.info("%s seed %d: deep_funnel hit@10 rec %.4f plain %.4f open %.4f | full recall@20 rec %.4f repeat %.4f (%.0fs)",
+                 name, seed, np.nanmean(r["deep_funnel"]["recommend"]["all"]["hit@10"]),
+                 np.nanmean(r["deep_funnel"]["plain"]["all"]["hit@10"]), max(np.nanmean(r["deep_funnel"][a]["all"]["hit@10"]) for a in ("open_funnel", "open_funnel_pop")),
+                 np.nanmean(r["full"]["recommend"]["all"]["recall@20"]), np.nanmean(r["full"]["repeat"]["all"]["recall@20"]),
+                 time.perf_counter() - t0)
+    out: dict[str, Any] = {"graph": str(graph), "users": len(users), "target_stage": stage,
+                           "split_mode": split_mode, "fits": fits, "protocols": {}}
+    for proto in masks:
+        part: dict[str, Any] = {}
+        for arm in ARMS:
+            part[arm] = {sl: {m: float(np.nanmean([np.nanmean(per_seed[str(s)][proto][arm][sl][m]) for s in seeds]))
+                              for m in per_seed[str(seeds[0])][proto][arm][sl]}
+                         | {"users": int(np.sum(~np.isnan(per_seed[str(seeds[0])][proto][arm][sl]["recall@10"])))}
+                         for sl in slices}
+            part[arm]["per_seed_recall@20"] = [float(np.nanmean(per_seed[str(s)][proto][arm]["all"]["recall@20"])) for s in seeds]
+        ratios = {}
+        for a, b in (("recommend", "plain"), ("recommend", "open_funnel"), ("recommend", "open_funnel_pop"), ("recommend", "repeat"), ("recommend", "discovery")):
+            for sl in slices:
+                for m in ("recall@20", "hit@10", "hit@20"):
+                    num = np.stack([per_seed[str(s)][proto][a][sl][m] for s in seeds])
+                    den = np.stack([per_seed[str(s)][proto][b][sl][m] for s in seeds])
+                    if np.isnan(den).all():
+                        continue
+                    ratios[f"{a}/{b}:{sl}:{m}"] = bootstrap_ratio(num, den)
+        part["ratios"] = ratios
+        out["protocols"][proto] = part
+    return out
+
+
+TARGETS = {"beibei": "hit@10 >= 0.50 and hit@20 >= 0.63 (deep_funnel), above the open-funnel reference",
+           "completejourney": "recall@20 >= 1.2x repeat (full); above the plain ordering",
+           "online_retail": "recall@20 >= 1.2x repeat (full); above the plain ordering"}
+
+
+def render(result: dict[str, Any]) -> str:
+    """The docs/results.md section of a funnel.json."""
+    begin, end = markers("funnel")
+    lines = [begin, "## Deep-funnel retrieval (`python benchmarks/funnel.py`)", "",
+             f"Test users' lists from `hir recommend`'s scorer against the plain ordering of the same candidates, "
+             f"the user's open funnel and the repeat reference; seeds {result['seeds']}, means over seeds; ratios "
+             "pooled over seeds with a paired bootstrap over users (95%). `full`: nothing masked; `deep_funnel`: "
+             "only the user's target-stage history masked (GHCF). repeat / explore: test entities the user engaged "
+             f"with before / new to the user. Measured {result['when']} on {result['cpus']} shared cores.", ""]
+    for name, d in result["datasets"].items():
+        lines += [f"### {name}", "", f"{d['users']} test users, target `{d['target_stage']}`, split `{d['split_mode']}`, "
+                  f"scorer task `{d['fits'][0]['task']}`; target: {TARGETS.get(name, '-')}.", "",
+                  "| protocol | arm | recall@20 | hit@10 | hit@20 | repeat recall@20 | explore recall@20 |",
+                  "|---|---|---|---|---|---|---|"]
+        for proto, part in d["protocols"].items():
+            for arm in ARMS:
+                a = part[arm]
+                lines.append(f"| {proto} | {arm} | {a['all']['recall@20']:.4f} | {a['all']['hit@10']:.4f} | "
+                             f"{a['all']['hit@20']:.4f} | {a['repeat']['recall@20']:.4f} | {a['explore']['recall@20']:.4f} |")
+        lines += ["", "| ratio (protocol: arms: metric) | value | 95% interval |", "|---|---|---|"]
+        for proto, part in d["protocols"].items():
+            for key in ("recommend/plain:all:recall@20", "recommend/plain:all:hit@10", "recommend/open_funnel_pop:all:hit@10",
+                        "recommend/repeat:all:recall@20", "recommend/discovery:explore:recall@20"):
+                if key in part["ratios"]:
+                    r = part["ratios"][key]
+                    lines.append(f"| {proto}: {key} | {r['ratio']:.3f} | [{r['lo']:.3f}, {r['hi']:.3f}] |")
+        lines.append("")
+    lines.append(end)
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--datasets", default="beibei,completejourney,online_retail")
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--graph", default="outputs/{data}/default/graph", help="snapshot dir pattern")
+    p.add_argument("--max-users", type=int, default=0, help="test users sampled (0 = all)")
+    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "funnel.json"))
+    p.add_argument("--steps", type=int, default=None, help="scorer steps (default: ScorerConfig)")
+    p.add_argument("--docs", default=str(ROOT / "docs" / "results.md"), help="results page to update ('' = none)")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    config = FunnelConfig()
+    if args.steps:
+        config.scorer.steps = args.steps
+    seeds = [int(s) for s in args.seeds.split(",")]
+    out_path = Path(args.out)
+    result: dict[str, Any] = json.loads(out_path.read_text()) if out_path.exists() else {}
+    result |= {"when": datetime.now(UTC).isoformat(timespec="seconds"), "machine": platform.platform(),
+               "cpus": os.cpu_count(), "seeds": seeds, "ks": list(KS), "config": json.loads(json.dumps(config, default=vars))}
+    result.setdefault("datasets", {})
+    for name in args.datasets.split(","):
+        graph = Path(args.graph.format(data=name))
+        t0 = time.perf_counter()
+        result["datasets"][name] = run_dataset(name, graph, seeds, config, args.max_users) | {
+            "seconds": round(time.perf_counter() - t0, 1)}
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        out_path.write_text(json.dumps(result, indent=1))
+        log.info("wrote %s (%s)", out_path, name)
+    if args.docs:
+        write_section(render(result), Path(args.docs), "funnel")
+
+
+if __name__ == "__main__":
+    main()

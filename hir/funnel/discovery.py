@@ -1,0 +1,80 @@
+"""Discovery candidates for a funnel view: the nearest entities new to the user.
+
+When the scorer is trained, the served discovery source (the published user embedding searched in
+Milvus) cannot be used: the published vectors were fit on the very periods the training targets
+come from. The scorer therefore sees discovery candidates of the same *kind* computed from the
+training view alone: GF-CF's filter in the embedding form the spectral base serves (Shen et al.
+2021; hir/model/spectral.py)::
+
+    R~ = D_u^-1/2 R D_e^-1/2 ~ U diag(s) V^T          (rank K, randomised SVD)
+    user  b_u = r_u D_e^-1/2 V diag(s^2 / s_1^2 + a)   entity  b_e = D_e^1/2 V[e]
+
+A candidate carries its position in the user's list and its score, which the scorer reads on the
+same scale at serving time (positions in the ANN result, cosine scores), so the learner is trained
+on the candidates it will be served.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+import scipy.sparse as sp
+import torch
+from sklearn.utils.extmath import randomized_svd
+
+
+@dataclass
+class ViewBase:
+    """User and entity vectors of one view: ``users`` (n_users, K), ``entities`` (n_entities, K)."""
+
+    users: np.ndarray
+    entities: np.ndarray
+
+    @classmethod
+    def fit(cls, pairs: pl.DataFrame, n_users: int, n_entities: int, rank: int = 256, ideal: float = 0.3,
+            seed: int = 0) -> ViewBase:
+        """Fit on ``pairs`` (``user_id, entity_id``; weight ``w`` when present, else 1)."""
+        w = pairs["w"].to_numpy().astype(np.float32) if "w" in pairs.columns else np.ones(pairs.height, np.float32)
+        r = sp.csr_matrix((w, (pairs["user_id"].to_numpy(), pairs["entity_id"].to_numpy())),
+                          shape=(n_users, n_entities), dtype=np.float32)
+        du = np.asarray(r.sum(axis=1)).ravel()
+        de = np.asarray(r.sum(axis=0)).ravel()
+        inv_u = np.where(du > 0, du, 1.0) ** -0.5
+        inv_e = np.where(de > 0, de, 1.0) ** -0.5
+        norm = sp.diags(inv_u) @ r @ sp.diags(inv_e)
+        k = int(min(rank, min(norm.shape) - 1))
+        _, s, vt = randomized_svd(norm, k, n_iter=4, random_state=seed)
+        v = vt.T.astype(np.float32)  # (E, K)
+        g = (s**2 / max(s[0] ** 2, 1e-12) + ideal).astype(np.float32)
+        users = (r @ (inv_e[:, None] * v)) * g  # (U, K)
+        entities = np.where(de > 0, de, 0.0)[:, None] ** 0.5 * v  # (E, K)
+        return cls(np.asarray(users, np.float32), np.asarray(entities, np.float32))
+
+    def pair_scores(self, users: np.ndarray, entities: np.ndarray, chunk: int = 131_072) -> np.ndarray:
+        """(n,) scores b_u . b_e of the pairs (users[i], entities[i])."""
+        out = np.empty(len(users), np.float32)
+        for lo in range(0, len(users), chunk):
+            u, e = users[lo:lo + chunk], entities[lo:lo + chunk]
+            out[lo:lo + len(u)] = np.einsum("nk,nk->n", self.users[u], self.entities[e])
+        return out
+
+    def topk(self, users: np.ndarray, mask: sp.csr_matrix | None, k: int, chunk: int = 2048
+             ) -> tuple[np.ndarray, np.ndarray]:
+        """(len(users), k) entity ids and scores, best first, with each user's row of ``mask``
+        (n_users, n_entities) removed (-1 / -inf where fewer remain)."""
+        ent = torch.from_numpy(self.entities)
+        ids = np.full((len(users), k), -1, np.int64)
+        vals = np.full((len(users), k), -np.inf, np.float32)
+        for lo in range(0, len(users), chunk):
+            batch = users[lo:lo + chunk]
+            s = torch.from_numpy(self.users[batch]) @ ent.T  # (B, E)
+            if mask is not None:
+                m = mask[batch].tocoo()
+                s[torch.from_numpy(m.row.astype(np.int64)), torch.from_numpy(m.col.astype(np.int64))] = -torch.inf
+            v, i = torch.topk(s, min(k, s.shape[1]), dim=1)
+            ids[lo:lo + len(batch), : i.shape[1]] = i.numpy()
+            vals[lo:lo + len(batch), : v.shape[1]] = v.numpy()
+        ids[~np.isfinite(vals)] = -1
+        return ids, vals

@@ -1,0 +1,146 @@
+"""`hir recommend`: discovery and the user's open funnel side by side, scored by the learner.
+
+    hir recommend 1234 2001 --data completejourney           # the live version's store
+    hir recommend 1234 --funnel outputs/online_retail/default/funnel --discovery base --json
+
+    from hir.funnel.recommend import open_recommender
+    rec = open_recommender(data="completejourney")
+    rec.recommend_keys(["1234"], k=10)                        # [{user, rank, entity, score, source, why}, ...]
+
+The funnel outputs (``funnel/``) of the run the live version was published from are found through
+its manifest (the run's snapshot dir sits beside them). Discovery candidates come from Milvus (the
+user's published embedding, its nearest entities, the user's history removed) when the version is
+published there (``--discovery auto``/``milvus``), else from the funnel's own view base (``base``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+import scipy.sparse as sp
+
+from hir.errors import HirError
+from hir.funnel.serve import Discovery, Recommender
+
+
+def _keys(graph_dir: Path, entity_type: str) -> list[str]:
+    """The snapshot's original ids of ``entity_type`` by dense node id."""
+    nodes = pl.read_parquet(graph_dir / "nodes" / f"{entity_type}.parquet", columns=["node_id", "key"]).sort("node_id")
+    return nodes["key"].cast(pl.String).to_list()
+
+
+class MilvusDiscovery:
+    """Discovery through the published version: the user's embedding from Feast, its nearest
+    entities from Milvus (over-fetched by the user's history size), history removed.
+
+    Args:
+        retriever: a :class:`hir.publish.retrieval.Retriever` of the version.
+        user_keys, entity_keys: original ids by dense id; history: (users, entities) CSR of each
+            user's engaged pairs (what discovery removes).
+    """
+
+    def __init__(self, retriever: Any, user_keys: list[str], entity_keys: list[str], history: sp.csr_matrix,
+                 entity_type: str = "product") -> None:
+        self.retriever, self.user_keys, self.history, self.entity_type = retriever, user_keys, history, entity_type
+        self.entity_index = {k: i for i, k in enumerate(entity_keys)}
+
+    def __call__(self, users: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        ids = np.full((len(users), k), -1, np.int64)
+        scores = np.full((len(users), k), -np.inf, np.float32)
+        vectors = self.retriever.embeddings("user", [self.user_keys[u] for u in users.tolist()])
+        sizes = np.diff(self.history.indptr)[users]
+        for limit in np.unique(np.minimum(k + sizes, 16_384)):
+            rows = np.flatnonzero(np.minimum(k + sizes, 16_384) == limit)
+            hits = self.retriever.search(vectors[rows], self.entity_type, int(limit))
+            for r, row_hits in zip(rows.tolist(), hits, strict=True):
+                seen = set(self.history.indices[self.history.indptr[users[r]]:self.history.indptr[users[r] + 1]].tolist())
+                kept = [(self.entity_index[key], s) for key, s in row_hits
+                        if key in self.entity_index and self.entity_index[key] not in seen][:k]
+                if kept:
+                    ids[r, : len(kept)] = [e for e, _ in kept]
+                    scores[r, : len(kept)] = [s for _, s in kept]
+        return ids, scores
+
+
+class KeyedRecommender:
+    """A :class:`Recommender` spoken to in the dataset's original ids."""
+
+    def __init__(self, recommender: Recommender, user_keys: list[str], entity_keys: list[str]) -> None:
+        self.recommender, self.user_keys, self.entity_keys = recommender, user_keys, entity_keys
+        self.user_index = {k: i for i, k in enumerate(user_keys)}
+
+    def recommend_keys(self, users: list[str], k: int = 20) -> list[dict[str, Any]]:
+        """Rows {user, rank, entity, score, source, why} for every known user of ``users``."""
+        unknown = [u for u in users if u not in self.user_index]
+        if unknown:
+            raise HirError(f"unknown user ids {unknown[:5]}: not in the snapshot the funnel was built from")
+        rec = self.recommender.recommend(np.array([self.user_index[u] for u in users]), k)
+        return rec.as_rows(self.user_keys, self.entity_keys)
+
+
+def open_recommender(data: str | None = "completejourney", store: str | Path | None = None,
+                     funnel: str | Path | None = None, discovery: str = "auto") -> KeyedRecommender:
+    """The recommender of a live version (``store`` or ``outputs/serving/<data>``) or of a
+    ``funnel`` dir; ``discovery``: auto | milvus | base (module doc)."""
+    from hir.stages import ROOT
+
+    if discovery not in ("auto", "milvus", "base"):
+        raise HirError(f"--discovery {discovery!r}; expected auto, milvus or base")
+    manifest = None
+    if funnel is None:
+        from hir.serving import live_manifest
+
+        store_dir = Path(store) if store else ROOT / "outputs" / "serving" / str(data)
+        if not store_dir.exists():
+            raise HirError(f"no serving store at {store_dir}; run `hir publish` (or `make run`) first, or pass --funnel DIR")
+        manifest = live_manifest(store_dir)
+        graph = manifest.get("source", {}).get("graph_dir")
+        if not graph:
+            raise HirError(f"the live manifest of {store_dir} names no graph_dir; pass --funnel DIR")
+        funnel = Path(graph).parent / "funnel"
+    funnel = Path(funnel)
+    if not (funnel / "meta.json").exists():
+        raise HirError(f"no funnel output at {funnel}; run `hir funnel` for that run (pipeline.stages has it after export)")
+    meta = json.loads((funnel / "meta.json").read_text())
+    graph_dir = funnel.parent / "graph"
+    user_keys, entity_keys = _keys(graph_dir, "user"), _keys(graph_dir, meta["entity_type"])
+    search: Discovery | None = None
+    if discovery == "milvus" or (discovery == "auto" and manifest is not None):
+        from hir.publish.retrieval import Retriever
+
+        if manifest is None:
+            raise HirError("--discovery milvus needs a published version (--store or --data), not --funnel")
+        source = pl.read_parquet(funnel / "open_funnel.parquet", columns=["user_id", "entity_id"])
+        history = sp.csr_matrix((np.ones(source.height, np.float32), (source["user_id"].to_numpy(), source["entity_id"].to_numpy())),
+                                shape=(len(user_keys), len(entity_keys)))
+        search = MilvusDiscovery(Retriever(manifest), user_keys, entity_keys, history, meta["entity_type"])
+    return KeyedRecommender(Recommender(funnel, search), user_keys, entity_keys)
+
+
+def main(argv: list[str]) -> None:
+    """`hir recommend USER [USER ...] [--k K] [--data NAME | --store DIR | --funnel DIR] [--discovery D] [--json]`."""
+    ap = argparse.ArgumentParser(prog="hir recommend", description=__doc__.split("\n\n")[0])
+    ap.add_argument("users", nargs="+", help="users' original ids (e.g. completejourney household keys)")
+    ap.add_argument("--k", type=int, default=10, help="recommendations per user (default 10)")
+    ap.add_argument("--data", default="completejourney", help="dataset whose live store to read: outputs/serving/<data>")
+    ap.add_argument("--store", default=None, help="the serving store dir (publish.store_dir); overrides --data")
+    ap.add_argument("--funnel", default=None, help="a run's funnel/ dir, read directly (no published version needed)")
+    ap.add_argument("--discovery", default="auto", help="auto (Milvus when published) | milvus | base")
+    ap.add_argument("--json", action="store_true", help="print JSON rows")
+    args = ap.parse_args(argv)
+    try:
+        rows = open_recommender(args.data, args.store, args.funnel, args.discovery).recommend_keys(args.users, args.k)
+    except HirError as err:
+        print(f"hir recommend: {err}", file=sys.stderr)
+        sys.exit(2)
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return
+    for row in rows:
+        print(f"{row['user']:>10}  {row['rank']:>3}  {row['entity']:<14} {row['score']:>8.3f}  {row['source']:<9}  {row['why']}")

@@ -1,0 +1,172 @@
+"""The learned deep-funnel scorer: ranks a user's candidates (open funnel, discovery, popular).
+
+What the training-free base cannot do is weigh the funnel: a cart two days old against a view
+two months old, an item this user buys every week against one bought once, a discovery neighbour
+against both. The scorer learns exactly that, from the candidate's stage, counts, recency and
+source (:data:`hir.funnel.candidates.FEATURES`)::
+
+    s(u, c) = MLP(x_uc)            x_uc: (F,) features of candidate c of user u
+    loss    = - 1/|T_u| sum_{t in T_u} log softmax_c(s(u, c))[t]
+
+a listwise softmax over each user's candidate set against the entities the user converted in the
+next period (``T_u``; Mult-DAE's multinomial likelihood restricted to the candidates), every user
+weighted equally as the test averages per user. Training stops at the best check of the
+held-out users' recall@K (a share of the training users, never fitted).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ScorerConfig:
+    """hidden: MLP widths; steps: optimiser steps; batch: users per step; lr, weight_decay:
+    AdamW; holdout: share of training users held out for the checks; checks: how many checks;
+    patience: stop after this many checks without a new best; k: the recall@k the checks compare."""
+
+    hidden: list[int] = field(default_factory=lambda: [64, 64])
+    steps: int = 300
+    batch: int = 256
+    lr: float = 3e-3
+    weight_decay: float = 1e-4
+    holdout: float = 0.15
+    checks: int = 10
+    patience: int = 3
+    k: int = 20
+
+
+class FunnelScorer(nn.Module):
+    """``s = MLP(standardise(x))``: (..., F) candidate features -> (...) scores.
+
+    Args:
+        mean, std: (F,) feature standardisation (from the training rows).
+        hidden: hidden widths.
+    """
+
+    def __init__(self, mean: np.ndarray, std: np.ndarray, hidden: list[int]) -> None:
+        super().__init__()
+        self.register_buffer("mean", torch.as_tensor(mean, dtype=torch.float32))
+        self.register_buffer("std", torch.as_tensor(std, dtype=torch.float32))
+        layers: list[nn.Module] = []
+        width = len(mean)
+        for h in hidden:
+            layers += [nn.Linear(width, h), nn.ReLU()]
+            width = h
+        layers.append(nn.Linear(width, 1))
+        self.mlp = nn.Sequential(*layers)
+
+    def __repr__(self) -> str:
+        return f"FunnelScorer(features={len(self.mean)}, mlp={[m.out_features for m in self.mlp if isinstance(m, nn.Linear)]})"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.mlp((x - self.mean) / self.std).squeeze(-1)
+
+    @torch.no_grad()
+    def score(self, x: np.ndarray, chunk: int = 262_144) -> np.ndarray:
+        """(n,) scores of (n, F) feature rows."""
+        self.eval()
+        out = [self(torch.from_numpy(x[lo:lo + chunk])).numpy() for lo in range(0, len(x), chunk)]
+        return np.concatenate(out) if out else np.zeros(0, np.float32)
+
+
+def _padded(x: np.ndarray, y: np.ndarray, offsets: np.ndarray, rows: np.ndarray) -> tuple[torch.Tensor, ...]:
+    """(B, C, F) features, (B, C) targets and (B, C) validity of the users ``rows`` (indices into
+    ``offsets``: user r owns rows offsets[r]:offsets[r + 1])."""
+    sizes = offsets[rows + 1] - offsets[rows]
+    c = int(sizes.max())
+    xb = np.zeros((len(rows), c, x.shape[1]), np.float32)
+    yb = np.zeros((len(rows), c), np.float32)
+    mb = np.zeros((len(rows), c), bool)
+    for i, r in enumerate(rows):
+        lo, hi = offsets[r], offsets[r + 1]
+        xb[i, : hi - lo], yb[i, : hi - lo], mb[i, : hi - lo] = x[lo:hi], y[lo:hi], True
+    return torch.from_numpy(xb), torch.from_numpy(yb), torch.from_numpy(mb)
+
+
+def listwise_loss(scores: torch.Tensor, targets: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Mean over users of the multinomial log-likelihood of the targets among the valid
+    candidates. scores, targets, valid: (B, C)."""
+    logp = torch.log_softmax(scores.masked_fill(~valid, -torch.inf), dim=1)
+    per_user = -(logp.masked_fill(targets == 0, 0.0) * targets).sum(1) / targets.sum(1).clamp(min=1.0)
+    return per_user.mean()
+
+
+def recall_at(scores: np.ndarray, y: np.ndarray, offsets: np.ndarray, k: int, total: np.ndarray) -> float:
+    """Mean over users of hits in the top-k of each user's candidates / the user's target count
+    ``total`` (targets outside the candidates count as misses)."""
+    out = []
+    for r in range(len(offsets) - 1):
+        lo, hi = offsets[r], offsets[r + 1]
+        top = np.argsort(-scores[lo:hi], kind="stable")[:k]
+        out.append(y[lo:hi][top].sum() / max(total[r], 1))
+    return float(np.mean(out)) if out else math.nan
+
+
+def fit_scorer(x: np.ndarray, y: np.ndarray, offsets: np.ndarray, total: np.ndarray, config: ScorerConfig,
+               seed: int) -> tuple[FunnelScorer, dict[str, object]]:
+    """Train on grouped candidate rows.
+
+    Args:
+        x: (n, F) features; y: (n,) 1 for a target entity; offsets: (U + 1,) row offsets of each
+            user's candidates (rows sorted by user); total: (U,) the user's target count (also
+            the targets missing from its candidates).
+    Returns:
+        The scorer at its best check and a record of the fit (checks, best step, users).
+    """
+    gen = np.random.default_rng(seed)
+    torch.manual_seed(seed)
+    users = np.arange(len(offsets) - 1)
+    has = np.array([y[offsets[r]:offsets[r + 1]].any() for r in users])
+    perm = gen.permutation(users)
+    n_hold = round(config.holdout * len(users))
+    hold, fit_users = np.sort(perm[:n_hold]), perm[n_hold:]
+    fit_users = fit_users[has[fit_users]]  # a user without a reachable target gives no gradient
+    if len(fit_users) == 0:
+        raise ValueError("the scorer has no training user with a target among its candidates; "
+                         "the candidate sources reach none of the next period's conversions")
+    sd = x.std(0)
+    model = FunnelScorer(x.mean(0), np.where(sd > 1e-6, sd, 1.0), config.hidden)
+    opt = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=config.lr, total_steps=config.steps, pct_start=0.1)
+    hold_rows = np.concatenate([np.arange(offsets[r], offsets[r + 1]) for r in hold]) if len(hold) else np.zeros(0, int)
+    hold_off = np.concatenate([[0], np.cumsum(offsets[hold + 1] - offsets[hold])]) if len(hold) else np.zeros(1, int)
+
+    def check() -> float:
+        return recall_at(model.score(x[hold_rows]), y[hold_rows], hold_off, config.k, total[hold])
+
+    every = max(config.steps // config.checks, 1)
+    best = (check(), 0, {k: v.clone() for k, v in model.state_dict().items()})
+    history = [(0, best[0])]
+    for step in range(1, config.steps + 1):
+        model.train()
+        batch = gen.choice(fit_users, size=min(config.batch, len(fit_users)), replace=False)
+        xb, yb, mb = _padded(x, y, offsets, batch)
+        loss = listwise_loss(model(xb), yb, mb)
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f"funnel scorer: non-finite loss {loss.item()} at step {step}; "
+                                     "lower funnel.scorer.lr")
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+        if step % every == 0 or step == config.steps:
+            value = check()
+            history.append((step, value))
+            log.info("funnel scorer step %d: loss %.4f, held-out recall@%d %.4f", step, loss.item(), config.k, value)
+            if value > best[0]:
+                best = (value, step, {k: v.clone() for k, v in model.state_dict().items()})
+            elif len(history) - 1 - [s for s, _ in history].index(best[1]) >= config.patience:
+                log.info("funnel scorer: no better check in %d, stopped at step %d", config.patience, step)
+                break
+    model.load_state_dict(best[2])
+    return model, {"checks": history, "best_step": best[1], "best_recall": best[0],
+                   "fit_users": len(fit_users), "holdout_users": len(hold)}

@@ -1,0 +1,149 @@
+"""`hir recommend`'s core: a user's deep-funnel and discovery candidates, scored by the learner.
+
+:class:`Recommender` reads a run's ``funnel/`` (hir/funnel/stage.py) and answers for one user or a
+batch: candidates from the user's open funnel, from discovery (an ANN search over the published
+user embedding when one is given, else the funnel's own view base) and from popular entities,
+scored by the trained :class:`~hir.funnel.scorer.FunnelScorer`, each returned with its source and a
+short *why* ("carted 3 days ago", "bought 4 times, last 12 days ago", "near your history").
+
+The evaluation harness ranks test users through this same class (evaluation/retrieval/arms/
+recommend.py), so the figures in the report are those of the path a user calls.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from hir.funnel.discovery import ViewBase
+from hir.funnel.fit import Candidates, FunnelConfig, FunnelTables, top_per_user
+from hir.funnel.scorer import FunnelScorer, ScorerConfig
+
+# a discovery search: (U,) user ids, k -> (U, k) entity ids (-1 = none) and scores, the user's
+# history already removed
+Discovery = Callable[[np.ndarray, int], tuple[np.ndarray, np.ndarray]]
+SOURCES = ("funnel", "discovery", "popular")
+
+
+@dataclass
+class Recommendations:
+    """Per user of ``users`` (U,): ``ids`` (U, k) entity ids best first (-1 = none), ``scores``
+    (U, k), ``sources`` (U, k) the first source of each (an index into :data:`SOURCES`; -1 none)
+    and ``why`` (U lists of k strings)."""
+
+    users: np.ndarray
+    ids: np.ndarray
+    scores: np.ndarray
+    sources: np.ndarray
+    why: list[list[str]]
+
+    def as_rows(self, user_keys: list[str] | None = None, entity_keys: list[str] | None = None) -> list[dict[str, Any]]:
+        """One dict per (user, rank): user, rank, entity, score, source, why (keys when given)."""
+        out = []
+        for r, u in enumerate(self.users.tolist()):
+            for j, e in enumerate(self.ids[r].tolist()):
+                if e < 0:
+                    continue
+                out.append({"user": user_keys[u] if user_keys else u, "rank": j + 1,
+                            "entity": entity_keys[e] if entity_keys else e, "score": round(float(self.scores[r, j]), 4),
+                            "source": SOURCES[self.sources[r, j]], "why": self.why[r][j]})
+        return out
+
+
+def _why(row: dict[str, Any], stages: list[str], target: str) -> str:
+    """A short reason for one candidate row."""
+    if row.get("in_funnel"):
+        age = row.get("age_days")
+        when = f", {age:.0f} days ago" if age is not None else ""
+        if row.get("converted"):
+            times = int(row.get("n_target") or 0)
+            return f"{target} {times}x before{when}" if times > 1 else f"{target} before{when}"
+        stage = stages[int(row["deepest"])] if row.get("deepest") is not None else "engaged"
+        n = int(row.get("n_deepest") or 1)
+        return f"{stage}{f' {n}x' if n > 1 else ''}, not {target} yet{when}"
+    if row.get("in_discovery"):
+        return f"near your history (discovery #{int(row['disc_pos'])})"
+    return f"popular (#{int(row['pop_pos'])})"
+
+
+class Recommender:
+    """Scores users' candidates with a run's trained funnel scorer.
+
+    Args:
+        funnel_dir: a ``funnel/`` directory (all of hir/funnel/stage.py's files).
+        discovery: the discovery search; None = the funnel's view base (exact, in memory).
+        now: the request time; ages are those of the funnel's cut-off plus (now - cut-off), so a
+            source written yesterday serves today's recency (None = the cut-off itself).
+    """
+
+    def __init__(self, funnel_dir: str | Path, discovery: Discovery | None = None, now: datetime | None = None) -> None:
+        import torch
+
+        self.dir = Path(funnel_dir)
+        meta_path = self.dir / "meta.json"
+        if not meta_path.exists():
+            raise FileNotFoundError(f"no funnel output at {self.dir} (meta.json missing); run `hir funnel` first")
+        self.meta = json.loads(meta_path.read_text())
+        saved = torch.load(self.dir / "scorer.pt", weights_only=False)
+        cfg = dict(saved["config"])
+        cfg["scorer"] = ScorerConfig(**cfg["scorer"])
+        self.config = FunnelConfig(**cfg)
+        state = saved["state_dict"]
+        self.scorer = FunnelScorer(state["mean"].numpy(), state["std"].numpy(), list(saved["hidden"]))
+        self.scorer.load_state_dict(state)
+        self.scorer.eval()
+        base = np.load(self.dir / "base.npz")
+        source = pl.read_parquet(self.dir / "open_funnel.parquet").drop("pos", "event_timestamp", strict=False)
+        user_table = pl.read_parquet(self.dir / "users.parquet")
+        asof = datetime.fromisoformat(self.meta["asof"])
+        if now is not None and now > asof:
+            shift = (now - asof).total_seconds() / 86_400
+            source = source.with_columns(pl.col("age_days", "target_age_days") + shift)
+            user_table = user_table.with_columns(pl.col("user_last_days") + shift)
+        self.tables = FunnelTables(source=source, entities=pl.read_parquet(self.dir / "entities.parquet"), users=user_table,
+                                   base=ViewBase(base["users"], base["entities"]), popular=base["popular"],
+                                   use_time=bool(self.meta.get("use_time", True)))
+        self.discovery = discovery
+        self.stages = list(self.meta["stage_order"])
+        self.target = str(self.meta["target_stage"])
+
+    def __repr__(self) -> str:
+        return f"Recommender({str(self.dir)!r}, pairs={self.meta['pairs']}, asof={self.meta['asof']})"
+
+    def candidates(self, users: np.ndarray) -> Candidates:
+        """Every candidate of ``users`` (sorted, unique ids) with its scorer inputs."""
+        disc = self.discovery(users, self.config.discovery) if self.discovery is not None else None
+        return self.tables.candidates(users, self.config, discovery=disc)
+
+    def recommend(self, users: np.ndarray | list[int], k: int = 20) -> Recommendations:
+        """The top ``k`` of each user (ids of the snapshot; unknown users get popular entities)."""
+        users = np.unique(np.asarray(users, dtype=np.int64))
+        cands = self.candidates(users)
+        scores = self.scorer.score(cands.x)
+        ids, vals = top_per_user(cands, scores, k)
+        # rows of each chosen candidate, for its source and reason
+        pos = {(u, e): i for i, (u, e) in enumerate(zip(cands.rows["user_id"].to_list(), cands.rows["entity_id"].to_list(),
+                                                         strict=True))}
+        cols = ["in_funnel", "in_discovery", "in_popular", "converted", "deepest", "n_deepest", "n_target", "age_days",
+                "disc_pos", "pop_pos"]
+        table = cands.rows.select(cols).to_dicts()
+        sources = np.full(ids.shape, -1, np.int8)
+        why: list[list[str]] = []
+        for r, u in enumerate(cands.users.tolist()):
+            reasons = []
+            for j, e in enumerate(ids[r].tolist()):
+                if e < 0:
+                    reasons.append("")
+                    continue
+                row = table[pos[(u, e)]]
+                sources[r, j] = 0 if row["in_funnel"] else 1 if row["in_discovery"] else 2
+                reasons.append(_why(row, self.stages, self.target))
+            why.append(reasons)
+        return Recommendations(cands.users, ids, vals, sources, why)

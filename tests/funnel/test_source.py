@@ -1,0 +1,106 @@
+"""The open-funnel source: its columns on a hand-built log, and that nothing after ``asof`` (or
+after a training view's cut) reaches any feature the scorer reads."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import numpy as np
+import polars as pl
+import pytest
+
+from hir.funnel.fit import FunnelConfig, training_views, view_candidates
+from hir.funnel.source import open_funnel, plain_order, visible_events
+
+T0 = datetime(2024, 1, 1, tzinfo=UTC)
+# stages: 0 view, 1 cart, 2 purchase (target)
+
+
+def events(rows: list[tuple[int, int, int, float]]) -> pl.DataFrame:
+    """(user, entity, stage_rank, day) rows -> snapshot event rows."""
+    return pl.DataFrame({
+        "user_id": [r[0] for r in rows], "entity_id": [r[1] for r in rows], "entity_type": ["product"] * len(rows),
+        "stage_rank": [r[2] for r in rows], "timestamp": [T0 + timedelta(days=r[3]) for r in rows],
+        "split": ["train"] * len(rows),
+    }).with_columns(pl.col("timestamp").cast(pl.Datetime("us", "UTC")))
+
+
+LOG = events([
+    (0, 10, 0, 1), (0, 10, 1, 2), (0, 10, 1, 3),   # user 0 carted 10 twice, never bought
+    (0, 11, 2, 1), (0, 11, 2, 5),                   # ... bought 11 twice
+    (1, 10, 2, 4),                                  # user 1 bought 10
+    (1, 12, 0, 6),                                  # ... viewed 12
+])
+
+
+def test_columns_on_a_hand_built_log() -> None:
+    out = open_funnel(LOG.lazy(), target_rank=2, asof=T0 + timedelta(days=10)).collect()
+    row = {(r["user_id"], r["entity_id"]): r for r in out.to_dicts()}
+    carted = row[(0, 10)]
+    assert (carted["deepest"], carted["gap"], carted["converted"]) == (1, 1, False)
+    assert (carted["n_events"], carted["n_deepest"], carted["n_target"]) == (3, 2, 0)
+    assert carted["age_days"] == pytest.approx(7.0) and carted["target_age_days"] is None
+    bought = row[(0, 11)]
+    assert (bought["gap"], bought["converted"], bought["n_target"]) == (0, True, 2)
+    assert bought["target_age_days"] == pytest.approx(5.0)
+    assert (bought["user_events"], bought["user_entities"]) == (5, 2)
+    assert bought["user_last_days"] == pytest.approx(5.0)
+    # entity 10: two users, one bought it once
+    assert (carted["entity_users"], carted["entity_buyers"], carted["entity_conversion"]) == (2, 1, 0.5)
+    assert bought["entity_repeat"] == 1.0 and carted["entity_repeat"] == 0.0
+
+
+def test_plain_order_puts_deepest_then_most_then_recent_first() -> None:
+    out = plain_order(open_funnel(LOG.lazy(), 2, T0 + timedelta(days=10)).collect(), include_converted=True)
+    user0 = out.filter(pl.col("user_id") == 0)["entity_id"].to_list()
+    assert user0 == [11, 10]
+    open_only = plain_order(open_funnel(LOG.lazy(), 2, T0 + timedelta(days=10)).collect(), include_converted=False)
+    assert open_only.filter(pl.col("user_id") == 0)["entity_id"].to_list() == [10]
+
+
+def test_events_after_asof_change_nothing() -> None:
+    asof = T0 + timedelta(days=4, hours=12)
+    later = pl.concat([LOG, events([(0, 10, 2, 5), (1, 12, 2, 7), (2, 13, 1, 8)])])
+    a = open_funnel(visible_events(LOG.lazy(), "product", asof), 2, asof).collect()
+    b = open_funnel(visible_events(later.lazy(), "product", asof), 2, asof).collect()
+    assert a.equals(b)
+
+
+def _random_log(seed: int, users: int = 60, entities: int = 40, n: int = 1500, days: int = 60) -> pl.DataFrame:
+    gen = np.random.default_rng(seed)
+    return events(list(zip(gen.integers(0, users, n).tolist(), gen.integers(0, entities, n).tolist(),
+                           gen.integers(0, 3, n).tolist(), gen.uniform(0, days, n).tolist(), strict=True)))
+
+
+def test_next_period_view_reads_nothing_after_its_cut() -> None:
+    """The leak test: every input of a view's candidates is identical whether or not the log
+    holds any event after the cut (only the labels differ)."""
+    log = _random_log(0)
+    config = FunnelConfig(cuts=2, rank=8, discovery=10, popular=5)
+    val_start, test_start = T0 + timedelta(days=40), T0 + timedelta(days=50)
+    views = training_views(log, 2, "next_period", val_start, test_start, config, seed=0)
+    assert len(views) == 2
+    for view, asof, targets in views:
+        assert view["timestamp"].max() <= asof
+        cut = asof + timedelta(microseconds=1)
+        assert targets.height > 0
+        truncated = log.filter(pl.col("timestamp") < cut)
+        users = np.unique(targets["user_id"].to_numpy())
+        a = view_candidates(view, users, asof, 2, 60, 40, config, 0, targets)
+        b = view_candidates(truncated, users, asof, 2, 60, 40, config, 0, targets)
+        np.testing.assert_array_equal(a.x, b.x)
+        np.testing.assert_array_equal(a.y, b.y)
+
+
+def test_denoise_hides_the_conversion_and_keeps_the_cart() -> None:
+    log = _random_log(1)
+    config = FunnelConfig(drop=0.3, whole=0.0)
+    ((view, _, hidden),) = training_views(log, 2, "denoise", T0, T0 + timedelta(days=60), config, seed=0)
+    assert hidden.height > 0
+    in_view = view.join(hidden, on=["user_id", "entity_id"], how="semi")
+    assert (in_view["stage_rank"] < 2).all(), "a hidden pair's conversion reached the view"
+    shallow = log.join(hidden, on=["user_id", "entity_id"], how="semi").filter(pl.col("stage_rank") < 2)
+    assert in_view.height == shallow.height, "a hidden pair's shallower events must stay"
+    whole = FunnelConfig(drop=0.3, whole=1.0)
+    ((view2, _, hidden2),) = training_views(log, 2, "denoise", T0, T0 + timedelta(days=60), whole, seed=0)
+    assert view2.join(hidden2, on=["user_id", "entity_id"], how="semi").is_empty()
