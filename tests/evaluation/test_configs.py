@@ -23,10 +23,10 @@ def test_eval_group_instantiates(compose: Callable) -> None:
     cfg = compose("data=rees46", stage="evaluate")
     assert isinstance(instantiate(cfg.eval.ranker), RankerConfig)
     retrieval = build_arms(cfg.eval.retrieval)
-    assert list(retrieval) == ["hir", "popularity", "itemknn", "lightgcn", "content", "repeat", "gfcf"]
+    assert list(retrieval) == ["hir", "recommend", "popularity", "itemknn", "lightgcn", "content", "repeat", "gfcf"]
     assert isinstance(retrieval["lightgcn"], LightGCN) and retrieval["gfcf"] == GFCF(rank=256, ideal_weight=0.3)
     assert {name: arm.info.role for name, arm in retrieval.items() if arm.info.role != "baseline"} == {
-        "hir": "model", "repeat": "reference"}
+        "hir": "model", "recommend": "model", "repeat": "reference"}
     assert list(build_ranking_arms(cfg.eval.ranking)) == ["hir", "hir_tokens", "hir_rare", "content"]
     assert cfg.eval.bootstrap.resamples == 200 and cfg.eval.seed == cfg.seed
 
