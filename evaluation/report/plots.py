@@ -109,7 +109,8 @@ def repeat_explore_bars(retrieval: Mapping[str, Any]) -> bytes:
                     ax.bar(i + offset, value, width, color=color(arm, arms), hatch=hatch, edgecolor="black", lw=0.5)
         ax.set_xticks(range(len(arms)), arms, rotation=30, ha="right", fontsize=8)
         ax.set_ylabel("recall@20")
-        users = ", ".join(f"{n} {(slices.get(n) or {}).get('users')} users" for n in (repeat, explore))
+        users = ", ".join(f"{label} {(slices.get(n) or {}).get('users')} users"
+                          for label, n in (("repeat", repeat), ("explore", explore)))
         ax.set_title(f"Repeat (hatched) vs explore (solid), {title}\n({users})", fontsize=9)
         ax.grid(alpha=0.3, axis="y")
     return _png(fig)
