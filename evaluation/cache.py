@@ -28,8 +28,9 @@ import numpy as np
 
 log = logging.getLogger(__name__)
 
-# bump when the pickled payloads change shape
-FORMAT = 1
+# bump when the pickled payloads change shape (2: retrieval's Ranked carries the deep-funnel list,
+# which a format-1 entry lacks: unpickled, it would read as "no deep list")
+FORMAT = 2
 
 
 # meta.json keys that say when and how fast a prepare ran, not what it wrote

@@ -3,7 +3,8 @@
 Ranking: AUC, log loss, normalized entropy (He et al. 2014: the log loss divided by the entropy
 of the background positive rate, here the rate of the evaluated rows, so NE < 1 means better
 than always predicting the base rate), calibration (mean prediction / observed rate).
-Retrieval: recall@K and NDCG@K with binary relevance. Lift over a named baseline is computed in
+Retrieval: recall@K and NDCG@K with binary relevance, and the hit ratio HR@K (the share of users
+with at least one relevant item in their top K; equal to recall@K when each user has one). Lift over a named baseline is computed in
 one place, :func:`relative_lift`, for point values and bootstrap draws alike.
 """
 
@@ -192,25 +193,39 @@ def recall_per_user(topk: np.ndarray, relevant: Sequence[set[int]], k: int) -> n
     return out
 
 
+def hit_per_user(topk: np.ndarray, relevant: Sequence[set[int]], k: int) -> np.ndarray:
+    """(U,) 1.0 where the user's top k holds at least one relevant item, 0.0 where not, NaN where
+    the user has no relevant item: the per-user values whose mean is HR@k."""
+    out = np.full(len(relevant), np.nan)
+    for i, r in enumerate(relevant):
+        if r:
+            out[i] = float(any(int(item) in r for item in topk[i, :k]))
+    return out
+
+
 def recall_ndcg_at_k(
-    topk: np.ndarray, relevant: Sequence[set[int]], ks: Sequence[int]
+    topk: np.ndarray, relevant: Sequence[set[int]], ks: Sequence[int], hit_ratio: bool = False
 ) -> dict[str, float]:
-    """Mean recall@K and NDCG@K over users with at least one relevant item.
+    """Mean recall@K and NDCG@K (and, with ``hit_ratio``, HR@K) over users with at least one
+    relevant item.
 
     Args:
         topk: (U, Kmax) retrieved item ids per user, best first (-1 = empty slot).
         relevant: per user, the set of held-out item ids.
         ks: cut-offs, each <= Kmax.
+        hit_ratio: also report ``hr@K``, the share of those users with a relevant item in the top K.
     Returns:
-        {"recall@K": ..., "ndcg@K": ...} for each K, and "users": the number of users scored.
+        {"recall@K": ..., "ndcg@K": ...[, "hr@K": ...]} for each K, and "users": the number of
+        users scored.
     """
+    metrics = ("recall", "ndcg", "hr") if hit_ratio else ("recall", "ndcg")
     kmax = max(ks)
     if topk.shape[1] < kmax:
         raise ValueError(f"retrieved {topk.shape[1]} items per user, fewer than the largest K={kmax}")
     keep = [i for i, r in enumerate(relevant) if r]
     out: dict[str, float] = {"users": float(len(keep))}
     if not keep:
-        return out | {f"{m}@{k}": float("nan") for k in ks for m in ("recall", "ndcg")}
+        return out | {f"{m}@{k}": float("nan") for k in ks for m in metrics}
     hits = np.array([[item in relevant[i] for item in topk[i, :kmax]] for i in keep], dtype=np.float64)
     n_rel = np.array([len(relevant[i]) for i in keep], dtype=np.float64)
     discount = 1.0 / np.log2(np.arange(2, kmax + 2))
@@ -219,4 +234,6 @@ def recall_ndcg_at_k(
         dcg = (hits[:, :k] * discount[:k]).sum(1)
         ideal = np.array([discount[: int(min(n, k))].sum() for n in n_rel])
         out[f"ndcg@{k}"] = float((dcg / ideal).mean())
+        if hit_ratio:
+            out[f"hr@{k}"] = float((hits[:, :k].sum(1) > 0).mean())
     return out

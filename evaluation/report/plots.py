@@ -87,6 +87,35 @@ def recall_curves(retrieval: Mapping[str, Any], ks: list[int]) -> bytes:
     return _png(fig)
 
 
+def repeat_explore_bars(retrieval: Mapping[str, Any]) -> bytes:
+    """recall@20 per arm on the repeat slice (held-out entities the user engaged with before, at
+    any stage; hatched) and the explore slice (new to the user; solid), side by side: the
+    full-catalogue protocol, and beside it the deep-funnel one when the section has it. A missing
+    value (an arm not run, or without that protocol's list) leaves its bar out."""
+    panels = [("full catalogue", retrieval, ("repeat", "new_to_user"))]
+    if retrieval.get("deep_funnel"):
+        panels.append(("deep funnel", retrieval["deep_funnel"], ("repeat", "explore")))
+    roles = retrieval_arms(retrieval)
+    arms = list(roles)
+    fig, axes = plt.subplots(1, len(panels), figsize=(max(5.5, 0.9 * len(arms) + 2) * len(panels), 3.8),
+                             squeeze=False)
+    width = 0.38
+    for ax, (title, section, (repeat, explore)) in zip(axes[0], panels):
+        slices = section.get("slices") or {}
+        for i, arm in enumerate(arms):
+            for offset, name, hatch in ((-width / 2, repeat, "//"), (width / 2, explore, None)):
+                value = ((slices.get(name) or {}).get(arm) or {}).get("recall@20")
+                if _finite(value):
+                    ax.bar(i + offset, value, width, color=color(arm, arms), hatch=hatch, edgecolor="black", lw=0.5)
+        ax.set_xticks(range(len(arms)), arms, rotation=30, ha="right", fontsize=8)
+        ax.set_ylabel("recall@20")
+        users = ", ".join(f"{label} {(slices.get(n) or {}).get('users')} users"
+                          for label, n in (("repeat", repeat), ("explore", explore)))
+        ax.set_title(f"Repeat (hatched) vs explore (solid), {title}\n({users})", fontsize=9)
+        ax.grid(alpha=0.3, axis="y")
+    return _png(fig)
+
+
 def lightgcn_curve(fit: Mapping[str, Any]) -> bytes:
     """LightGCN's validation recall@20 per epoch (the masked new-to-user one it is selected on,
     and the full-catalogue one, dashed), the selected epoch marked; top axis: seconds."""
@@ -186,6 +215,7 @@ def figures(metrics: Mapping[str, Any], points: Mapping[str, Any] | None, entity
     figs = {
         "ranking_lift": lift_bars(metrics["ranking"]),
         "recall_at_k": recall_curves(metrics["retrieval"], metrics["retrieval"]["ks"]),
+        "repeat_explore": repeat_explore_bars(metrics["retrieval"]),
         "calibration": calibration_plot(metrics["ranking"]["calibration_curves"]),
     }
     if any(((metrics["ranking"].get(a) or {}).get("fit") or {}).get("curves") for a in ranking_arms(metrics["ranking"])):

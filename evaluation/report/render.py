@@ -107,6 +107,10 @@ def explanation_md(r: Mapping[str, Any]) -> str:
 
 
 MASKED = "masked_new_to_user"
+DEEP = "deep_funnel"
+# the deep-funnel table's columns: (header, slice or None for the protocol itself, metric)
+DEEP_COLUMNS = (("all recall@20", None, "recall@20"), ("repeat recall@20", "repeat", "recall@20"),
+                ("explore recall@20", "explore", "recall@20"), ("HR@10", None, "hr@10"), ("HR@20", None, "hr@20"))
 
 
 def retrieval_metrics(ks: list[int]) -> list[str]:
@@ -143,6 +147,45 @@ def retrieval_rows(
         rows.append([arm, *cells])
     rows.append(["best", *[str(best.get(metric) or "–") for metric in retrieval_metrics(ks)]])
     return rows
+
+
+def deep_rows(section: Mapping[str, Any], arms: Mapping[str, str], bold: tuple[str, str] = ("**", "**")
+              ) -> list[list[str]]:
+    """The deep-funnel table (DEEP_COLUMNS): per arm of ``arms``, recall@20 on every held-out
+    target-stage entity, on the repeat and on the explore slice, then HR@10 and HR@20; the best
+    arm of each column wrapped in ``bold``."""
+    slices = section.get("slices") or {}
+
+    def value(arm: str, sl: str | None, metric: str) -> Any:
+        part = section if sl is None else slices.get(sl) or {}
+        return (part.get(arm) or {}).get(metric)
+
+    best = {}
+    for header, sl, metric in DEEP_COLUMNS:
+        values = {a: v for a in arms if isinstance(v := value(a, sl, metric), float) and v == v}
+        best[header] = max(values, key=lambda a: values[a]) if values else None
+    rows = []
+    for arm in arms:
+        cells = []
+        for header, sl, metric in DEEP_COLUMNS:
+            cell = fmt(value(arm, sl, metric))
+            cells.append(f"{bold[0]}{cell}{bold[1]}" if best[header] == arm else cell)
+        rows.append([arm, *cells])
+    return rows
+
+
+def deep_md(r: Mapping[str, Any], arms: Mapping[str, str]) -> list[str]:
+    """The deep-funnel protocol's heading, protocol sentence and table (none in reports written
+    before it existed)."""
+    section = r.get(DEEP)
+    if not section:
+        return []
+    slices = section.get("slices") or {}
+    users = ", ".join(f"{name} {(slices.get(name) or {}).get('users')}" for name in ("repeat", "explore"))
+    return ["### Retrieval, deep funnel (target-stage history masked)",
+            f"Protocol: {section.get('protocol')}. Users scored {section.get('users')} ({users}). "
+            f"{ratio_line(section, arms)}",
+            _md_table(["arm", *(c[0] for c in DEEP_COLUMNS)], deep_rows(section, arms))]
 
 
 def skipped_line(section: Mapping[str, Any]) -> str:
@@ -190,6 +233,14 @@ def print_summary(m: Mapping[str, Any], report_dir: Path) -> None:
         for line in (skipped_line(section), ratio_line(section, arms)):
             if line:
                 console.print(f"{title}: {line}")
+    deep = (m.get("retrieval") or {}).get(DEEP)
+    if deep:
+        t = Table(title=f"retrieval, deep funnel (users {deep.get('users')}; best in bold)")
+        for col in ("arm", *(c[0] for c in DEEP_COLUMNS)):
+            t.add_column(col, justify="right" if col != "arm" else "left")
+        for row in deep_rows(deep, arms, ("[bold]", "[/bold]")):
+            t.add_row(*row)
+        console.print(t)
     for arm, why in ((m.get("ranking") or {}).get("skipped") or {}).items():
         console.print(f"[red]ranking arm {arm}: skipped: {why}[/]")
     for note in (m.get("sources") or {}).get("notes", []):
@@ -218,10 +269,12 @@ def slice_rows(m: Mapping[str, Any]) -> list[list[str]]:
 
 
 def retrieval_slice_rows(m: Mapping[str, Any]) -> list[list[str]]:
-    """recall@20 per slice: the full-catalogue slices, then the masked protocol's (``masked/...``)."""
+    """recall@20 per slice: the full-catalogue slices, then the masked protocol's (``masked/...``)
+    and the deep-funnel one's (``deep/...``)."""
     rows = []
-    arms = retrieval_arms(m.get("retrieval") or {})
-    for prefix, section in (("", m.get("retrieval") or {}), ("masked/", (m.get("retrieval") or {}).get(MASKED) or {})):
+    r = m.get("retrieval") or {}
+    arms = retrieval_arms(r)
+    for prefix, section in (("", r), ("masked/", r.get(MASKED) or {}), ("deep/", r.get(DEEP) or {})):
         skipped = section.get("skipped") or {}
         for name, sl in (section.get("slices") or {}).items():
             rows.append([f"{prefix}{name}", str(sl.get("users")), *[
@@ -295,7 +348,8 @@ def retrieval_md(m: Mapping[str, Any]) -> list[str]:
     """The retrieval section's paragraphs: one table per protocol, each with its hir/best ratio."""
     r = m.get("retrieval") or {}
     ks, arms = r.get("ks") or [10, 20, 50], retrieval_arms(r)
-    out = [f"History: {r.get('history_splits')}; test users {r.get('users')}. Two protocols for every arm; "
+    out = [f"History: {r.get('history_splits')}; test users {r.get('users')}. "
+           f"{'Three' if r.get(DEEP) else 'Two'} protocols for every arm; "
            "the best arm on each metric is in bold and named in the `best` row."]
     for title, section in retrieval_sections(m):
         protocol = section.get("protocol") or "no arm filters a user's past entities"
@@ -305,7 +359,7 @@ def retrieval_md(m: Mapping[str, Any]) -> list[str]:
                 _md_table(["arm", *retrieval_metrics(ks)], retrieval_rows(section, ks, arms))]
         if line := skipped_line(section):
             out.append(line + ".")
-    return out
+    return out + deep_md(r, arms)
 
 
 def protocol_md(r: Mapping[str, Any]) -> str:

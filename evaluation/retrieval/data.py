@@ -19,7 +19,9 @@ from hir_evaluation.tasks import RetrievalTask
 class RetrievalData:
     """users: (U,) test user ids; relevant / new_to_user / item_cold: per user sets of entity ids;
     history: (user_id, entity_id, n) pairs before the test period (history stages), the train
-    data of every baseline and what the masked protocol removes; n_users / n_items: node counts."""
+    data of every baseline and what the masked protocol removes; n_users / n_items: node counts;
+    deep_history: the (user_id, entity_id, n) pairs of the target stage (e.g. purchases) in the
+    same periods, what the deep-funnel protocol removes (None: nothing is removed)."""
 
     users: np.ndarray
     relevant: list[set[int]]
@@ -28,12 +30,28 @@ class RetrievalData:
     history: pl.DataFrame
     n_users: int
     n_items: int
+    deep_history: pl.DataFrame | None = None
+
+    @cached_property
+    def repeat(self) -> list[set[int]]:
+        """Per user, the relevant entities the user engaged with, at any stage, in an earlier
+        period (relevant − new_to_user): the repeat / continuation slice."""
+        return [r - n for r, n in zip(self.relevant, self.new_to_user, strict=True)]
 
     @cached_property
     def seen(self) -> sp.csr_matrix:
         """(n_users, n_items) binary CSR of the history pairs, by user id: the entities the masked
         protocol removes from each user's ranking."""
         return interaction_matrix(self.history, self.n_users, self.n_items)
+
+    @cached_property
+    def seen_deep(self) -> sp.csr_matrix:
+        """(n_users, n_items) binary CSR of the target-stage history pairs, by user id: the
+        entities the deep-funnel protocol removes (the user's past purchases; carts and views
+        stay rankable). Empty without ``deep_history``."""
+        if self.deep_history is None:
+            return sp.csr_matrix((self.n_users, self.n_items), dtype=np.float32)
+        return interaction_matrix(self.deep_history, self.n_users, self.n_items)
 
     def few_events(self, max_events: int) -> np.ndarray:
         """(U,) bool: the test users whose history (the events of ``history``, summed over their
@@ -43,10 +61,15 @@ class RetrievalData:
         return counts[self.users] <= max_events
 
 
-def history_frame(snap: Snapshot, task: RetrievalTask, splits: list[str]) -> pl.DataFrame:
+def history_frame(
+    snap: Snapshot, task: RetrievalTask, splits: list[str], stages: list[str] | None = None
+) -> pl.DataFrame:
+    """(user_id, entity_id, n) event counts of ``splits`` at ``stages`` (default: the task's
+    history stages; none = every stage)."""
     ev = snap.events.filter((pl.col("entity_type") == task.entity_type) & pl.col("split").is_in(splits))
-    if task.history_stages:
-        ev = ev.filter(pl.col("stage").is_in(list(task.history_stages)))
+    stages = list(task.history_stages or []) if stages is None else stages
+    if stages:
+        ev = ev.filter(pl.col("stage").is_in(stages))
     return ev.group_by("user_id", "entity_id").agg(pl.len().cast(pl.Float64).alias("n"))
 
 
@@ -56,7 +79,8 @@ def retrieval_data(
     """Held-out sets of ``split`` (test, or val for early stopping with train as history).
 
     ``history_splits`` (default: every period before ``split``) is what the arms may learn
-    from; "new to the user" is always judged against every earlier period.
+    from; "new to the user" is always judged against every earlier period. The deep-funnel
+    protocol removes the target-stage pairs of the same periods as the history (``deep_history``).
     """
     stage = task.target_stage or snap.deep_stage
     if stage not in snap.stage_order:
@@ -101,6 +125,7 @@ def retrieval_data(
         history=history_frame(snap, task, hist_splits),
         n_users=snap.num_nodes("user"),
         n_items=snap.num_nodes(task.entity_type),
+        deep_history=history_frame(snap, task, hist_splits, [stage]),
     )
 
 

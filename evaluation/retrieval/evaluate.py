@@ -1,6 +1,7 @@
 """Retrieval lift: run every arm of the registry (evaluation/retrieval/registry.py) on the same
-test users and catalogue and score them under both protocols (full catalogue; masked
-new-to-user), naming the best arm per metric and the model's ratio to the best baseline."""
+test users and catalogue and score them under the three protocols (full catalogue; masked
+new-to-user; deep funnel, with its repeat and explore slices), naming the best arm per metric
+and the model's ratio to the best baseline."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import polars as pl
 
 from hir.data.snapshot import Snapshot
 from hir_evaluation.cache import FitCache, cacheable, fit_key
-from hir_evaluation.metrics import recall_per_user
+from hir_evaluation.metrics import hit_per_user, recall_per_user
 from hir_evaluation.retrieval.data import RetrievalData, retrieval_data
 from hir_evaluation.retrieval.rank import TopK, score_arm
 from hir_evaluation.retrieval.registry import RetrievalArm, RetrievalContext
@@ -31,6 +32,16 @@ FULL_PROTOCOL = ("full catalogue: every arm ranks every entity, the user's past 
                  "relevance = every held-out entity")
 MASKED_PROTOCOL = ("masked new-to-user (LightGCN paper): each user's history entities (the pairs every arm "
                    "learns from) are removed from the ranking; relevance = the held-out entities new to the user")
+# the third protocol's key in metrics.json
+DEEP = "deep_funnel"
+
+
+def deep_protocol(stage: str) -> str:
+    """The deep-funnel protocol's sentence for metrics.json, naming the target stage."""
+    return (f"deep funnel (GHCF / EHCF / CRGCN multi-behaviour protocol): every arm ranks every entity with only "
+            f"the user's history entities of the target stage ({stage}) removed; entities reached only at a "
+            f"shallower stage stay rankable; relevance = every held-out {stage} entity; HR@K = the share of users "
+            f"with one in the top K. Slices: repeat (engaged with before, at any stage) and explore (new to the user)")
 
 
 def evaluate_retrieval(
@@ -61,9 +72,14 @@ def evaluate_retrieval(
             (the pairs every arm learns from) has at most this many events (None: no slice).
         cache: the top-k lists of the arms that read nothing of the HIR export are reused from it
             (same arm settings, test users, history and content) and stored in it otherwise.
-        per_user_path: also write each test user's masked new-to-user recall@20 per arm there
-            (parquet: ``user_id``, ``few_events``, one column per arm), for paired comparisons of
-            runs over the same users (benchmarks/learner.py bootstraps them).
+        per_user_path: also write per test user values there, for paired comparisons of runs
+            over the same users (benchmarks/learner.py bootstraps them): parquet with ``user_id``,
+            ``few_events``, the counts ``n_relevant``, ``n_repeat``, ``n_explore`` and
+            ``repeat_share`` (n_repeat / n_relevant), then per arm: ``<arm>`` its masked
+            new-to-user recall@20, and under the deep-funnel protocol ``<arm>__deep@10`` /
+            ``<arm>__deep@20`` (recall), ``<arm>__deep_hr@10`` / ``<arm>__deep_hr@20`` (hit),
+            ``<arm>__deep_repeat@20`` / ``<arm>__deep_explore@20`` (recall on each slice). NaN
+            where the user has nothing relevant in that set.
     """
     if run is not None and (unknown := sorted(set(run) - set(arms))):
         raise ValueError(f"eval.retrieval_arms: unknown arms {unknown}; expected some of {list(arms)}")
@@ -76,6 +92,7 @@ def evaluate_retrieval(
     seconds: dict[str, float] = {}
     fits: dict[str, Any] = {}
     per_user: dict[str, np.ndarray] = {}
+    k20 = 20 if 20 in ks else ks[-1]
     for name, arm in arms.items():
         if (run is not None and name not in run) or not ctx.has(arm.info.needs):
             continue
@@ -91,34 +108,38 @@ def evaluate_retrieval(
                 cache.put("retrieval", name, key, ranked)
         scores[name] = score_arm(ranked, data, ks, few)
         if ranked.masked is not None:
-            per_user[name] = recall_per_user(ranked.masked, data.new_to_user, 20 if 20 in ks else ks[-1])
+            per_user[name] = recall_per_user(ranked.masked, data.new_to_user, k20)
+        if ranked.deep is not None:
+            per_user |= deep_per_user(name, ranked.deep, data, ks)
         seconds[name] = time.perf_counter() - t0
         if ranked.fit is not None:
             fits[name] = ranked.fit | ({how: True} if how else {})
-        log.info("retrieval %s: recall@20 %.4f full, %.4f %s (%.1fs)", name, scores[name]["all"].get("recall@20", math.nan),
-                 scores[name].get(MASKED, {}).get("recall@20", math.nan), MASKED, seconds[name])
+        log.info("retrieval %s: recall@20 %.4f full, %.4f %s, %.4f %s (%.1fs)", name,
+                 scores[name]["all"].get("recall@20", math.nan), scores[name].get(MASKED, {}).get("recall@20", math.nan),
+                 MASKED, scores[name].get(DEEP, {}).get("recall@20", math.nan), DEEP, seconds[name])
     if per_user_path is not None and per_user:
         per_user_path.parent.mkdir(parents=True, exist_ok=True)
         pl.DataFrame({"user_id": data.users, "few_events": few if few is not None else np.zeros(len(data.users), bool),
-                      **per_user}).write_parquet(per_user_path)
+                      **slice_counts(data), **per_user}).write_parquet(per_user_path)
     metric_names = [f"{m}@{k}" for k in ks for m in ("recall", "ndcg")]
-    empty = dict.fromkeys(metric_names)
+    deep_names = [*metric_names, *[f"hr@{k}" for k in ks]]
     roles = {name: arm.info.role for name, arm in arms.items()}
 
     def arm_metrics(arm: str, name: str) -> dict[str, Any]:
         part = scores.get(arm, {}).get(name)
-        return {k: v for k, v in part.items() if k != "users"} if part else dict(empty)
+        empty = deep_names if name.startswith("deep_") else metric_names
+        return {k: v for k, v in part.items() if k != "users"} if part else dict.fromkeys(empty)
 
     def users(name: str) -> int:
         return int(next((s[name]["users"] for s in scores.values() if name in s), 0))
 
-    def section(protocol: str, slices: dict[str, str]) -> dict[str, Any]:
+    def section(protocol: str, slices: dict[str, str], names: list[str] = metric_names) -> dict[str, Any]:
         """Every arm's metrics under ``protocol`` (a score_arm key), the slices (section key ->
-        score_arm key) and the best arm per metric."""
+        score_arm key) and the best arm per metric of ``names``."""
         part: dict[str, Any] = {arm: arm_metrics(arm, protocol) for arm in arms}
         part["slices"] = {key: {"users": users(name)} | {arm: arm_metrics(arm, name) for arm in arms}
                           for key, name in slices.items()}
-        part["best"] = best_arms(part, tuple(arms), metric_names)
+        part["best"] = best_arms(part, tuple(arms), names)
         return part
 
     out: dict[str, Any] = {
@@ -132,7 +153,7 @@ def evaluate_retrieval(
         "arms": roles,
     }
     few_slice = {} if few is None else {"few_events": "few_events"}
-    out |= section("all", {"new_to_user": "new_to_user", "item_cold": "item_cold"} | few_slice)
+    out |= section("all", {"new_to_user": "new_to_user", "repeat": "repeat", "item_cold": "item_cold"} | few_slice)
     out |= model_ratios(out, roles, "recall@20")
     masked: dict[str, Any] = {"protocol": MASKED_PROTOCOL, "users": users(MASKED)}
     masked |= section(MASKED, {"item_cold": "masked_item_cold"} | {k: f"masked_{v}" for k, v in few_slice.items()})
@@ -142,6 +163,35 @@ def evaluate_retrieval(
     masked["skipped"] = {name: arm.info.no_masked for name, arm in arms.items() if arm.info.no_masked}
     masked |= model_ratios(masked, roles, "recall@20", references=False)
     out[MASKED] = masked
+    deep: dict[str, Any] = {"protocol": deep_protocol(task.target_stage or snap.deep_stage), "users": users(DEEP)}
+    deep |= section(DEEP, {"repeat": "deep_repeat", "explore": "deep_explore"}, deep_names)
+    deep |= model_ratios(deep, roles, "recall@20")
+    out[DEEP] = deep
+    return out
+
+
+def slice_counts(data: RetrievalData) -> dict[str, np.ndarray]:
+    """(U,) per test user: how many held-out entities are relevant, repeat and explore (new to the
+    user), and the repeat share (NaN without relevant entities)."""
+    n_rel = np.array([len(r) for r in data.relevant], dtype=np.int64)
+    n_rep = np.array([len(r) for r in data.repeat], dtype=np.int64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        share = np.where(n_rel > 0, n_rep / np.maximum(n_rel, 1), np.nan)
+    return {"n_relevant": n_rel, "n_repeat": n_rep, "n_explore": n_rel - n_rep, "repeat_share": share}
+
+
+def deep_per_user(name: str, deep: np.ndarray, data: RetrievalData, ks: tuple[int, ...]) -> dict[str, np.ndarray]:
+    """(U,) per-user values of ``name``'s deep-funnel list ``deep`` (U, k): recall and hit at 10
+    and 20 (those of ``ks``), and recall@20 on the repeat and explore slices (NaN where the user
+    has nothing relevant in the slice)."""
+    out: dict[str, np.ndarray] = {}
+    for k in (10, 20):
+        if k in ks:
+            out[f"{name}__deep@{k}"] = recall_per_user(deep, data.relevant, k)
+            out[f"{name}__deep_hr@{k}"] = hit_per_user(deep, data.relevant, k)
+    k20 = 20 if 20 in ks else ks[-1]
+    out[f"{name}__deep_repeat@{k20}"] = recall_per_user(deep, data.repeat, k20)
+    out[f"{name}__deep_explore@{k20}"] = recall_per_user(deep, data.new_to_user, k20)
     return out
 
 
@@ -156,13 +206,17 @@ def arm_key(
     history_splits: list[str] | None,
 ) -> str:
     """The cache key of an arm's top-k lists: its class and settings, k, the seed, the task, the
-    test users, the history every arm learns from (sorted pairs) and, for an arm that reads them,
-    the content vectors."""
+    test users, the history every arm learns from and the target-stage history the deep-funnel
+    protocol removes (sorted pairs) and, for an arm that reads them, the content vectors."""
     settings = asdict(arm) if is_dataclass(arm) else dict(vars(arm))
-    hist = data.history.sort("user_id", "entity_id")
     parts: list[Any] = [name, f"{type(arm).__module__}.{type(arm).__qualname__}", settings, k, seed, asdict(task),
-                        history_splits, data.users, hist["user_id"].to_numpy(), hist["entity_id"].to_numpy(),
-                        hist["n"].to_numpy()]
+                        history_splits, data.users]
+    for frame in (data.history, data.deep_history):
+        if frame is None:
+            parts.append(None)
+            continue
+        pairs = frame.sort("user_id", "entity_id")
+        parts += [pairs["user_id"].to_numpy(), pairs["entity_id"].to_numpy(), pairs["n"].to_numpy()]
     if "content" in arm.info.needs and content is not None:
         parts += [content[0], content[1]]
     return fit_key(*parts)

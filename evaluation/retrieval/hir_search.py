@@ -1,9 +1,12 @@
 """The HIR retrieval search: each test user's published embedding searched against the entity
 type's Milvus alias (production path), or exact cosine search over the export files (fallback).
 
-Both give the two protocols of evaluation/retrieval/rank.py. The masked one from Milvus: each user's
-search returns k + |history| hits (rounded up, see :func:`masked_limits`), history entities are
-dropped and the first k kept, which is exactly the exact masked top-k when the index is exact.
+Both give the three protocols of evaluation/retrieval/rank.py. The masked and deep-funnel ones from
+Milvus: each user's search returns k + max(|history|, |target-stage history|) hits (rounded up, see
+:func:`masked_limits`); the masked list drops the history entities from them and the deep list the
+target-stage history entities, each keeping the first k, which is exactly the exact top-k of its
+protocol when the index is exact (one search serves both: each drops at most as many hits as the
+limit holds beyond k).
 """
 
 from __future__ import annotations
@@ -53,15 +56,17 @@ def drop_seen(hits: list[list[int]], seen_rows: sp.csr_matrix, k: int) -> np.nda
 
 def published_topk(manifest: dict[str, Any], snap: Snapshot, entity_type: str) -> TopK:
     """User vectors from the Feast online store, top-k from Milvus by alias, keys mapped back to
-    node ids; masked: k + |history| hits per user with the history entities dropped."""
+    node ids; masked: k + |history| hits per user with the history entities dropped; deep: the
+    same hits with the target-stage history entities dropped."""
 
     def run(data: RetrievalData, k: int) -> Ranked:
         seen = data.seen[data.users]  # (U, I)
-        sizes = np.diff(seen.indptr)
+        seen_deep = data.seen_deep[data.users]  # (U, I)
+        sizes = np.maximum(np.diff(seen.indptr), np.diff(seen_deep.indptr))
         limits = masked_limits(k, sizes)
         short = int((k + sizes > MILVUS_MAX_LIMIT).sum())
         if short:
-            log.warning("hir retrieval (milvus): %d users have more than %d history entities; their masked lists "
+            log.warning("hir retrieval (milvus): %d users have more than %d history entities; their masked / deep lists "
                         "may hold fewer than %d entities", short, MILVUS_MAX_LIMIT - k, k)
         (full_hits, masked_hits), present = published_search(
             manifest, entity_type, _keys(snap, "user")[data.users].tolist(), [np.full(len(data.users), k), limits])
@@ -71,11 +76,14 @@ def published_topk(manifest: dict[str, Any], snap: Snapshot, entity_type: str) -
         for row, keys in zip(rows, full_hits):
             ids = [key_to_id.get(key, -1) for key in keys[:k]]
             full[row, : len(ids)] = ids
+        hits = [[key_to_id.get(key, -1) for key in keys] for keys in masked_hits]
         masked = np.full((len(data.users), k), -1, dtype=np.int64)
-        masked[rows] = drop_seen([[key_to_id.get(key, -1) for key in keys] for keys in masked_hits], seen[rows], k)
+        masked[rows] = drop_seen(hits, seen[rows], k)
+        deep = np.full((len(data.users), k), -1, dtype=np.int64)
+        deep[rows] = drop_seen(hits, seen_deep[rows], k)
         log.info("hir retrieval (milvus): %d/%d test users have a published embedding; masked searches at %d "
                  "limits (up to %d)", int(present.sum()), len(present), len(set(limits.tolist())), int(limits.max(initial=0)))
-        return Ranked(full, masked)
+        return Ranked(full, masked, deep=deep)
 
     return run
 
@@ -98,13 +106,14 @@ def _vectors(emb_dir: Path, snap: Snapshot, entity_type: str) -> tuple[np.ndarra
 
 def files_topk(emb_dir: Path, snap: Snapshot, entity_type: str) -> TopK:
     """Exact inner-product top-k over ``embeddings/`` (vectors are L2-normalised, so cosine),
-    both protocols from one scoring pass."""
+    every protocol from one scoring pass."""
 
     def run(data: RetrievalData, k: int) -> Ranked:
         users, has_user = _vectors(emb_dir, snap, "user")
         items, has_item = _vectors(emb_dir, snap, entity_type)
-        ranked = rank_dense(inner_product_scores(users, items, has_item), data.users, k, data.seen)
-        for top in (ranked.full, ranked.masked):
+        ranked = rank_dense(inner_product_scores(users, items, has_item), data.users, k, data.seen,
+                            deep=data.seen_deep)
+        for top in ranked.lists():
             top[~has_user[data.users]] = -1
         return ranked
 

@@ -33,7 +33,7 @@ INPUTS = ("hir", "content")
 # keys of a metrics.json retrieval section that are not arms
 # (and the ratios, `<model>_over_<baseline or reference>`)
 SECTION_KEYS = ("task", "history_splits", "ks", "users", "protocol", "seconds", "fits", "arms", "slices", "best",
-                "masked_new_to_user", "skipped")
+                "masked_new_to_user", "deep_funnel", "skipped")
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,8 @@ class RetrievalArm(Protocol):
     info: ClassVar[ArmInfo]
 
     def topk(self, ctx: RetrievalContext, k: int) -> Ranked:
-        """(U, k) top-k entity ids of ``ctx.test.users`` under both protocols."""
+        """(U, k) top-k entity ids of ``ctx.test.users`` under every protocol it has (full; masked
+        new-to-user; deep funnel, ``Ranked.deep``)."""
         ...
 
 

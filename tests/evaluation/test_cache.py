@@ -44,6 +44,10 @@ def test_a_second_evaluation_reuses_the_baseline_fits(compose: Callable, tiny_gr
     assert second["ranking"]["ne_lift"]["value"] == first["ranking"]["ne_lift"]["value"]
     for arm in ("popularity", "itemknn", "lightgcn", "gfcf", "hir"):
         assert second["retrieval"][arm] == first["retrieval"][arm], arm
+    # the cached lists carry the deep-funnel one (repeat: only that and the full one)
+    for arm in ("popularity", "itemknn", "lightgcn", "gfcf", "repeat", "hir"):
+        assert first["retrieval"]["deep_funnel"][arm]["hr@10"] is not None, arm
+        assert second["retrieval"]["deep_funnel"][arm] == first["retrieval"]["deep_funnel"][arm], arm
     assert second["retrieval"]["fits"]["lightgcn"]["reused_from_cache"] is True
     assert "reused_from_cache" not in first["retrieval"]["fits"]["lightgcn"]
     assert "Baseline fits reused from the cache" in (tmp_path / "report" / "report.md").read_text()

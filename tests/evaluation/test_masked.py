@@ -1,6 +1,8 @@
 """The masked new-to-user protocol: no arm ever returns a history entity, and each arm type's
 masked list equals a brute-force reference (rank every entity, drop the user's history, keep
-the top k) on tiny examples; the Milvus arm through a real Milvus Lite FLAT (exact) index."""
+the top k) on tiny examples; the Milvus arm through a real Milvus Lite FLAT (exact) index. The
+deep-funnel list the same way, dropping only the target-stage pairs (here: about half of the
+history pairs, standing in for past purchases)."""
 
 from __future__ import annotations
 
@@ -32,10 +34,15 @@ def _history(seed: int, n: int = 200) -> pl.DataFrame:
         "user_id", "entity_id").agg(pl.len().cast(pl.Float64).alias("n"))
 
 
+def _deep(history: pl.DataFrame) -> pl.DataFrame:
+    """The target-stage pairs of ``history``: a fixed half of them (user + entity even)."""
+    return history.filter((pl.col("user_id") + pl.col("entity_id")) % 2 == 0)
+
+
 def _data(history: pl.DataFrame, n_users: int = N_USERS, n_items: int = N_ITEMS) -> RetrievalData:
     empty: list[set[int]] = [set() for _ in range(n_users)]
     return RetrievalData(users=np.arange(n_users), relevant=empty, new_to_user=empty, item_cold=empty,
-                         history=history, n_users=n_users, n_items=n_items)
+                         history=history, n_users=n_users, n_items=n_items, deep_history=_deep(history))
 
 
 def _brute_masked(scores: np.ndarray, seen: np.ndarray, k: int) -> list[np.ndarray]:
@@ -48,16 +55,19 @@ def _brute_masked(scores: np.ndarray, seen: np.ndarray, k: int) -> list[np.ndarr
 
 
 def _check(ranked: Ranked, scores: np.ndarray, data: RetrievalData, k: int = K) -> None:
-    """``ranked.masked`` holds no history entity and has the reference's scores (ties may pick
-    either id), -1 only where fewer than k entities are left."""
-    assert ranked.masked is not None and ranked.masked.shape == (len(data.users), k)
-    seen = data.seen.toarray().astype(bool)[data.users]
-    for row, (top, want) in enumerate(zip(ranked.masked, _brute_masked(scores, seen, k))):
-        ids = top[top >= 0]
-        assert not seen[row, ids].any(), f"user {row} got history entities {ids[seen[row, ids]]}"
-        assert len(set(ids.tolist())) == len(ids)
-        assert np.allclose(scores[row, ids], want, atol=1e-5), (row, scores[row, ids], want)
-        assert (top[len(ids):] == -1).all()
+    """``ranked.masked`` holds no history entity and ``ranked.deep`` no target-stage history
+    entity, and each has the reference's scores (ties may pick either id), -1 only where fewer
+    than k entities are left."""
+    for top_k, mask in ((ranked.masked, data.seen), (ranked.deep, data.seen_deep)):
+        assert top_k is not None and top_k.shape == (len(data.users), k)
+        seen = mask.toarray().astype(bool)[data.users]
+        for row, (top, want) in enumerate(zip(top_k, _brute_masked(scores, seen, k))):
+            ids = top[top >= 0]
+            assert not seen[row, ids].any(), f"user {row} got masked entities {ids[seen[row, ids]]}"
+            assert len(set(ids.tolist())) == len(ids)
+            assert np.allclose(scores[row, ids], want, atol=1e-5), (row, scores[row, ids], want)
+            assert (top[len(ids):] == -1).all()
+    assert data.seen_deep[data.users].nnz > 0  # there was something to mask
 
 
 def _cosine(x: np.ndarray) -> np.ndarray:
@@ -75,6 +85,9 @@ def test_popularity_masked_is_the_most_popular_unseen() -> None:
         # exact ids: popularity breaks ties by id, so the reference is one list
         order = sorted((i for i in range(N_ITEMS) if counts[i] > 0 and not seen[u, i]), key=lambda i: (-counts[i], i))
         assert ranked.masked[u][ranked.masked[u] >= 0].tolist() == order[:K]
+        bought = data.seen_deep[u].toarray().ravel() > 0
+        order = sorted((i for i in range(N_ITEMS) if counts[i] > 0 and not bought[i]), key=lambda i: (-counts[i], i))
+        assert ranked.deep[u][ranked.deep[u] >= 0].tolist() == order[:K]
 
 
 @pytest.mark.parametrize("neighbours", [0, 4, N_ITEMS])
@@ -215,9 +228,11 @@ def test_milvus_masked_search_equals_exact_masked_search(tmp_path: Path) -> None
         hits = grouped_search(search, users, limits, batch=16)
     finally:
         milvus_store.disconnect(client, uri)
-    masked = drop_seen([[int(key[1:]) for key in row] for row in hits], seen, k)
-    dense = sims.astype(np.float64)
-    dense[seen.toarray().astype(bool)] = -np.inf
-    exact = np.argsort(-dense, axis=1, kind="stable")[:, :k]
-    assert np.array_equal(masked, exact)
+    ids = [[int(key[1:]) for key in row] for row in hits]
+    # masked drops the history, deep only its target-stage part, from the same hits
+    for mask in (seen, data.seen_deep):
+        dense = sims.astype(np.float64)
+        dense[mask.toarray().astype(bool)] = -np.inf
+        exact = np.argsort(-dense, axis=1, kind="stable")[:, :k]
+        assert np.array_equal(drop_seen(ids, mask, k), exact)
     assert len(np.unique(limits)) < n_users // 2  # users share search calls

@@ -66,4 +66,7 @@ def test_feast_and_milvus_match_the_files(compose: Callable, tmp_path: Path) -> 
     # agrees with exact masked search over the files
     masked, exact = metrics["retrieval"]["masked_new_to_user"]["hir"], files["retrieval"]["masked_new_to_user"]["hir"]
     assert masked["recall@50"] is not None and abs(masked["recall@50"] - exact["recall@50"]) < 0.05
+    # and so does the deep-funnel one (the same hits, only the target-stage history dropped)
+    deep, exact_deep = metrics["retrieval"]["deep_funnel"]["hir"], files["retrieval"]["deep_funnel"]["hir"]
+    assert deep["hr@50"] is not None and abs(deep["recall@50"] - exact_deep["recall@50"]) < 0.05
     assert files["ranking"]["hir"]["auc"] == pytest.approx(metrics["ranking"]["hir"]["auc"], abs=1e-6)

@@ -43,7 +43,8 @@ class LowestIds:
 
     def topk(self, ctx: RetrievalContext, k: int) -> Ranked:
         row = -torch.arange(ctx.test.n_items, dtype=torch.float32)
-        return rank_dense(lambda users: row.expand(len(users), -1).clone(), ctx.test.users, k, ctx.test.seen)
+        return rank_dense(lambda users: row.expand(len(users), -1).clone(), ctx.test.users, k, ctx.test.seen,
+                          deep=ctx.test.seen_deep)
 
 
 def test_one_config_line_adds_an_arm(compose: Callable, tiny_graph: Path, tmp_path: Path) -> None:
@@ -60,6 +61,8 @@ def test_one_config_line_adds_an_arm(compose: Callable, tiny_graph: Path, tmp_pa
     assert list(retrieval["arms"])[-1] == "lowest" and retrieval["arms"]["lowest"] == "baseline"
     # tiny.py has 6 products: any top 10 holds every test purchase
     assert retrieval["lowest"]["recall@10"] == 1.0 and retrieval["masked_new_to_user"]["lowest"]["recall@10"] == 1.0
+    # the deep funnel masks test users' past purchases; tiny.py's user 1 buys its past purchase 3 again
+    assert retrieval["deep_funnel"]["lowest"]["hr@10"] == 0.5
     report = (tmp_path / "report" / "report.md").read_text()
     assert "| noisy |" in report and "| lowest |" in report and "AUC noisy" in report and "lowest recall@20" in report
 

@@ -63,6 +63,16 @@ def test_both_protocols_for_every_arm(retrieval: dict) -> None:
         assert masked["slices"]["item_cold"][arm]["recall@3"] is None  # no item-cold purchase in tiny.py
     assert all(v is None for v in masked["repeat"].values()) and "repeat" in masked["skipped"]
     assert retrieval["repeat"]["recall@1"] is not None
+    deep = retrieval["deep_funnel"]
+    for arm in ARMS:  # every arm has a deep-funnel list, repeat included
+        assert deep[arm]["hr@3"] is not None, arm
+        for name in ("repeat", "explore"):
+            assert set(METRICS) <= set(deep["slices"][name][arm])
+    # tiny.py: user 0's test purchase 2 is new (explore), user 1's 3 was bought before (repeat)
+    assert deep["users"] == 2 and deep["slices"]["repeat"]["users"] == 1 and deep["slices"]["explore"]["users"] == 1
+    assert retrieval["slices"]["repeat"]["users"] == 1
+    assert deep["slices"]["repeat"]["popularity"]["recall@3"] == 0.0  # the re-bought 3 is masked
+    assert set(deep["best"]) == set(METRICS) | {f"hr@{k}" for k in KS}
     for section in (retrieval, masked):
         assert set(section["best"]) == set(METRICS)
         for metric, arm in section["best"].items():

@@ -88,9 +88,15 @@ def test_rees46_report(compose: Callable, tmp_path: Path) -> None:
     assert all(s["jaccard"] == 1.0 and s["top1_agreement"] == 1.0 and s["nmi"] == pytest.approx(1.0) for s in stability)
     assert all(s["entities"] == n_products for s in stability)
     html = (report / "report.html").read_text()
-    # lift, recall@K, calibration, ranker curves, token usage, embedding map + the LightGCN curve
-    assert html.count("data:image/png;base64,") == 7 and "src=\"http" not in html
+    # lift, recall@K, repeat vs explore, calibration, ranker curves, token usage, embedding map + the LightGCN curve
+    assert html.count("data:image/png;base64,") == 8 and "src=\"http" not in html
     assert "## Slices" in (report / "report.md").read_text()
+    # the deep-funnel protocol: every arm with a deep list, its table in the report
+    deep = retrieval["deep_funnel"]
+    assert deep["users"] == retrieval["users"] and "purchase" in deep["protocol"]
+    for arm in ("hir", "popularity", "itemknn", "lightgcn", "content", "gfcf", "repeat"):
+        assert deep[arm]["hr@10"] is not None and deep[arm]["recall@10"] <= deep[arm]["hr@10"], arm
+    assert "### Retrieval, deep funnel" in (report / "report.md").read_text()
 
     # idempotent: the finished report is reused, force=true recomputes
     (report / "report.md").write_text("marker")

@@ -19,8 +19,9 @@ def profile_topk(data: RetrievalData, item_vecs: np.ndarray, has_vec: np.ndarray
     profiles, present = user_profiles(
         item_vecs, has_vec, data.history["user_id"].to_numpy(), data.history["entity_id"].to_numpy(), data.n_users
     )
-    ranked = rank_dense(inner_product_scores(profiles, item_vecs, has_vec), data.users, k, data.seen)
-    for top in (ranked.full, ranked.masked):
+    ranked = rank_dense(inner_product_scores(profiles, item_vecs, has_vec), data.users, k, data.seen,
+                        deep=data.seen_deep)
+    for top in ranked.lists():
         top[~present[data.users]] = -1  # no history with text: nothing to retrieve from
     return ranked
 

@@ -86,4 +86,5 @@ class GFCF:
 
     def topk(self, ctx: RetrievalContext, k: int) -> Ranked:
         seen = ctx.test.seen
-        return rank_dense(gfcf_scores(seen, self.rank, self.ideal_weight, ctx.seed), ctx.test.users, k, seen)
+        return rank_dense(gfcf_scores(seen, self.rank, self.ideal_weight, ctx.seed), ctx.test.users, k, seen,
+                          deep=ctx.test.seen_deep)

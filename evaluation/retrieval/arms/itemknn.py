@@ -71,8 +71,9 @@ def itemknn_scores(data: RetrievalData, neighbours: int = 20) -> Scores:
 
 
 def itemknn_topk(data: RetrievalData, k: int, neighbours: int = 20) -> Ranked:
-    """Item-kNN top-k under both protocols (masked: the user's own history entities removed)."""
-    return rank_dense(itemknn_scores(data, neighbours), data.users, k, data.seen)
+    """Item-kNN top-k under every protocol (masked: the user's own history entities removed;
+    deep: the user's target-stage history entities removed)."""
+    return rank_dense(itemknn_scores(data, neighbours), data.users, k, data.seen, deep=data.seen_deep)
 
 
 @dataclass(frozen=True)

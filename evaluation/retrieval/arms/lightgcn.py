@@ -178,7 +178,7 @@ def fit_lightgcn(
 ) -> LightGCNResult:
     """Train on ``train.history`` (the train period), select the epoch by masked new-to-user
     recall@20 on ``val`` (its history masked, relevance = its new-to-user sets), then rank for
-    ``test`` users propagating over ``test.history`` with the best weights, both protocols.
+    ``test`` users propagating over ``test.history`` with the best weights, every protocol.
     """
     with torch_threads(cfg.threads):
         return _fit(train, val, test, k, cfg, seed)
@@ -254,6 +254,7 @@ def _fit(
     adj_full = propagation_graph(test.history["user_id"].to_numpy(), test.history["entity_id"].to_numpy(), n_users)
     with torch.no_grad():
         emb = propagate(model, adj_full).numpy()
-    ranked = rank_dense(inner_product_scores(emb[:n_users], emb[n_users:]), test.users, k, test.seen)
+    ranked = rank_dense(inner_product_scores(emb[:n_users], emb[n_users:]), test.users, k, test.seen,
+                        deep=test.seen_deep)
     return LightGCNResult(ranked, best_epoch, best, epoch, time.perf_counter() - t0, budget_hit, stopped_by, curve,
                           emb)

@@ -24,8 +24,9 @@ def popularity_scores(data: RetrievalData) -> Scores:
 
 
 def popularity_topk(data: RetrievalData, k: int) -> Ranked:
-    """The most popular entities; masked: the most popular ones the user has not had."""
-    return rank_dense(popularity_scores(data), data.users, k, data.seen)
+    """The most popular entities; masked: the most popular ones the user has not had; deep: the
+    most popular ones the user has not had at the target stage."""
+    return rank_dense(popularity_scores(data), data.users, k, data.seen, deep=data.seen_deep)
 
 
 @dataclass(frozen=True)
