@@ -52,3 +52,16 @@ def test_without_funnel_output_the_arm_is_empty_and_says_why(tiny_graph: Path) -
     data = retrieval_data(snap, TASK, "test", 0)
     ranked = Recommend().topk(RetrievalContext(snap, TASK, data, 0), 5)
     assert (ranked.full == -1).all() and "no funnel output" in ranked.fit["skipped"]
+
+
+def test_deep_list_drops_only_target_stage_history(run: Path) -> None:
+    snap = load_snapshot(run / "graph")
+    data = retrieval_data(snap, TASK, "test", 0)
+    ranked = Recommend().topk(RetrievalContext(snap, TASK, data, 0), 5)
+    assert ranked.deep is not None
+    for r, u in enumerate(data.users.tolist()):
+        kept = [e for e in ranked.deep[r].tolist() if e >= 0]
+        assert not any(data.seen_deep[u, e] for e in kept), "the deep list holds a converted entity"
+        # only converted entities are dropped: the rest keep the full list's order
+        full = [e for e in ranked.full[r].tolist() if e >= 0 and not data.seen_deep[u, e]]
+        assert kept[: len(full)] == full[: len(kept)]

@@ -70,13 +70,9 @@ class Recommend:
             out = rec.recommend(users, k + self.extra)  # rows in sorted user order
             order = np.searchsorted(out.users, users)
             lists[lo:lo + len(users)] = out.ids[order]
-        target = rec.meta["target_rank"]
-        ev = ctx.snap.events.filter((pl.col("entity_type") == ctx.task.entity_type) & (pl.col("split") != "test"))
-        deep = ev.filter(pl.col("stage_rank") >= target).select("user_id", "entity_id").unique()
         full = _drop(lists, data.users, None, k)
         masked = _drop(lists, data.users, data.history.select("user_id", "entity_id"), k)
-        ranked = Ranked(full, masked, {"funnel_dir": str(funnel_dir), "asof": rec.meta["asof"],
-                                       "discovery": "hir" if rec.discovery is not None else "view base"})
-        if "deep" in Ranked.__dataclass_fields__:
-            ranked.deep = _drop(lists, data.users, deep, k)  # type: ignore[attr-defined]
-        return ranked
+        deep = None if data.deep_history is None else \
+            _drop(lists, data.users, data.deep_history.select("user_id", "entity_id"), k)
+        return Ranked(full, masked, {"funnel_dir": str(funnel_dir), "asof": rec.meta["asof"],
+                                     "discovery": "hir" if rec.discovery is not None else "view base"}, deep=deep)
