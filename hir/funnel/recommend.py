@@ -77,11 +77,19 @@ class KeyedRecommender:
 
     def recommend_keys(self, users: list[str], k: int = 20) -> list[dict[str, Any]]:
         """Rows {user, rank, entity, score, source, why} for every known user of ``users``."""
+        return self.recommend_both(users, k)[0]
+
+    def recommend_both(self, users: list[str], k: int = 20) -> tuple[list[dict[str, Any]], dict[str, list[str]]]:
+        """The scored rows (:meth:`recommend_keys`) and, side by side, each user's discovery list
+        (entity keys, new to the user)."""
         unknown = [u for u in users if u not in self.user_index]
         if unknown:
             raise HirError(f"unknown user ids {unknown[:5]}: not in the snapshot the funnel was built from")
         rec = self.recommender.recommend(np.array([self.user_index[u] for u in users]), k)
-        return rec.as_rows(self.user_keys, self.entity_keys)
+        assert rec.discovery is not None
+        discovery = {self.user_keys[u]: [self.entity_keys[e] for e in row.tolist() if e >= 0]
+                     for u, row in zip(rec.users.tolist(), rec.discovery, strict=True)}
+        return rec.as_rows(self.user_keys, self.entity_keys), discovery
 
 
 def open_recommender(data: str | None = "completejourney", store: str | Path | None = None,
@@ -133,14 +141,19 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--funnel", default=None, help="a run's funnel/ dir, read directly (no published version needed)")
     ap.add_argument("--discovery", default="auto", help="auto (Milvus when published) | milvus | base")
     ap.add_argument("--json", action="store_true", help="print JSON rows")
+    ap.add_argument("--with-discovery", action="store_true",
+                    help="also print each user's discovery list (new to the user) beside the scored one")
     args = ap.parse_args(argv)
     try:
-        rows = open_recommender(args.data, args.store, args.funnel, args.discovery).recommend_keys(args.users, args.k)
+        rows, discovery = open_recommender(args.data, args.store, args.funnel, args.discovery).recommend_both(args.users, args.k)
     except HirError as err:
         print(f"hir recommend: {err}", file=sys.stderr)
         sys.exit(2)
     if args.json:
-        print(json.dumps(rows, indent=1))
+        print(json.dumps({"recommended": rows, "discovery": discovery} if args.with_discovery else rows, indent=1))
         return
     for row in rows:
         print(f"{row['user']:>10}  {row['rank']:>3}  {row['entity']:<14} {row['score']:>8.3f}  {row['source']:<9}  {row['why']}")
+    if args.with_discovery:
+        for user, items in discovery.items():
+            print(f"{user:>10}  discover: {' '.join(items)}")

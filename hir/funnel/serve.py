@@ -36,13 +36,15 @@ SOURCES = ("funnel", "discovery", "popular")
 class Recommendations:
     """Per user of ``users`` (U,): ``ids`` (U, k) entity ids best first (-1 = none), ``scores``
     (U, k), ``sources`` (U, k) the first source of each (an index into :data:`SOURCES`; -1 none)
-    and ``why`` (U lists of k strings)."""
+    and ``why`` (U lists of k strings); ``discovery`` (U, k): the discovery source's own list
+    (new to the user, in its order), served beside the scored one."""
 
     users: np.ndarray
     ids: np.ndarray
     scores: np.ndarray
     sources: np.ndarray
     why: list[list[str]]
+    discovery: np.ndarray | None = None
 
     def as_rows(self, user_keys: list[str] | None = None, entity_keys: list[str] | None = None) -> list[dict[str, Any]]:
         """One dict per (user, rank): user, rank, entity, score, source, why (keys when given)."""
@@ -146,4 +148,7 @@ class Recommender:
                 sources[r, j] = 0 if row["in_funnel"] else 1 if row["in_discovery"] else 2
                 reasons.append(_why(row, self.stages, self.target))
             why.append(reasons)
-        return Recommendations(cands.users, ids, vals, sources, why)
+        disc_pos = cands.rows["disc_pos"].fill_null(0).to_numpy()
+        disc = top_per_user(cands, np.where(disc_pos > 0, -disc_pos.astype(np.float64), -np.inf), k)
+        discovery = np.where(np.isfinite(disc[1]), disc[0], -1)
+        return Recommendations(cands.users, ids, vals, sources, why, discovery)

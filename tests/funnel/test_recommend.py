@@ -62,6 +62,13 @@ def test_cli_by_original_ids(funnel_run: Path, capsys: pytest.CaptureFixture[str
     assert [r["user"] for r in rows] == [keys[0]] * 3 + [keys[1]] * 3
     rec = open_recommender(funnel=funnel_run / "funnel", discovery="base")
     assert rec.recommend_keys([keys[0]], k=3) == rows[:3]
+    main([keys[0], "--funnel", str(funnel_run / "funnel"), "--discovery", "base", "--k", "3", "--json", "--with-discovery"])
+    both = json.loads(capsys.readouterr().out)
+    assert both["recommended"] == rows[:3] and len(both["discovery"][keys[0]]) == 3
+    history = pl.read_parquet(funnel_run / "funnel" / "open_funnel.parquet").filter(pl.col("user_id") == 0)
+    entity_keys = pl.read_parquet(funnel_run / "graph" / "nodes" / "product.parquet").sort("node_id")["key"].cast(pl.String)
+    seen = {entity_keys[e] for e in history["entity_id"].to_list()}
+    assert not seen & set(both["discovery"][keys[0]]), "discovery lists an entity the user engaged with"
     with pytest.raises(SystemExit) as err:
         main(["no-such-user", "--funnel", str(funnel_run / "funnel"), "--discovery", "base"])
     assert err.value.code == 2
