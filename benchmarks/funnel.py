@@ -210,7 +210,7 @@ TARGETS = {"beibei": "hit@10 >= 0.50 and hit@20 >= 0.63 (deep_funnel), above the
 def render(result: dict[str, Any]) -> str:
     """The docs/results.md section of a funnel.json."""
     begin, end = markers("funnel")
-    lines = [begin, "## Deep-funnel retrieval (`python benchmarks/funnel.py`)", "",
+    lines = [begin, "## Deep-funnel retrieval (`python benchmarks/funnel.py`) {#deep-funnel-retrieval}", "",
              f"Test users' lists from `hir recommend`'s scorer against the plain ordering of the same candidates, "
              f"the user's open funnel and the repeat reference; seeds {result['seeds']}, means over seeds; ratios "
              "pooled over seeds with a paired bootstrap over users (95%). `full`: nothing masked; `deep_funnel`: "
