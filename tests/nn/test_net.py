@@ -104,6 +104,21 @@ def test_without_the_transformer_the_engagement_view_is_the_base_for_everyone():
     torch.testing.assert_close(net.semantic(z)[has], F.normalize(view["base"][seeds], dim=-1)[has])
 
 
+def test_without_the_transformer_a_seed_without_a_base_takes_the_knowledge_form():
+    """As with the transformer on (whose correction of it is zero): not its zero base, which gave
+    every such seed one direction-free vector (a parent category of the synthetic snapshot)."""
+    view = _view()
+    seeds = view["row"][:, 0]
+    none = view["base"][seeds].norm(dim=-1) == 0
+    assert none.sum() == 1
+    off, on = _net(transformer=False), _net(transformer=True)
+    on.load_state_dict(off.state_dict())
+    z_off, z_on = off(view, use_ids=True), on(view, use_ids=True)
+    torch.testing.assert_close(z_off.norm(dim=-1), torch.ones(6))
+    torch.testing.assert_close(z_off, z_on)  # the gate is closed: the two agree on every seed
+    assert float(off.semantic(z_off)[none].norm()) > 0.99
+
+
 def test_gradients_reach_bias_tables_and_lambda():
     net = _net()
     # a non-zero residual branch, so attention matters to the output at step 0
