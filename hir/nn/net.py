@@ -145,6 +145,11 @@ class HirNet(nn.Module):
         self.tokenizer = HierarchicalTokenizer(self.base_dim, **dict(hierarchy))
         self.primitive = nn.Linear(self.base_dim, width) if primitive_tokens else None
         self.reset_parameters()
+        if not self.use_transformer:
+            # without the transformer the correction (head, gate) and the base projection of the
+            # tokens are never used: frozen, so DDP waits for no gradient of theirs
+            for p in (*self.head.parameters(), self.gate, *self.encoder.base.parameters()):
+                p.requires_grad_(False)
 
     def reset_parameters(self) -> None:
         # the gate starts closed (the base exactly); the head starts random so the gate's gradient
@@ -205,8 +210,10 @@ class HirNet(nn.Module):
                 # a seed without a base takes the knowledge form, as with the transformer on (its
                 # correction is zero there); its zero base would give every such seed one
                 # direction-free vector (validate's collapse gate: all parent categories alike)
+                # (from its context's content, without ids: the base projection stays unused, so
+                # every step trains the same parameters, as DDP requires)
                 sub = {k: v if k in SHARED_KEYS else v[none] for k, v in view.items()}
-                dk, gk = self._knowledge(sub, use_ids)
+                dk, gk = self._knowledge(sub, use_ids=False)
                 d, g = d.index_put((none,), F.normalize(dk, dim=-1)), g.index_put((none,), gk)
             return d, g
         d, g, h = self._knowledge(view, use_ids, return_hidden=True)
