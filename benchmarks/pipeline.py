@@ -98,6 +98,7 @@ def measure(data: str, out_dir: Path, extra: list[str], mode: str) -> dict[str, 
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"),
            "TRANSFORMERS_OFFLINE": os.environ.get("TRANSFORMERS_OFFLINE", "1"), "TOKENIZERS_PARALLELISM": "false"}
     stages = pipeline_stages(fresh)
+    git, started = git_sha(), datetime.now(UTC).isoformat(timespec="seconds")  # the code measured, before it runs
     logs = out_dir / "bench_logs"
     logs.mkdir()
     rows: list[dict[str, Any]] = []
@@ -127,7 +128,7 @@ def measure(data: str, out_dir: Path, extra: list[str], mode: str) -> dict[str, 
     return {
         "data": data, "overrides": extra, "mode": mode, "stages": rows, "total_s": total, **summary,
         "budget_s": BUDGET_S, "within_budget": failed is None and summary["wall_s"] <= BUDGET_S, "failed": failed,
-        "out_dir": str(out_dir), "git": git_sha(), "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "out_dir": str(out_dir), "git": git, "measured_at": started,
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
     }
 
