@@ -15,6 +15,8 @@ from hir.nn.transformer import GraphTransformer
 
 # the options of the attention bias terms (``bias``)
 USER_TYPE = 0  # hir.data.schema.ENTITY_TYPES[0]: users are the query side of the space
+# the keys of a view shared by its rows (per content row, (U, ...)); every other key is (B, N)
+SHARED_KEYS = frozenset({"content", "base", "base_logit"})
 
 
 class HirNet(nn.Module):
@@ -143,6 +145,11 @@ class HirNet(nn.Module):
         self.tokenizer = HierarchicalTokenizer(self.base_dim, **dict(hierarchy))
         self.primitive = nn.Linear(self.base_dim, width) if primitive_tokens else None
         self.reset_parameters()
+        if not self.use_transformer:
+            # without the transformer the correction (head, gate) and the base projection of the
+            # tokens are never used: frozen, so DDP waits for no gradient of theirs
+            for p in (*self.head.parameters(), self.gate, *self.encoder.base.parameters()):
+                p.requires_grad_(False)
 
     def reset_parameters(self) -> None:
         # the gate starts closed (the base exactly); the head starts random so the gate's gradient
@@ -175,6 +182,19 @@ class HirNet(nn.Module):
         view["mask"] = ext(view["mask"], True)
         return h, view
 
+    def _knowledge(self, view: dict[str, Tensor], use_ids: bool, return_hidden: bool = False) -> Any:
+        """A batch of contexts -> the transformer's (direction (B, K), scale logit (B,)) before any
+        base (the knowledge form), and with ``return_hidden`` the seed's output (B, C)."""
+        seed_type = view["type"][:, 0]
+        h = self.encoder(view, use_ids)  # (B, N, C)
+        if self.primitive is not None:
+            h, view = self._append_primitives(h, view)  # (B, N+M, C)
+        qb, kb = self.buckets(view["type"], view["relation"], view["hop"], view["stage"], view["recency"])
+        h = self.transformer(h, qb, kb, view["exposure"].float(), view["mask"])[:, 0]  # (B, C) the seed's output
+        d = self.know_head(h).float()  # (B, K)
+        g = self.know_scale(h).float().squeeze(-1) + self.know_offset[seed_type]  # (B,)
+        return (d, g, h) if return_hidden else (d, g)
+
     def encode(self, view: dict[str, Tensor], use_ids: bool = True) -> tuple[Tensor, Tensor]:
         """A batch of contexts -> (direction (B, K) unit, scale logit (B,)); see :meth:`forward`."""
         seed_type = view["type"][:, 0]
@@ -183,15 +203,20 @@ class HirNet(nn.Module):
             raise ValueError("the engagement view needs the batch's spectral base rows (view['base'])")
         if not self.use_transformer and use_ids:
             self.last_correction = None
-            d = view["base"][row0].float()  # (B, K)
-            return F.normalize(d, dim=-1), view["base_logit"][row0].float()
-        h = self.encoder(view, use_ids)  # (B, N, C)
-        if self.primitive is not None:
-            h, view = self._append_primitives(h, view)  # (B, N+M, C)
-        qb, kb = self.buckets(view["type"], view["relation"], view["hop"], view["stage"], view["recency"])
-        h = self.transformer(h, qb, kb, view["exposure"].float(), view["mask"])[:, 0]  # (B, C) the seed's output
-        d = self.know_head(h).float()  # (B, K)
-        g = self.know_scale(h).float().squeeze(-1) + self.know_offset[seed_type]  # (B,)
+            base = view["base"][row0].float()  # (B, K)
+            d, g = F.normalize(base, dim=-1), view["base_logit"][row0].float()
+            none = base.norm(dim=-1) == 0  # (B,)
+            if none.any():
+                # a seed without a base takes the knowledge form, as with the transformer on (its
+                # correction is zero there); its zero base would give every such seed one
+                # direction-free vector (validate's collapse gate: all parent categories alike)
+                # (from its context's content, without ids: the base projection stays unused, so
+                # every step trains the same parameters, as DDP requires)
+                sub = {k: v if k in SHARED_KEYS else v[none] for k, v in view.items()}
+                dk, gk = self._knowledge(sub, use_ids=False)
+                d, g = d.index_put((none,), F.normalize(dk, dim=-1)), g.index_put((none,), gk)
+            return d, g
+        d, g, h = self._knowledge(view, use_ids, return_hidden=True)
         if use_ids:
             base = view["base"][row0].float()  # (B, K)
             # a seed without a base (no engagement: cold start) keeps the knowledge direction

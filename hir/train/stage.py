@@ -3,7 +3,8 @@
     hir train                                   # CPU, conf/trainer/cpu.yaml
     hir train trainer=ddp trainer.devices=2     # multi-process (gloo on CPU, nccl on GPU)
     hir train ++ckpt_path=last                  # resume after a crash from checkpoints/last.ckpt
-    hir train model.net.bias.exposure=false     # ablate a bias term
+    hir train model.net.transformer=true        # train the user correction too (off by default)
+    hir train model.net.bias.exposure=false     # ablate a bias term (a transformer's: with it on)
 """
 
 from __future__ import annotations
@@ -63,6 +64,11 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     t_data = time.perf_counter() - t0
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     module = instantiate(cfg.model, net=dm.net_sizes, data=dm.recipe)
+    if not module.net.use_transformer:
+        # what export still needs from training when the engagement view is the base alone
+        log.info("model.net.transformer=false (the default): the engagement view is the spectral base; training "
+                 "fits what export needs besides it: the knowledge view (entities and users without a base, "
+                 "`hir refresh`), the scale heads and the prototypes")
     trainer, best_cb = build_trainer(cfg, ckpt_dir, module.monitor, dm.task_report.get("planned_steps"),
                                      dm.batches_per_epoch(trainer_world(cfg)))
     dm.task_report["planned_epochs"] = trainer.max_epochs

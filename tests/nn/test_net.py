@@ -104,6 +104,32 @@ def test_without_the_transformer_the_engagement_view_is_the_base_for_everyone():
     torch.testing.assert_close(net.semantic(z)[has], F.normalize(view["base"][seeds], dim=-1)[has])
 
 
+def test_without_the_transformer_a_seed_without_a_base_takes_the_knowledge_form():
+    """As with the transformer on (whose correction of it is zero): not its zero base, which gave
+    every such seed one direction-free vector (a parent category of the synthetic snapshot)."""
+    view = _view()
+    seeds = view["row"][:, 0]
+    none = view["base"][seeds].norm(dim=-1) == 0
+    assert none.sum() == 1
+    off, on = _net(transformer=False).eval(), _net(transformer=True).eval()
+    on.load_state_dict(off.state_dict())
+    z_off, z_on = off(view, use_ids=True), on(view, use_ids=True)
+    torch.testing.assert_close(z_off.norm(dim=-1), torch.ones(6))
+    torch.testing.assert_close(z_off[~none], z_on[~none])  # the gate is closed: the base for the others
+    # the knowledge form of its context (its content, no ids), a unit direction
+    d, g = off._knowledge({k: v[none] if k not in ("content", "base", "base_logit") else v for k, v in view.items()},
+                          use_ids=False)
+    torch.testing.assert_close(z_off[none], HirNet.pack(F.normalize(d, dim=-1), g, view["type"][none, 0]))
+    assert float(off.semantic(z_off)[none].norm()) > 0.99
+    # the parts never used without the transformer are frozen (DDP waits for every trainable one)
+    frozen = {n for n, p in off.named_parameters() if not p.requires_grad}
+    assert frozen == {"gate", "head.weight", "head.bias", "encoder.base.weight"}
+    off.train()
+    (off(view, use_ids=True).sum() + off(view, use_ids=False).sum()).backward()
+    assert all(p.grad is not None for n, p in off.named_parameters() if p.requires_grad and "tokenizer" not in n
+               and "primitive" not in n), [n for n, p in off.named_parameters() if p.requires_grad and p.grad is None]
+
+
 def test_gradients_reach_bias_tables_and_lambda():
     net = _net()
     # a non-zero residual branch, so attention matters to the output at step 0

@@ -1,0 +1,50 @@
+"""benchmarks/pipeline.py's pieces that need no pipeline run: the log lines it reads, the refusal
+to reuse a run dir, and the docs section it writes (the run itself: `--data synthetic`, by hand)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def bench():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    spec = importlib.util.spec_from_file_location("bench_pipeline", ROOT / "benchmarks" / "pipeline.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_stage_seconds_are_the_lines_hir_logs(bench, caplog) -> None:
+    import logging
+
+    from hir.stages import log as hir_log
+
+    # the line hir/stages.py's run_stage writes, so a changed format fails here
+    with caplog.at_level(logging.INFO, logger=hir_log.name):
+        hir_log.info("stage %s: done in %.1fs", "train", 12.34)
+    text = "[x][hir][INFO] stage prepare: start\n" + caplog.text + "[x][hir][INFO] stage export: done in 3.0s\n"
+    assert bench.stage_seconds(text) == {"train": 12.3, "export": 3.0}
+
+
+def test_a_used_run_dir_is_refused(bench, tmp_path: Path) -> None:
+    (tmp_path / "graph").mkdir()
+    with pytest.raises(SystemExit):
+        bench.main(["--data", "synthetic", "--out-dir", str(tmp_path), "--results", str(tmp_path / "r.json")])
+
+
+def test_section_has_a_row_per_stage_and_the_verdict(bench) -> None:
+    record = {"data": "synthetic", "overrides": ["data.adapter.n_users=200"], "mode": "stages", "git": "abc",
+              "measured_at": "2026-01-01T00:00:00+00:00", "machine": {"cpus": 2}, "budget_s": 600.0,
+              "stages": [{"stage": "prepare", "seconds": 3.4, "wall_s": 21.7, "peak_rss_mib": 215.8},
+                         {"stage": "train", "seconds": 700.0, "wall_s": 720.0, "peak_rss_mib": 2048.0}],
+              "total_s": 703.4, "wall_s": 741.7, "peak_rss_mib": 2048.0, "within_budget": False, "failed": None}
+    text = bench.section({"synthetic": record})
+    assert text.startswith("<!-- pipeline:begin -->") and text.rstrip().endswith("<!-- pipeline:end -->")
+    assert "| train | 700.0 | 720.0 | 2048 |" in text and "over the 600 s budget" in text
