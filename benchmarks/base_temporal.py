@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results" / "base_temporal.json"
 SPLIT_DIR = ROOT / "outputs" / "or_temporal"
 RUN = "base_temporal"
+CELL_FILE = "base_temporal_cell.json"  # a cell's stage seconds, kept for --reuse
 EVALUATE = ["eval.hir_source=files", "eval.retrieval_arms=[hir]", "force=true", "eval.ranker_seeds=1",
             "eval.explain.pairs=0"]
 
@@ -63,10 +64,13 @@ def cell(seed: int, cut: str, reuse: bool) -> dict[str, Any]:
     common = [*data_args(cut), f"run_name={run.name}", f"seed={seed}", "model.net.transformer=false",
               f"paths.graph_dir={snap / 'graph'}", f"paths.content_dir={snap / 'content'}"]
     wall: dict[str, float] = {}
+    if reuse and (run / CELL_FILE).exists():
+        wall = json.loads((run / CELL_FILE).read_text())["wall_s"]
     if not (reuse and (run / "report" / "metrics.json").exists()):
         for stage, extra in (("train", []), ("export", []), ("evaluate", EVALUATE)):
             wall[stage] = round(hir(stage, *common, *extra), 1)
             print(f"  seed {seed}: {stage} {wall[stage]:.0f}s", flush=True)
+        (run / CELL_FILE).write_text(json.dumps({"wall_s": wall}) + "\n")
     metrics = json.loads((run / "report" / "metrics.json").read_text())
     train = json.loads((run / "checkpoints" / "train_metrics.json").read_text())
     masked = metrics["retrieval"]["masked_new_to_user"]
@@ -91,6 +95,7 @@ def main() -> None:
     ap.add_argument("--reuse", action="store_true", help="re-read finished cells instead of running them")
     ap.add_argument("--reference", action="append", default=[], metavar="SEED=RECALL",
                     help="a seed's level to keep (e.g. the previous code's figure on this split)")
+    ap.add_argument("--reference-from", default=None, help="where the --reference figures come from (recorded)")
     ap.add_argument("--tolerance", type=float, default=0.02)
     args = ap.parse_args()
     refs = {int(k): float(v) for k, v in (r.split("=") for r in args.reference)}
@@ -110,6 +115,7 @@ def main() -> None:
                    "test masked new-to-user recall@20 of the hir arm (train items masked)",
            "git": git.stdout.strip() or None, "date": datetime.now(UTC).isoformat(timespec="seconds"),
            "machine": f"{platform.machine()}, {os.cpu_count()} cores", "split": split, "tolerance": args.tolerance,
+           "reference_from": args.reference_from,
            "seeds": cells}
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(out, indent=1) + "\n")
