@@ -479,8 +479,8 @@ def select_filter(store: GraphStore, basis: SpectralBasis, val: ValSet, config: 
     beats the current choice beyond the paired noise over the scored val users (:func:`beats`
     with ``config.noise_z`` and ``config.min_gain``), so noise does not move the choice. Every
     candidate scored is appended to ``tried`` (a candidate already there is not rescored for the
-    record); ``start`` replaces ``config.start`` and ``start_rank`` the start rank (default: the
-    largest candidate rank the basis holds).
+    record); ``start`` replaces ``config.start`` and ``start_rank`` the start rank (when it is a
+    candidate; default: the largest candidate rank the basis holds).
 
     The rank steps try the other ranks from the smallest up, so of two ranks that both beat the
     current one the lower is taken unless the higher beats it too. A second search on a larger
@@ -490,7 +490,8 @@ def select_filter(store: GraphStore, basis: SpectralBasis, val: ValSet, config: 
     -13%)."""
     score = FilterScorer(store, basis, val, config.select_users, seed)
     ranks = [r for r in config.candidate_ranks if r <= basis.rank] or [basis.rank]
-    best_k = min(int(start_rank), basis.rank) if start_rank else max(ranks)
+    # (a start rank that is no candidate, e.g. the probe's rank under a fixed `rank`, is not kept)
+    best_k = int(start_rank) if start_rank in ranks else max(ranks)
     best_f = start or config.start
     best: np.ndarray | None = None
     cache: dict[tuple[int, Filter], np.ndarray] = {}

@@ -115,3 +115,5 @@ def test_a_second_search_starts_from_the_first_choice_not_the_largest_rank(store
     still = _config(noise_z=1e9)  # no step is ever taken: the search returns its start
     assert select_filter(store, basis, val, still, 0, [], Filter(), 8) == (8, Filter())
     assert select_filter(store, basis, val, still, 0, [], Filter()) == (16, Filter())
+    # a fixed rank is kept even when the search is handed another start rank (the probe's)
+    assert select_filter(store, basis, val, _config(rank=16, noise_z=1e9), 0, [], Filter(), 8) == (16, Filter())
