@@ -23,6 +23,7 @@ import json
 import os
 import platform
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -67,6 +68,7 @@ def cell(seed: int, cut: str, reuse: bool) -> dict[str, Any]:
     if reuse and (run / CELL_FILE).exists():
         wall = json.loads((run / CELL_FILE).read_text())["wall_s"]
     if not (reuse and (run / "report" / "metrics.json").exists()):
+        shutil.rmtree(run, ignore_errors=True)  # a left checkpoint would be resumed, its base reloaded
         for stage, extra in (("train", []), ("export", []), ("evaluate", EVALUATE)):
             wall[stage] = round(hir(stage, *common, *extra), 1)
             print(f"  seed {seed}: {stage} {wall[stage]:.0f}s", flush=True)
