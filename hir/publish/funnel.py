@@ -58,28 +58,31 @@ def live_service(service: str) -> str:
     return f"{service}_funnel"
 
 
-def user_rows(source: pl.DataFrame, user_keys: pl.Series, entity_keys: pl.Series, max_pairs: int, version: str,
-              created: Any) -> pl.DataFrame:
-    """One row per user of ``source`` (open_funnel.parquet rows, dense ids) with the module's columns.
-
-    Args:
-        source: the pair rows: :data:`hir.funnel.source.COLUMNS`, ``pos``, ``event_timestamp``.
-        user_keys, entity_keys: the snapshot's keys by node id (``Snapshot.keys``).
-        max_pairs: pairs kept per user (the first by ``pos``).
-        version: ``model_version`` of the rows; created: their ``created`` time.
-    """
+def with_keys(source: pl.DataFrame, user_keys: pl.Series, entity_keys: pl.Series) -> pl.DataFrame:
+    """``source`` (dense ``user_id``/``entity_id``) plus ``user_key``/``entity_key``, the snapshot's
+    keys by node id (``Snapshot.keys``); an id outside them is an error naming the fix."""
     for name, keys, col in (("user", user_keys, "user_id"), ("entity", entity_keys, "entity_id")):
         bad = source.filter((pl.col(col) < 0) | (pl.col(col) >= len(keys)))
         if bad.height:
             raise ValueError(f"open funnel {col} {bad[col].head(3).to_list()} outside the snapshot's {len(keys)} "
                              f"{name} nodes; the funnel was built on another snapshot: re-run `hir funnel force=true`")
-    ukeys = pl.DataFrame({"user_id": pl.int_range(len(user_keys), eager=True).cast(source["user_id"].dtype),
-                          "user_key": user_keys.cast(pl.String)})
-    ekeys = pl.DataFrame({"entity_id": pl.int_range(len(entity_keys), eager=True).cast(source["entity_id"].dtype),
-                          "entity_key": entity_keys.cast(pl.String)})
-    pairs = source.with_columns(pl.len().over("user_id").cast(pl.Int32).alias("funnel_pairs")) \
-        .filter(pl.col("pos") < max_pairs).sort("user_id", "pos")
-    pairs = pairs.join(ekeys, on="entity_id", how="left").join(ukeys, on="user_id", how="left")
+    return source.with_columns(pl.col("user_id").replace_strict(pl.int_range(len(user_keys), eager=True),
+                                                                user_keys.cast(pl.String)).alias("user_key"),
+                               pl.col("entity_id").replace_strict(pl.int_range(len(entity_keys), eager=True),
+                                                                  entity_keys.cast(pl.String)).alias("entity_key"))
+
+
+def user_rows(source: pl.DataFrame, max_pairs: int, version: str, created: Any) -> pl.DataFrame:
+    """One row per user of ``source`` with the module's columns.
+
+    Args:
+        source: pair rows keyed ``user_key``/``entity_key`` (:func:`with_keys`) with the columns of
+            :data:`hir.funnel.source.COLUMNS`, ``pos`` and ``event_timestamp``.
+        max_pairs: pairs kept per user (the first by ``pos``).
+        version: ``model_version`` of the rows; created: their ``created`` time.
+    """
+    pairs = source.with_columns(pl.len().over("user_key").cast(pl.Int32).alias("funnel_pairs")) \
+        .filter(pl.col("pos") < max_pairs).sort("user_key", "pos")
     casts = {c: pl.Float32 if SCHEMA[f"funnel_{c}"] == "Array(Float32)" else pl.Boolean
              if c == "converted" else pl.Int32 for c in PAIR_COLUMNS}
     return (
@@ -111,7 +114,8 @@ def serving_table(funnel_dir: Path, graph_dir: Path, dst: Path, max_pairs: int |
                          "max_funnel); give a positive number")
     snap = load_snapshot(graph_dir)
     source = pl.read_parquet(funnel_dir / FILE)
-    rows = user_rows(source, snap.keys(ETYPE), snap.keys(meta.get("entity_type", "product")), cap, version, created)
+    etype = meta.get("entity_type", "product")
+    rows = user_rows(with_keys(source, snap.keys(ETYPE), snap.keys(etype)), cap, version, created)
     dst.parent.mkdir(parents=True, exist_ok=True)
     import pyarrow.parquet as pq
 
@@ -120,4 +124,5 @@ def serving_table(funnel_dir: Path, graph_dir: Path, dst: Path, max_pairs: int |
     pq.write_table(plain_table(rows.to_arrow()), dst)
     ts = rows["event_timestamp"]
     return {"rows": rows.height, "pairs": int(rows["funnel_entity"].list.len().sum() or 0), "max_pairs": cap,
-            "entity_type": meta.get("entity_type", "product"), "ts_min": ts.min(), "ts_max": ts.max()}
+            "entity_type": etype, "ts_min": ts.min(), "ts_max": ts.max(), "asof": meta["asof"],
+            "visible_splits": meta["visible_splits"], "target_rank": meta["target_rank"]}

@@ -295,7 +295,8 @@ def _funnel_spec(cfg: DictConfig, result: dict[str, Any], vdir: Path, sl: str,
     entry = {**{k: n[k] for k in ("view", "source", "push_source", "join_key")}, "path": str(dst),
              "service": n["service"], "feature_service": n["service"], "live_feature_service": n["live_service"],
              "projection": funnel_table.TABLE, "schema": funnel_table.SCHEMA, "funnel_dir": bound["dir"],
-             **{k: stats[k] for k in ("rows", "pairs", "max_pairs", "entity_type")},
+             **{k: stats[k] for k in ("rows", "pairs", "max_pairs", "entity_type", "asof", "visible_splits",
+                                      "target_rank")},
              "valid_from": stats["ts_min"].isoformat() if stats["ts_min"] else None}
     return entry, (stats["ts_min"], stats["ts_max"])
 
