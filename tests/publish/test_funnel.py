@@ -155,3 +155,37 @@ def test_versions_switch_the_funnel_and_a_failed_switch_keeps_the_old_one(make_r
     assert manifest["version"] == "a3" and "funnel" not in manifest["feast"]
     assert service_views(store, "rankers_funnel") is None
     assert json.loads((store_dir / "live.json").read_text())["live"] == "a3"
+
+
+def test_docs_example_runs_as_written(served: SimpleNamespace, tmp_path: Path) -> None:
+    """docs/serving.md "The user's open funnel" with only the manifest path, the user and the dates
+    replaced by this store's: the open items it prints are the parquet's unconverted pairs."""
+    import contextlib
+    import io
+    import re
+    import runpy
+
+    from tests.conftest import ROOT
+
+    text = (ROOT / "docs" / "serving.md").read_text()
+    body = text[text.index("## The user's open funnel"):]
+    body = body[:body.index("\n## ", 3)]
+    blocks = re.findall(r"```python\n(.*?)```", body, flags=re.S)
+    assert len(blocks) == 1
+    counts = served.pairs.group_by("user_id").len().sort(["len", "user_id"], descending=[True, False])
+    user = counts["user_id"][0]
+    asof = served.pairs["event_timestamp"][0]
+    code = blocks[0]
+    for old, new in (("outputs/completejourney/default/publish/manifest.json", str(served.run / "publish" / "manifest.json")),
+                     ('"1234"', repr(served.users["key"][user])),
+                     ('"2017-06-01"', repr(str(asof - pd.Timedelta(days=1)))),
+                     ('"2017-12-01"', repr(str(asof + pd.Timedelta(days=1))))):
+        assert old in code, old
+        code = code.replace(old, new)
+    script = tmp_path / "funnel_doc.py"
+    script.write_text(code + '\nRESULT = {"open": open_items, "pit": training.sort_values("event_timestamp")["open_funnel__model_version"].tolist()}\n')
+    with contextlib.redirect_stdout(io.StringIO()):
+        out = runpy.run_path(str(script), run_name="__main__")["RESULT"]
+    want = _expected(served, user).filter(~pl.col("converted"))["key"].to_list()
+    assert out["open"] == want and len(want) > 0
+    assert out["pit"] == [None, "f1"]
