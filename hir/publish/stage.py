@@ -130,6 +130,14 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                     f"model_version {version!r} is live in {store_dir} with different content (the export files' "
                     "sha256 differ); a version is immutable once published: export under a new model_version"
                 )
+            funnel_now = (result.get("funnel") or {}).get("files")
+            if live.get("funnel_hashes") != funnel_now:
+                raise HirError(
+                    f"model_version {version!r} is live in {store_dir} with a different open funnel (funnel/ was "
+                    f"{'added' if not live.get('funnel_hashes') else 'removed' if not funnel_now else 'recomputed'} "
+                    "since it was published); a version is immutable once published: export under a new "
+                    "model_version (`hir export force=true`), or keep the published funnel/"
+                )
             _register_manifest(state, live["slug"], manifest_path, noop=True)
             write_state(store_dir, state)
             log.info("version %r is already live in %s; nothing to publish (manifest %s)\n%s", version, store_dir,
@@ -157,8 +165,11 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                          f"the new version {version!r} is live and serving", SPACE_FIX):
             _register_manifest(state, slug(version), manifest_path)
             write_state(store_dir, state)
-    log.info("published %r: feast service %s (and %s, the live one), milvus aliases %s; manifest %s\n%s", version,
+    funnel = manifest["feast"].get("funnel")
+    log.info("published %r: feast service %s (and %s, the live one)%s, milvus aliases %s; manifest %s\n%s", version,
              manifest["feast"]["feature_service"], manifest["feast"]["live_feature_service"],
+             f", open funnel of {funnel['rows']} users in {funnel['feature_service']} (and "
+             f"{funnel['live_feature_service']})" if funnel else "",
              manifest["milvus"]["aliases"], manifest_path, describe_store(state, store_dir))
     return {"version": version, "noop": False, "rows": manifest["rows"], "timings_s": manifest["timings_s"],
             "materialize_rows_per_s": manifest["feast"]["materialize_rows_per_s"],
@@ -268,7 +279,8 @@ def _prepare(cfg: DictConfig, state: dict[str, Any], store_dir: Path, emb_dir: P
     manifest["source"] |= {"graph_dir": result.get("graph_dir"), "content_dir": str(Path(cfg.paths.content_dir).resolve()),
                            "checkpoint": emb_meta.get("checkpoint"), "visible_splits": emb_meta.get("visible_splits")}
     entry = {"version": version, "slug": sl, "created": result.get("created"), "status": "staged",
-             "staged_at": now_iso(), "hashes": result["files"], "manifest": manifest}
+             "staged_at": now_iso(), "hashes": result["files"], "manifest": manifest,
+             "funnel_hashes": (result.get("funnel") or {}).get("files")}
     if prior and prior["status"] == "kept":  # a rollback target stays kept until this succeeds
         entry["live_at"] = prior.get("live_at")
     state["versions"][sl] = {**entry, "status": "kept" if prior and prior["status"] == "kept" else "staged"}

@@ -14,6 +14,7 @@ import pandas as pd
 import polars as pl
 import pytest
 
+from hir.errors import HirError
 from hir.publish import stage as publish
 from hir.publish.faults import FAIL_ENV, InjectedFailure
 from hir.publish.feast_store import service_views
@@ -130,6 +131,14 @@ def test_versions_switch_the_funnel_and_a_failed_switch_keeps_the_old_one(make_r
     store_dir = run1.parent / "store"
     manifest, store = _store(store_dir)
     assert service_views(store, "rankers_funnel") == {"open_funnel": "open_funnel_a1"}
+
+    # idempotent: the same files again are a no-op; a recomputed funnel under the same version is refused
+    assert publish.run(cfg1)["noop"]
+    path = run1 / "funnel" / "open_funnel.parquet"
+    pl.read_parquet(path).with_columns(pl.col("n_events") + 1).write_parquet(path)
+    validate.run(cfg1)
+    with pytest.raises(HirError, match="different open funnel"):
+        publish.run(cfg1)
 
     # a switch that fails after the funnel service moved: everything back to a1
     cfg2, _ = make_run_funnel("a2")
