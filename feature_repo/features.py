@@ -12,6 +12,14 @@ Per entity type (user, product, advertiser, campaign, category; whichever the da
   ``weights_l<k>`` (Array(Float32), summing to 1) per level, ``model_version``. TTL 0 = rows never
   expire: an embedding is valid until a new version replaces the whole view.
 
+With a ``funnel`` entry in the spec (a run of `hir funnel`), also the user's open funnel: a
+``FeatureView`` ``open_funnel_<version>`` keyed by ``user_id``, one row per user with arrays of the
+user's first pairs in plain order (``funnel_entity`` Array(String) of entity keys, ``funnel_<col>``
+per pair column; the names and dtypes are ``funnel.schema`` of the spec, see
+hir/publish/funnel.py), its own sources, and its own ``FeatureService``
+``<service>_funnel_<version>`` (projected as ``open_funnel``), so the rankers' service keeps
+exactly its inputs.
+
 and one ``FeatureService`` ``<service>_<version>`` for rankers over the views of the types a
 ranker scores together (``service_types``, by default user + product: a row needs a join key for
 every view of a service), each projected under its entity type's name, so feature columns read
@@ -31,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from feast import Entity, FeatureService, FeatureView, Field, FileSource, PushSource, ValueType
-from feast.types import Array, Float32, Int32, String
+from feast.types import Array, Bool, Float32, Int32, String
 
 SPEC_FILE = Path(__file__).with_name("publish_spec.json")
 
@@ -65,6 +73,36 @@ def feature_view(etype: str, table: dict[str, Any], version: str) -> FeatureView
     )
 
 
+DTYPES = {"String": String, "Int32": Int32, "Float32": Float32, "Bool": Bool}
+
+
+def dtype(name: str) -> Any:
+    """``Array(Float32)`` / ``Int32`` (hir/publish/funnel.py's spelling) as a Feast type."""
+    if name.startswith("Array(") and name.endswith(")"):
+        return Array(DTYPES[name[len("Array("):-1]])
+    return DTYPES[name]
+
+
+def funnel_view(table: dict[str, Any], version: str) -> FeatureView:
+    """The open funnel of every user (one row per user, arrays in plain order). TTL 0: a row holds
+    until a refresh replaces it or a new version replaces the view."""
+    batch = FileSource(
+        name=table["source"], path=table["path"],
+        timestamp_field="event_timestamp", created_timestamp_column="created",
+    )
+    push = PushSource(name=table["push_source"], batch_source=batch)
+    return FeatureView(
+        name=table["view"],
+        entities=[entity("user")],
+        ttl=timedelta(0),
+        online=True,
+        source=push,
+        schema=[Field(name="user_id", dtype=String),
+                *[Field(name=col, dtype=dtype(kind)) for col, kind in table["schema"].items()]],
+        tags={"hir_version": version, "entity_type": "user", "hir_table": "open_funnel"},
+    )
+
+
 def ranker_service(name: str, views: dict[str, FeatureView], version: str) -> FeatureService:
     """The views, each projected under its entity type (``product__embedding``, ``user__tokens_l0``)."""
     return FeatureService(name=name, features=[v.with_name(etype) for etype, v in sorted(views.items())],
@@ -72,13 +110,23 @@ def ranker_service(name: str, views: dict[str, FeatureView], version: str) -> Fe
 
 
 def definitions(spec: dict[str, Any]) -> list:
-    """Every Feast object of one version: entities, sources, views, the versioned service."""
+    """Every Feast object of one version: entities, sources, views, the versioned service(s)."""
     views = {etype: feature_view(etype, table, spec["version"]) for etype, table in spec["tables"].items()}
     objects: list = [entity(etype) for etype in views]
     for view in views.values():
         objects += [view.stream_source.batch_source, view.stream_source, view]
     served = {t: views[t] for t in spec["service_types"]}
-    return [*objects, ranker_service(spec["feature_service"], served, spec["version"])]
+    objects.append(ranker_service(spec["feature_service"], served, spec["version"]))
+    funnel = spec.get("funnel")
+    if funnel:
+        view = funnel_view(funnel, spec["version"])
+        if "user" not in views:
+            objects.append(entity("user"))
+        objects += [view.stream_source.batch_source, view.stream_source, view,
+                    FeatureService(name=funnel["service"], features=[view.with_name("open_funnel")],
+                                   tags={"hir_version": spec["version"]},
+                                   description="hir: the user's open funnel (deep-funnel candidates)")]
+    return objects
 
 
 # `feast plan` (which collects module-level objects) in a working copy shows what `hir publish`

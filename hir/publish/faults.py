@@ -25,6 +25,8 @@ POINTS = (
 )
 # the same in `hir refresh` (after its journal is written)
 REFRESH_POINTS = ("refresh_milvus", "refresh_push_offline", "refresh_push_online", "refresh_commit")
+# passed only where a version publishes (or a refresh recomputes) the open funnel
+FUNNEL_POINTS = ("stage_funnel", "feast_materialize_funnel", "switch_funnel", "refresh_funnel")
 
 
 class InjectedFailure(RuntimeError):
@@ -32,7 +34,8 @@ class InjectedFailure(RuntimeError):
 
 
 def point(name: str) -> None:
-    assert name in POINTS + REFRESH_POINTS, f"unknown fault point {name!r}; expected one of {POINTS + REFRESH_POINTS}"
+    known = POINTS + REFRESH_POINTS + FUNNEL_POINTS
+    assert name in known, f"unknown fault point {name!r}; expected one of {known}"
     if os.environ.get(KILL_ENV) == name:
         os.kill(os.getpid(), signal.SIGKILL)
     if os.environ.get(FAIL_ENV) == name:

@@ -47,6 +47,11 @@ def _plain(t: pa.DataType) -> pa.DataType:
     return t
 
 
+def plain_table(table: pa.Table) -> pa.Table:
+    """``table`` with the plain Arrow types Feast's type map knows (:func:`_plain`)."""
+    return table.cast(pa.schema([pa.field(f.name, _plain(f.type)) for f in table.schema]))
+
+
 def serving_copy(src: Path, dst: Path, join_key: str) -> dict[str, Any]:
     """Copy an export table into the serving store with ``entity_id`` renamed to ``join_key``.
 
@@ -56,8 +61,7 @@ def serving_copy(src: Path, dst: Path, join_key: str) -> dict[str, Any]:
     Returns rows and the event_timestamp range (for the materialize window).
     """
     table = pq.read_table(src)
-    table = table.rename_columns([join_key if c == "entity_id" else c for c in table.column_names])
-    table = table.cast(pa.schema([pa.field(f.name, _plain(f.type)) for f in table.schema]))
+    table = plain_table(table.rename_columns([join_key if c == "entity_id" else c for c in table.column_names]))
     dst.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(table, dst)
     ts = table["event_timestamp"]
@@ -134,13 +138,13 @@ def materialize(store: Any, views: dict[str, str], windows: dict[str, tuple[date
     return seconds
 
 
-def live_service(store: Any, name: str, views: dict[str, str], version: str) -> Any:
-    """The unversioned service ``name`` over the given views (entity type -> view name)."""
+def live_service(store: Any, name: str, views: dict[str, str], version: str,
+                 description: str = "hir embeddings + tokens of the live version") -> Any:
+    """The unversioned service ``name`` over the given views (projection name -> view name)."""
     from feast import FeatureService
 
     fvs = [store.get_feature_view(v).with_name(etype) for etype, v in sorted(views.items())]
-    return FeatureService(name=name, features=fvs, tags={"hir_version": version},
-                          description="hir embeddings + tokens of the live version")
+    return FeatureService(name=name, features=fvs, tags={"hir_version": version}, description=description)
 
 
 def service_views(store: Any, name: str) -> dict[str, str] | None:
@@ -154,12 +158,12 @@ def service_views(store: Any, name: str) -> dict[str, str] | None:
     return {p.name_alias or p.name: p.name for p in service.feature_view_projections}
 
 
-def drop_version(store: Any, tables: dict[str, dict[str, str]], service: str) -> list[str]:
-    """Remove a version's service, views (and their online tables) and sources; objects that
+def drop_version(store: Any, tables: dict[str, dict[str, str]], *services: str) -> list[str]:
+    """Remove a version's services, views (and their online tables) and sources; objects that
     never got applied (a crashed publish) are skipped. Returns the removed names."""
     from feast.errors import DataSourceNotFoundException, FeastObjectNotFoundException
 
-    getters = [(store.get_feature_service, service)]
+    getters = [(store.get_feature_service, s) for s in services]
     for t in tables.values():
         getters += [(store.get_feature_view, t["view"]), (store.get_data_source, t["push_source"]),
                     (store.get_data_source, t["source"])]

@@ -37,8 +37,9 @@ def journal_path(store_dir: Path, slug: str, stamp: str) -> Path:
 
 
 def begin(store_dir: Path, entry: dict[str, Any], stamp: str, frames: dict[str, pl.DataFrame],
-          events_file: str | None) -> Path:
-    """Back up the offline parquet of every type in ``frames`` and write the journal; returns its path."""
+          events_file: str | None, funnel: bool = False) -> Path:
+    """Back up the offline parquet of every type in ``frames`` (and of the open funnel when
+    ``funnel``: its rows are recomputed) and write the journal; returns its path."""
     manifest = entry["manifest"]
     path = journal_path(store_dir, entry["slug"], stamp)
     out_dir = path.parent / stamp
@@ -50,6 +51,9 @@ def begin(store_dir: Path, entry: dict[str, Any], stamp: str, frames: dict[str, 
     # the journal first (naming the backups to come), so a kill during a copy is undone too
     journal["backups"] = {e: {"file": manifest["feast"]["offline_files"][e], "backup": str(out_dir / f"{e}.offline.bak")}
                           for e in frames}
+    if funnel:
+        journal["backups"]["open_funnel"] = {"file": manifest["feast"]["funnel"]["path"],
+                                             "backup": str(out_dir / "open_funnel.offline.bak")}
     write_text_atomic(path, json.dumps(journal, indent=2))
     for b in journal["backups"].values():
         tmp = Path(b["backup"] + ".tmp")

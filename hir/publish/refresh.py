@@ -14,7 +14,11 @@
 4. they are pushed to the live version's Feast push sources, online **and** offline (the offline
    parquet gains the rows, so point-in-time training data sees them from their
    ``event_timestamp`` on), and inserted into its live Milvus collections; the refresh is recorded
-   in the live manifest (``refreshes``: files, sha256, counts).
+   in the live manifest (``refreshes``: files, sha256, counts);
+5. where the live version publishes the user's open funnel and the delta has first events, the
+   open-funnel rows of those users are recomputed point-in-time from the snapshot's events, earlier
+   refreshes' and the delta's, and replace theirs online and offline
+   (:mod:`hir.publish.refresh_funnel`); every other user keeps the published row.
 
 ``event_timestamp`` of a refreshed row: when the entity appeared (the delta's ``timestamp`` or
 first event), but never before the live export's cutoff (the model had not seen that engagement
@@ -42,6 +46,7 @@ from hir.publish import faults, feast_store, milvus_store
 from hir.publish.delta import Delta, describe, first_seen, read_delta
 from hir.publish.journal import begin, journal_path, undo, undo_leftovers
 from hir.publish.leftovers import SPACE_FIX, recover
+from hir.publish.refresh_funnel import earlier_events, funnel_rows, push_funnel
 from hir.serving import now_iso, read_state, store_lock, sync_manifests, write_state
 from hir.validate.binding import sha256
 
@@ -194,9 +199,10 @@ def insert(frames: dict[str, pl.DataFrame], manifest: dict[str, Any], mcfg: Dict
 
 
 def refresh_rows(cfg: DictConfig, frames: dict[str, pl.DataFrame], delta: str, state: dict[str, Any],
-                 extra: dict[str, Any] | None = None) -> dict[str, Any]:
+                 extra: dict[str, Any] | None = None, funnel: pl.DataFrame | None = None) -> dict[str, Any]:
     """Validate, push, insert and record contract-format rows of new entities (``entity_id``,
-    ``embedding`` (dim,), ``tokens_l<k>``/``weights_l<k>``, ...) into the live version."""
+    ``embedding`` (dim,), ``tokens_l<k>``/``weights_l<k>``, ...) into the live version, and the
+    recomputed open-funnel rows ``funnel`` of the delta's users (hir/publish/refresh_funnel.py)."""
     store_dir = Path(cfg.publish.store_dir).resolve()
     entry = state["versions"][state["live"]]
     manifest = entry["manifest"]
@@ -205,8 +211,9 @@ def refresh_rows(cfg: DictConfig, frames: dict[str, pl.DataFrame], delta: str, s
     journal = journal_path(store_dir, entry["slug"], stamp)
     t: dict[str, float] = {}
     try:
-        begin(store_dir, entry, stamp, frames, (extra or {}).get("events_file"))
-        record = _refresh_rows(cfg, frames, delta, state, extra, out_dir, t)
+        has_funnel = funnel is not None and funnel.height > 0
+        begin(store_dir, entry, stamp, frames, (extra or {}).get("events_file"), has_funnel)
+        record = _refresh_rows(cfg, frames, delta, state, extra, out_dir, t, funnel if has_funnel else None)
     except BaseException as err:
         undone = undo(cfg, store_dir, journal)
         if space.is_out_of_space(err):
@@ -221,7 +228,8 @@ def refresh_rows(cfg: DictConfig, frames: dict[str, pl.DataFrame], delta: str, s
 
 
 def _refresh_rows(cfg: DictConfig, frames: dict[str, pl.DataFrame], delta: str, state: dict[str, Any],
-                  extra: dict[str, Any] | None, out_dir: Path, t: dict[str, float]) -> dict[str, Any]:
+                  extra: dict[str, Any] | None, out_dir: Path, t: dict[str, float],
+                  funnel: pl.DataFrame | None = None) -> dict[str, Any]:
     """:func:`refresh_rows` once :func:`begin` has written its journal."""
     store_dir = Path(cfg.publish.store_dir).resolve()
     entry = state["versions"][state["live"]]
@@ -240,15 +248,25 @@ def _refresh_rows(cfg: DictConfig, frames: dict[str, pl.DataFrame], delta: str, 
         faults.point("refresh_push_offline")
         files = push(frames, manifest, out_dir)
         t["feast_push"] = time.perf_counter() - t0
+        funnel_record = None
+        if funnel is not None:
+            # last before the commit: the users' rows are replaced online, which no undo reverts
+            t0 = time.perf_counter()
+            funnel_record = push_funnel(funnel, manifest, out_dir)
+            t["funnel_push"] = time.perf_counter() - t0
     offline = manifest["feast"].setdefault("offline_sha256", {})
     for etype in frames:
         offline[etype] = sha256(Path(manifest["feast"]["offline_files"][etype]))
+    if funnel_record:
+        offline["open_funnel"] = sha256(Path(funnel_record["offline_file"]))
     record = {"at": now_iso(), "delta_path": delta, "rows": {e: f.height for e, f in frames.items()},
               "files": files, "sha256": {e: sha256(Path(p)) for e, p in files.items()},
               "milvus": milvus, "offline_sha256": {e: offline[e] for e in frames},
               "valid_from": {e: f["event_timestamp"].min().isoformat() for e, f in frames.items() if f.height},
               "validation": str(out_dir / "validation" / "result.json"),
               "timings_s": {k: round(v, 3) for k, v in t.items()}, **(extra or {})}
+    if funnel_record:
+        record["funnel"] = funnel_record
     manifest.setdefault("refreshes", []).append(record)
     state["history"].append({"at": record["at"], "event": "refresh", "version": entry["version"],
                              "previous": None, "rows": record["rows"]})
@@ -297,13 +315,18 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             log.info("%s", msg)
             return {"version": manifest["version"], "rows": {}, "skipped": known}
         frames = embed(cfg, source, snapshot, delta, new, manifest)
+        funnel = funnel_rows(snapshot, manifest, delta.events, datetime.now(UTC), earlier_events(manifest))
+        if not manifest["feast"].get("funnel"):
+            log.info("the live version %r publishes no open funnel; only the new entities are refreshed",
+                     manifest["version"])
         events = _write_events(delta, store_dir, state)
         record = refresh_rows(cfg, frames, str(path), state,
-                              {"delta": describe(delta), "skipped_known": known, "events_file": events})
-    log.info("refreshed live version %r with %s new entities (Feast online + offline, Milvus); skipped %s "
-             "already served", manifest["version"], record["rows"], known or "none")
+                              {"delta": describe(delta), "skipped_known": known, "events_file": events}, funnel)
+    log.info("refreshed live version %r with %s new entities (Feast online + offline, Milvus) and the open funnel "
+             "of %d user(s); skipped %s already served", manifest["version"], record["rows"],
+             (record.get("funnel") or {}).get("users", 0), known or "none")
     return {"version": manifest["version"], "rows": record["rows"], "skipped": known,
-            "timings_s": record["timings_s"]}
+            "funnel_users": (record.get("funnel") or {}).get("users", 0), "timings_s": record["timings_s"]}
 
 
 def _write_events(delta: Delta, store_dir: Path, state: dict[str, Any]) -> str | None:

@@ -27,6 +27,7 @@ from hir import space
 from hir.errors import HirError
 from hir.progress import progress_steps
 from hir.publish import faults, feast_store, milvus_store, switch
+from hir.publish import funnel as funnel_table
 from hir.publish.leftovers import SPACE_FIX, abandon, check_space, recover, safe_name, served_note
 from hir.serving import (
     describe_store,
@@ -37,7 +38,7 @@ from hir.serving import (
     sync_manifests,
     write_state,
 )
-from hir.validate.binding import require_validated, sha256
+from hir.validate.binding import require_funnel, require_validated, sha256
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +115,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     pcfg = cfg.publish
     store_dir = Path(pcfg.store_dir).resolve()
     result = require_validated(emb_dir, val_dir)  # refuses failed, unvalidated or edited files
+    require_funnel(result)  # and an open funnel edited since it was validated
     version, created = result["model_version"], result.get("created")
     with store_lock(store_dir, "publish"):
         state = read_state(store_dir)
@@ -127,6 +129,14 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                 raise HirError(
                     f"model_version {version!r} is live in {store_dir} with different content (the export files' "
                     "sha256 differ); a version is immutable once published: export under a new model_version"
+                )
+            funnel_now = (result.get("funnel") or {}).get("files")
+            if live.get("funnel_hashes") != funnel_now:
+                raise HirError(
+                    f"model_version {version!r} is live in {store_dir} with a different open funnel (funnel/ was "
+                    f"{'added' if not live.get('funnel_hashes') else 'removed' if not funnel_now else 'recomputed'} "
+                    "since it was published); a version is immutable once published: export under a new "
+                    "model_version (`hir export force=true`), or keep the published funnel/"
                 )
             _register_manifest(state, live["slug"], manifest_path, noop=True)
             write_state(store_dir, state)
@@ -155,8 +165,11 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                          f"the new version {version!r} is live and serving", SPACE_FIX):
             _register_manifest(state, slug(version), manifest_path)
             write_state(store_dir, state)
-    log.info("published %r: feast service %s (and %s, the live one), milvus aliases %s; manifest %s\n%s", version,
+    funnel = manifest["feast"].get("funnel")
+    log.info("published %r: feast service %s (and %s, the live one)%s, milvus aliases %s; manifest %s\n%s", version,
              manifest["feast"]["feature_service"], manifest["feast"]["live_feature_service"],
+             f", open funnel of {funnel['rows']} users in {funnel['feature_service']} (and "
+             f"{funnel['live_feature_service']})" if funnel else "",
              manifest["milvus"]["aliases"], manifest_path, describe_store(state, store_dir))
     return {"version": version, "noop": False, "rows": manifest["rows"], "timings_s": manifest["timings_s"],
             "materialize_rows_per_s": manifest["feast"]["materialize_rows_per_s"],
@@ -182,6 +195,9 @@ class _Job:
     entry: dict[str, Any]
     timings: dict[str, float] = field(default_factory=dict)
     writing: dict[str, Any] = field(default_factory=dict)
+    # the open funnel's spec entry and event_timestamp window (None: no funnel/ was validated)
+    funnel: dict[str, Any] | None = None
+    funnel_window: tuple[datetime, datetime] | None = None
 
     def now_writing(self, what: str, where: Path | str) -> None:
         """What the next phase writes, and where (an out-of-space message names them)."""
@@ -244,6 +260,9 @@ def _prepare(cfg: DictConfig, state: dict[str, Any], store_dir: Path, emb_dir: P
                        f"this export ({sorted(tables)}); list the types a ranker reads together")
     spec = {"version": version, "slug": sl, "feature_service": f"{service}_{sl}", "service_types": served,
             "tables": tables}
+    funnel, funnel_window = _funnel_spec(cfg, result, vdir, sl, service)
+    if funnel:
+        spec["funnel"] = {k: funnel[k] for k in ("view", "source", "push_source", "path", "service", "schema")}
     online = online_settings(pcfg)
     (store_dir / "feast").mkdir(parents=True, exist_ok=True)
     repo = feast_store.write_working_copy(Path(pcfg.feast.repo_template), vdir / "feature_repo",
@@ -254,15 +273,44 @@ def _prepare(cfg: DictConfig, state: dict[str, Any], store_dir: Path, emb_dir: P
                  # the export's cutoff per type: its rows join point-in-time rows from then on
                  "valid_from": {e: w[0].isoformat() for e, w in windows.items() if w[0] is not None}}
     manifest["feast"]["offline_sha256"] = offline_sha
+    if funnel:
+        manifest["feast"]["funnel"] = funnel
+        manifest["feast"]["offline_sha256"][funnel_table.TABLE] = sha256(Path(funnel["path"]))
     manifest["source"] |= {"graph_dir": result.get("graph_dir"), "content_dir": str(Path(cfg.paths.content_dir).resolve()),
                            "checkpoint": emb_meta.get("checkpoint"), "visible_splits": emb_meta.get("visible_splits")}
     entry = {"version": version, "slug": sl, "created": result.get("created"), "status": "staged",
-             "staged_at": now_iso(), "hashes": result["files"], "manifest": manifest}
+             "staged_at": now_iso(), "hashes": result["files"], "manifest": manifest,
+             "funnel_hashes": (result.get("funnel") or {}).get("files")}
     if prior and prior["status"] == "kept":  # a rollback target stays kept until this succeeds
         entry["live_at"] = prior.get("live_at")
     state["versions"][sl] = {**entry, "status": "kept" if prior and prior["status"] == "kept" else "staged"}
     write_state(store_dir, state)
-    return _Job(cfg, state, store_dir, version, sl, service, prefix, tables, windows, rows, repo, manifest, entry)
+    return _Job(cfg, state, store_dir, version, sl, service, prefix, tables, windows, rows, repo, manifest, entry,
+                funnel=funnel, funnel_window=funnel_window)
+
+
+def _funnel_spec(cfg: DictConfig, result: dict[str, Any], vdir: Path, sl: str,
+                 service: str) -> tuple[dict[str, Any] | None, tuple[datetime, datetime] | None]:
+    """The serving copy of the validated open funnel (hir/publish/funnel.py) and its manifest
+    entry, or (None, None) when the validation result binds no ``funnel/``."""
+    bound = result.get("funnel")
+    if not bound:
+        log.info("publish: no open funnel validated with this export (funnel.enabled=false or no `hir funnel` run); "
+                 "publishing the embedding views only")
+        return None, None
+    faults.point("stage_funnel")
+    n = funnel_table.names(sl, service)
+    dst = vdir / "data" / funnel_table.FILE
+    stats = funnel_table.serving_table(Path(bound["dir"]), Path(result["graph_dir"]), dst,
+                                       OmegaConf.select(cfg, "publish.funnel.max_pairs", default=None),
+                                       result["model_version"], datetime.fromisoformat(result.get("created") or now_iso()))
+    entry = {**{k: n[k] for k in ("view", "source", "push_source", "join_key")}, "path": str(dst),
+             "service": n["service"], "feature_service": n["service"], "live_feature_service": n["live_service"],
+             "projection": funnel_table.TABLE, "schema": funnel_table.SCHEMA, "funnel_dir": bound["dir"],
+             **{k: stats[k] for k in ("rows", "pairs", "max_pairs", "entity_type", "asof", "visible_splits",
+                                      "target_rank")},
+             "valid_from": stats["ts_min"].isoformat() if stats["ts_min"] else None}
+    return entry, (stats["ts_min"], stats["ts_max"])
 
 
 def _phases(job: _Job, store: Any, client: Any, step: Any) -> None:
@@ -282,9 +330,14 @@ def _phases(job: _Job, store: Any, client: Any, step: Any) -> None:
     faults.point("feast_materialize")
     t0 = time.perf_counter()
     per_type = feast_store.materialize(store, {e: tab["view"] for e, tab in job.tables.items()}, job.windows)
+    if job.funnel and job.funnel["rows"]:
+        faults.point("feast_materialize_funnel")
+        per_type |= feast_store.materialize(store, {funnel_table.TABLE: job.funnel["view"]},
+                                            {funnel_table.TABLE: job.funnel_window})
     t["feast_materialize"] = time.perf_counter() - t0
     manifest["feast"]["materialize_s"] = {k: round(v, 3) for k, v in per_type.items()}
-    manifest["feast"]["materialize_rows_per_s"] = round(sum(job.rows.values()) / max(t["feast_materialize"], 1e-9), 1)
+    materialized = sum(job.rows.values()) + (job.funnel["rows"] if job.funnel else 0)
+    manifest["feast"]["materialize_rows_per_s"] = round(materialized / max(t["feast_materialize"], 1e-9), 1)
     step("milvus")
 
     uri = str(manifest["milvus"]["uri"])

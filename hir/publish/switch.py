@@ -15,25 +15,43 @@ from pathlib import Path
 from typing import Any
 
 from hir.publish import faults, feast_store, milvus_store
+from hir.publish import funnel as funnel_table
 from hir.serving import now_iso, write_state
 
 log = logging.getLogger(__name__)
 
 
+def funnel_views(manifest: dict[str, Any] | None) -> dict[str, str] | None:
+    """The live funnel service's projection -> view of ``manifest`` (None: it publishes no funnel)."""
+    funnel = ((manifest or {}).get("feast") or {}).get("funnel")
+    return {funnel_table.TABLE: funnel["view"]} if funnel else None
+
+
+def _set_service(store: Any, service: str, views: dict[str, str] | None, version: str | None,
+                 description: str) -> None:
+    """Make the unversioned ``service`` cover ``views`` (None: the service must not exist)."""
+    if views is None:
+        if feast_store.service_views(store, service) is not None:
+            store.delete_feature_service(service)
+    elif feast_store.service_views(store, service) != views:
+        store.apply([feast_store.live_service(store, service, views, version or "", description)])
+
+
 def _restore(client: Any, store: Any, aliases: dict[str, str | None], service: str,
-             views: dict[str, str] | None, version: str | None) -> None:
-    """Point every alias and the service back to ``aliases``/``views`` (None = did not exist)."""
+             views: dict[str, str] | None, version: str | None, funnel: dict[str, str] | None = None) -> None:
+    """Point every alias, the service and the funnel service back to ``aliases``/``views``/
+    ``funnel`` (None = did not exist)."""
     for alias, target in aliases.items():
         current = milvus_store.alias_target(client, alias)
         if target is None and current is not None:
             client.drop_alias(alias)
         elif target is not None and current != target:
             milvus_store.point_alias(client, alias, target)
-    if views is None:
-        if feast_store.service_views(store, service) is not None:
-            store.delete_feature_service(service)
-    elif feast_store.service_views(store, service) != views:
-        store.apply([feast_store.live_service(store, service, views, version or "")])
+    _set_service(store, service, views, version, "hir embeddings + tokens of the live version")
+    _set_service(store, funnel_table.live_service(service), funnel, version, FUNNEL_DESCRIPTION)
+
+
+FUNNEL_DESCRIPTION = "hir: the user's open funnel of the live version"
 
 
 def recover(state: dict[str, Any], client: Any, store: Any, prefix: str, service: str,
@@ -46,13 +64,16 @@ def recover(state: dict[str, Any], client: Any, store: Any, prefix: str, service
     want = {milvus_store.alias_name(prefix, t): (manifest or {}).get("milvus", {}).get("collections", {}).get(t)
             for t in sorted(types)}
     views = {t: manifest["feast"]["feature_views"][t] for t in manifest["feast"]["service_types"]} if manifest else None
+    funnel = funnel_views(manifest)
     repaired = [a for a, target in want.items() if milvus_store.alias_target(client, a) != target]
     if feast_store.service_views(store, service) != views:
         repaired.append(f"feast service {service}")
+    if feast_store.service_views(store, funnel_table.live_service(service)) != funnel:
+        repaired.append(f"feast service {funnel_table.live_service(service)}")
     if repaired:
         log.warning("repairing a switch interrupted by a crash: %s back to live version %s", repaired,
                     live["version"] if live else None)
-        _restore(client, store, want, service, views, live["version"] if live else None)
+        _restore(client, store, want, service, views, live["version"] if live else None, funnel)
     return repaired
 
 
@@ -64,6 +85,7 @@ def switch(state: dict[str, Any], store_dir: Path, client: Any, store: Any, entr
     aliases = manifest["milvus"]["aliases"]
     before = {a: milvus_store.alias_target(client, a) for a in aliases.values()}
     views_before = feast_store.service_views(store, service)
+    funnel_before = feast_store.service_views(store, funnel_table.live_service(service))
     old = state["live"]
     try:
         for i, (etype, alias) in enumerate(sorted(aliases.items())):
@@ -73,6 +95,11 @@ def switch(state: dict[str, Any], store_dir: Path, client: Any, store: Any, entr
         faults.point("switch_feast")
         served = {t: manifest["feast"]["feature_views"][t] for t in manifest["feast"]["service_types"]}
         store.apply([feast_store.live_service(store, service, served, entry["version"])])
+        # the funnel's live service moves with it; a version without a funnel removes it (serving
+        # the previous version's funnel beside new embeddings would mix versions)
+        _set_service(store, funnel_table.live_service(service), funnel_views(manifest), entry["version"],
+                     FUNNEL_DESCRIPTION)
+        faults.point("switch_funnel")
         faults.point("commit")
         at = now_iso()
         if old and old in state["versions"]:
@@ -86,7 +113,7 @@ def switch(state: dict[str, Any], store_dir: Path, client: Any, store: Any, entr
     except BaseException:
         log.error("switch to %s failed; restoring the previous pointers", entry["version"])
         old_version = state["versions"][old]["version"] if old else None
-        _restore(client, store, before, service, views_before, old_version)
+        _restore(client, store, before, service, views_before, old_version, funnel_before)
         raise
 
 
@@ -126,7 +153,11 @@ def remove_objects(store_dir: Path, client: Any, store: Any, entry: dict[str, An
         failed.append(err)
     try:
         tables = {t: feast_store.names(t, slug, service) for t in manifest["feast"]["feature_views"]}
-        removed = feast_store.drop_version(store, tables, manifest["feast"]["feature_service"]) if store else []
+        services = [manifest["feast"]["feature_service"]]
+        if manifest["feast"].get("funnel"):
+            tables[funnel_table.TABLE] = funnel_table.names(slug, service)
+            services.append(manifest["feast"]["funnel"]["feature_service"])
+        removed = feast_store.drop_version(store, tables, *services) if store else []
     except Exception as err:
         failed.append(err)
     if failed:

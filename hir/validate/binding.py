@@ -30,6 +30,31 @@ def export_hashes(embeddings_dir: Path) -> dict[str, str]:
     return {p.name: sha256(p) for p in sorted(embeddings_dir.iterdir()) if p.is_file() and not p.name.startswith(".")}
 
 
+FUNNEL_FILES = ("open_funnel.parquet", "meta.json")
+
+
+def funnel_hashes(funnel_dir: Path) -> dict[str, str]:
+    """``{file name: sha256}`` of what `hir publish` reads from ``funnel/`` (the open funnel and its meta)."""
+    return {name: sha256(funnel_dir / name) for name in FUNNEL_FILES if (funnel_dir / name).exists()}
+
+
+def require_funnel(result: dict[str, Any]) -> dict[str, Any] | None:
+    """The ``funnel`` binding of a validation result (None: none was validated), its files unchanged.
+
+    Raises:
+        NotValidated: a file of the validated ``funnel/`` changed or went missing.
+    """
+    bound = result.get("funnel")
+    if not bound:
+        return None
+    now, then = funnel_hashes(Path(bound["dir"])), bound["files"]
+    changed = sorted(f for f in set(now) | set(then) if now.get(f) != then.get(f))
+    if changed:
+        raise NotValidated(f"{bound['dir']} changed since it was validated: {', '.join(changed)}; run "
+                           "`hir validate force=true` again (or `hir funnel force=true` first)")
+    return bound
+
+
 def read_result(validation_dir: Path) -> dict[str, Any] | None:
     path = validation_dir / RESULT_FILE
     return json.loads(path.read_text()) if path.exists() else None

@@ -28,7 +28,7 @@ from hir.errors import HirError, InputError
 from hir.progress import progress_steps
 from hir.serving import live_entry
 from hir.validate import views
-from hir.validate.binding import RESULT_FILE, export_hashes, read_result, sha256
+from hir.validate.binding import RESULT_FILE, export_hashes, funnel_hashes, read_result, sha256
 from hir.validate.drift import drift_summary, drift_view
 
 log = logging.getLogger(__name__)
@@ -177,6 +177,19 @@ def _summary(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _funnel_binding(cfg: DictConfig) -> dict[str, Any] | None:
+    """``{"dir", "files"}`` of the run's ``funnel/`` when `hir funnel` wrote one (and is on), else None."""
+    funnel_dir = OmegaConf.select(cfg, "paths.funnel_dir", default=None)
+    if not OmegaConf.select(cfg, "funnel.enabled", default=False) or not funnel_dir:
+        return None
+    path = Path(funnel_dir)
+    if not (path / "open_funnel.parquet").exists():
+        log.info("validate: no %s (run `hir funnel` to publish the open funnel); validating without it",
+                 path / "open_funnel.parquet")
+        return None
+    return {"dir": str(path.resolve()), "files": funnel_hashes(path)}
+
+
 def run(cfg: DictConfig) -> dict[str, Any]:
     """Hydra entry: validate ``paths.graph_dir`` + ``paths.embeddings_dir`` into ``paths.validation_dir``."""
     graph_dir, emb_dir = Path(cfg.paths.graph_dir), Path(cfg.paths.embeddings_dir)
@@ -195,6 +208,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             json.dumps([OmegaConf.to_container(vcfg, resolve=True), expected_dim], sort_keys=True).encode()
         ).hexdigest(),
         "previous_version": prev_manifest["version"] if prev_manifest else None,
+        "funnel": _funnel_binding(cfg),
     }
     old = read_result(val_dir)
     if old and not cfg.force and all(old.get(k) == v for k, v in binding.items()):
@@ -229,6 +243,10 @@ def _validate(cfg: DictConfig, snap: Snapshot, emb_dir: Path, val_dir: Path, emb
         step("embedding tables")
         t0 = time.perf_counter()
         emb_tables, report = embedding_tables(emb_dir, emb_meta, snap, expected_dim, vcfg, prev_manifest)
+        if binding.get("funnel"):
+            from hir.validate.funnel import export_timestamp, funnel_tables
+
+            emb_tables += funnel_tables(Path(binding["funnel"]["dir"]), snap, export_timestamp(emb_dir, emb_meta))
         timings["embedding_tables"] = time.perf_counter() - t0
         step("checkpoint")
         t0 = time.perf_counter()

@@ -162,3 +162,35 @@ while not stop.exists():
         errors.append(repr(e)[:300])
 print(json.dumps({"seen": seen, "errors": errors[:5], "n_errors": len(errors)}), flush=True)
 """
+
+
+# a small scorer fit: the funnel tests check what is served, not how well it scores
+FUNNEL_FIT = ("funnel.config.scorer.steps=20", "funnel.config.rank=32")
+
+
+def tiny_funnel(graph: Path) -> Path:
+    """`hir funnel`'s ``funnel/`` of the prepared snapshot ``graph`` (written once beside it, read only)."""
+    from hydra.utils import instantiate
+
+    from hir.funnel.stage import write_funnel
+
+    out = graph.parent.parent / "funnel_of_tiny"
+    if not (out / "meta.json").exists():
+        cfg = compose_at(graph.parent, *FUNNEL_FIT)
+        write_funnel(graph, out, list(cfg.export.visible_splits), instantiate(cfg.funnel.config, _convert_="object"),
+                     0, cfg.funnel.entity_type, cfg.funnel.target_stage)
+    return out
+
+
+def funnel_run(graph: Path, run: Path, version: str, *overrides: str, **export: object) -> DictConfig:
+    """:func:`export_run` plus a copy of :func:`tiny_funnel` in ``run/funnel``, the export stamped
+    with the funnel's cut-off (as `hir export` stamps its rows); returns the run's config."""
+    import json
+    import shutil
+
+    funnel = tiny_funnel(graph)
+    if not (run / "funnel").exists():
+        shutil.copytree(funnel, run / "funnel")
+    asof = datetime.fromisoformat(json.loads((funnel / "meta.json").read_text())["asof"])
+    export.setdefault("created", asof)
+    return export_run(graph, run, version, *overrides, **export)
