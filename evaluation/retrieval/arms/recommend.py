@@ -40,7 +40,9 @@ class Recommend:
 
     batch: int = 512
     extra: int = 300
-    info: ClassVar[ArmInfo] = ArmInfo(role="model")
+    # needs the HIR search: its discovery lists are the published embedding's, and an arm that reads
+    # the run's outputs is never cached under the snapshot's hash nor fitted in the background
+    info: ClassVar[ArmInfo] = ArmInfo(role="model", needs=("hir",))
 
     def topk(self, ctx: RetrievalContext, k: int) -> Ranked:
         from hir.funnel.serve import Recommender
