@@ -53,7 +53,8 @@ def main(argv: list[str] | None = None) -> None:
         assert rows, f"no recommendation for user {u}"
     ms = 1000 * np.asarray(times)
     discovery = "milvus" if rec.recommender.discovery is not None else "view base"
-    key = f"{args.data if args.funnel is None else Path(args.funnel).parent.parent.name}/{discovery}"
+    dataset = json.loads((rec.recommender.dir.parent / "graph" / "meta.json").read_text()).get("dataset", args.data)
+    key = f"{dataset}/{discovery}"
     out_path = Path(args.out)
     result = json.loads(out_path.read_text()) if out_path.exists() else {}
     result[key] = {"when": datetime.now(UTC).isoformat(timespec="seconds"), "machine": platform.platform(),
