@@ -17,8 +17,8 @@ what is engaged now on data with time (p = 0: none). Users are folded in from th
 a user's vector follows whatever engagement is visible (export can see more than training did)
 and users unseen at fit time get one too. Entities engaged in the visible window but absent at
 fit time are folded in through U (``V[e] = R~[:, e]^T U_K / s_K``); entities nobody engages
-with (categories, advertisers) get the mean vector of their members (a category's products; a
-parent category, the mean of its subcategories' means); the rest (cold start) get none and are embedded by the knowledge view.
+with (categories, advertisers) get the mean vector of their members (a category's products);
+the rest (cold start) get none and are embedded by the knowledge view.
 
 Every choice (rank, b, the response h, a, the trend window and power, and the stage weighting)
 is made on the validation split from one SVD per stage weighting (:func:`select_filter`): a
@@ -36,7 +36,6 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from hir.model.csr import CSR
 from hir.model.filters import trend_factor, user_filter
 from hir.model.metrics import masked_recall, recall_per_user
 from hir.model.store import GraphStore
@@ -358,36 +357,19 @@ def _base(store: GraphStore, basis: SpectralBasis) -> tuple[np.ndarray, np.ndarr
     lo, hi = store.type_range("user")
     filt = user_filter(basis.sigma, f.response, f.ideal_weight)
     out[lo:hi] = np.asarray(r @ sp.diags(inv) @ item_v) * filt[None, :]
-    _fill_groups(out, store.down)
-    return out, deg_fit.astype(np.float32), filt
-
-
-def _fill_groups(out: np.ndarray, down: CSR) -> None:
-    """Give every entity nobody engages with the mean of its members' vectors (a category's
-    products, in place on ``out`` (n, K)), level by level up the metadata hierarchy: a parent
-    category whose members are subcategories takes their means once they have one. One pass
-    left the parents at zero, so they all got one degenerate vector (the same direction-free
-    embedding for every parent category when the engagement view is the base alone)."""
-    if not len(down.dst):
-        return
-    rows = np.repeat(np.arange(len(out)), np.diff(down.indptr))
+    # entities nobody engages with: the mean of their members' vectors (a category's products)
+    down = store.down
+    rows = np.repeat(np.arange(n), np.diff(down.indptr))
+    member_has = np.linalg.norm(out[down.dst], axis=1) > 0 if len(down.dst) else np.zeros(0, bool)
     empty = np.linalg.norm(out, axis=1) == 0
-    while True:
-        # members filled in an earlier pass count: a pass fills the next level up
-        pick = empty[rows] & ~empty[down.dst]
-        if not pick.any():
-            return
-        sums = np.zeros(out.shape, np.float64)
+    pick = empty[rows] & member_has
+    if pick.any():
+        sums = np.zeros((n, k), np.float64)
         np.add.at(sums, rows[pick], out[down.dst[pick]])
-        cnt = np.bincount(rows[pick], minlength=len(out))
+        cnt = np.bincount(rows[pick], minlength=n)
         filled = cnt > 0
         out[filled] = (sums[filled] / cnt[filled, None]).astype(np.float32)
-        # a mean of non-zero members can still be zero (opposite members): it stays empty, and
-        # the loop ends as no entity changes state
-        now = np.linalg.norm(out, axis=1) == 0
-        if (now == empty).all():
-            return
-        empty = now
+    return out, deg_fit.astype(np.float32), filt
 
 
 def scale_logits(store: GraphStore, basis: SpectralBasis, base: np.ndarray) -> np.ndarray:

@@ -148,28 +148,3 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tests.train.fixtures import tiny_snapshot
 
     return tiny_snapshot(tmp_path_factory.mktemp("loo"))
-
-
-def test_every_warm_node_has_a_base_parent_categories_the_mean_of_their_subcategories(tiny: Path) -> None:
-    """The synthetic snapshot's parent categories have subcategories, not products, as members:
-    one pass of member means left them at zero, so with the transformer off they all exported
-    one direction-free vector (validate's collapse gate: 4 of 12 categories alike)."""
-    from hir.model import load_graph
-    from hir.model.spectral import base_vectors, fit_spectral
-    from tests.train.fixtures import graph_options
-
-    store = load_graph(tiny / "graph", tiny / "content", ("train", "val"), **graph_options())
-    base = base_vectors(store, fit_spectral(store, 8, 4.0, 4, 0))
-    has = np.linalg.norm(base, axis=1) > 0
-    assert has[store.warm].all(), np.bincount(store.node_type[store.warm & ~has])
-    lo, hi = store.type_range("category")
-    down = store.down
-    parents = 0
-    for c in range(lo, hi):
-        members = down.dst[down.indptr[c]:down.indptr[c + 1]]
-        if len(members) and (store.node_type[members] == store.node_type[c]).all():  # a parent category
-            parents += 1
-            np.testing.assert_allclose(base[c], base[members].mean(0), rtol=1e-5, atol=1e-7)
-    assert parents == 4  # TINY_DATA's n_coarse
-    # and no two categories share a vector
-    assert len(np.unique(base[lo:hi].round(6), axis=0)) == hi - lo
