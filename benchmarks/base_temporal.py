@@ -85,7 +85,7 @@ def cell(seed: int, cut: str, reuse: bool) -> dict[str, Any]:
                                                   "val_recall@20_by_rank")},
         "candidates": len(spectral.get("candidates", [])),
         "wall_s": wall or None,
-        "command": f"hir <train|export|evaluate> {shlex.join(common)} (evaluate: {' '.join(EVALUATE)})",
+        "command": f"hir <train|export|evaluate> {shlex.join(common)} (evaluate: {' '.join(EVALUATE)})".replace(str(ROOT) + "/", ""),
     }
 
 

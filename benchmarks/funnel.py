@@ -164,7 +164,7 @@ def run_dataset(name: str, graph: Path, seeds: list[int], config: FunnelConfig, 
                   "open_funnel_pop": open_funnel_scores(cands, popularity_first=True), "discovery": discovery_scores(cands),
                   "repeat": repeat_scores(cands)}
         t_serve = time.perf_counter() - t0 - t_fit
-        lists = {arm: top_per_user(cands, s, max(KS) + 200)[0] for arm, s in scores.items()}
+        lists = {}
         for arm, s in scores.items():  # -inf entries are not retrieved
             ids, vals = top_per_user(cands, s, max(KS) + 200)
             lists[arm] = np.where(np.isfinite(vals), ids, -1)

@@ -128,7 +128,7 @@ def measure(data: str, out_dir: Path, extra: list[str], mode: str) -> dict[str, 
     return {
         "data": data, "overrides": extra, "mode": mode, "stages": rows, "total_s": total, **summary,
         "budget_s": BUDGET_S, "within_budget": failed is None and summary["wall_s"] <= BUDGET_S, "failed": failed,
-        "out_dir": str(out_dir), "git": git, "measured_at": started,
+        "out_dir": os.path.relpath(out_dir, ROOT), "git": git, "measured_at": started,
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
     }
 

@@ -1,4 +1,4 @@
-"""`hir recommend` latency per user, through the path a user calls (hir/funnel/recommend.py).
+"""`hir recommend` latency per user, through the path a user calls (hir/publish/recommend.py).
 
     python benchmarks/recommend.py --data completejourney --users 200
     python benchmarks/recommend.py --funnel outputs/online_retail/default/funnel --discovery base
@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from hir.funnel.recommend import open_recommender  # noqa: E402
+from hir.publish.recommend import open_recommender  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> None:
                    "cpus": os.cpu_count(), "requests": len(times), "k": args.k, "open_seconds": round(t_open, 2),
                    "p50_ms": round(float(np.median(ms)), 2), "p95_ms": round(float(np.quantile(ms, 0.95)), 2),
                    "p99_ms": round(float(np.quantile(ms, 0.99)), 2), "max_ms": round(float(ms.max()), 2),
-                   "discovery": discovery, "funnel": str(rec.recommender.dir), "target_p95_ms": 50}
+                   "discovery": discovery, "funnel": os.path.relpath(rec.recommender.dir, ROOT), "target_p95_ms": 50}
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(result, indent=1))
     print(json.dumps({key: result[key]}, indent=1))

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -71,7 +72,7 @@ def write_split(source: Path, cut: str, out: Path) -> dict[str, object]:
     at = pl.lit(cut).str.to_datetime("%Y-%m-%d")
     parts = {"events": df.filter(pl.col("ts") < at), "test": df.filter(pl.col("ts") >= at)}
     out.mkdir(parents=True, exist_ok=True)
-    stats: dict[str, object] = {"source": str(source), "cut": cut}
+    stats: dict[str, object] = {"source": os.path.relpath(source, ROOT), "cut": cut}
     for name, part in parts.items():
         part.with_columns(pl.col("ts").dt.strftime("%Y-%m-%dT%H:%M:%S")).write_csv(out / f"{name}.csv")
         stats[name] = {"rows": part.height, "users": part["user_id"].n_unique(), "items": part["item_id"].n_unique(),

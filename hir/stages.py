@@ -33,7 +33,7 @@ PIPELINE_HELP = "run the stages in `pipeline.stages` in order, in one run dir"
 HELPERS: dict[str, tuple[str, str]] = {
     "gather": ("hir_evaluation.gather", "collect a multirun's metrics.json files into one table (md + csv)"),
     "promote": ("hir.publish.promote", "publish one multirun cell into the dataset's serving store (make it live)"),
-    "recommend": ("hir.funnel.recommend", "discovery and the user's open funnel side by side, scored by the learner"),
+    "recommend": ("hir.publish.recommend", "discovery and the user's open funnel side by side, scored by the learner"),
     "explain": ("hir.publish.explain", "why this? the Bag-of-Meaning tokens a user and an entity share, from Feast"),
 }
 

@@ -11,10 +11,10 @@ import polars as pl
 import pytest
 
 from hir.funnel.fit import FunnelConfig
-from hir.funnel.recommend import main, open_recommender
 from hir.funnel.scorer import ScorerConfig
 from hir.funnel.serve import SOURCES, Recommender
 from hir.funnel.stage import FILES, write_funnel
+from hir.publish.recommend import main, open_recommender
 
 
 @pytest.fixture(scope="module")

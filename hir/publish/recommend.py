@@ -3,7 +3,7 @@
     hir recommend 1234 2001 --data completejourney           # the live version's store
     hir recommend 1234 --funnel outputs/online_retail/default/funnel --discovery base --json
 
-    from hir.funnel.recommend import open_recommender
+    from hir.publish.recommend import open_recommender
     rec = open_recommender(data="completejourney")
     rec.recommend_keys(["1234"], k=10)                        # [{user, rank, entity, score, source, why}, ...]
 
