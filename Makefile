@@ -28,10 +28,12 @@ run: install
 	$(VENV)/bin/hir pipeline data=completejourney
 
 # the fast suite (a budget of 5 minutes on 2 cores; the slowest tests are listed at the end), then
-# the manual's strict build: a broken link, anchor or nav entry fails
+# the manual's strict build: a broken link, anchor or nav entry fails. One pytest-xdist worker per
+# core (PYTEST_WORKERS), each test module on one worker so its module fixtures are built once
+PYTEST_WORKERS ?= 2
 test: install redis-server chromium
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -m "not slow" --durations=10
+	$(PY) -m pytest -m "not slow" -n $(PYTEST_WORKERS) --dist loadscope --durations=10
 	$(MAKE) docs-build
 
 # the manual (mkdocs.yml, docs/): built into site/, or served with live reload on 127.0.0.1:8000.

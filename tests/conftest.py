@@ -21,6 +21,20 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # idle OpenMP threads sleep instead of spinning (hir/train/stage.py sets it too, but only
 # takes effect before torch is loaded; under pytest a test module imports torch first)
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# under pytest-xdist (`make test` runs one worker per core) each worker computes on one thread:
+# two workers with two threads each would fight over the two cores
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "POLARS_MAX_THREADS"):
+        os.environ.setdefault(var, "1")
+    # execnet runs a worker with a bare __main__ (no __spec__, no __file__); pyspark.sql.connect
+    # (imported by great_expectations) takes that for its own doctest run and calls sys.exit(0).
+    # A spec named __main__ tells it otherwise, and multiprocessing's spawn (evaluate's second
+    # process) then imports no main module in the child, as for an interactive parent
+    _main = sys.modules["__main__"]
+    if getattr(_main, "__spec__", None) is None and not hasattr(_main, "__file__"):
+        import importlib.machinery
+
+        _main.__spec__ = importlib.machinery.ModuleSpec("__main__", None)
 # Triton reads TRITON_INTERPRET when its own @jit helpers (triton.language.standard) are defined,
 # i.e. when triton is first imported — and torch/lightning import it early. Without a GPU the
 # kernels run under the interpreter, so set it here, before anything imports torch.

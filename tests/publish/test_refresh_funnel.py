@@ -27,9 +27,11 @@ from tests.publish.fixtures import funnel_run
 NEW = "new-product-1"
 
 
-@pytest.fixture
-def live(tiny_graph: Path, tmp_path: Path) -> SimpleNamespace:
-    run = tmp_path / "r1"
+@pytest.fixture(scope="module")
+def live(tiny_graph: Path, tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
+    """Run ``r1`` validated and published, built once for this module (a publish costs ~10 s):
+    the point-in-time test only reads it, and the push test fails a push, then makes it."""
+    run = tmp_path_factory.mktemp("refresh_funnel") / "r1"
     cfg = funnel_run(tiny_graph, run, "r1")
     validate.run(cfg)
     publish.run(cfg)
@@ -88,7 +90,27 @@ def test_rows_are_recomputed_point_in_time(live: SimpleNamespace) -> None:
     assert row["user_events"] == before["user_events"][0] + 2 and row["user_last_days"] == pytest.approx(0.0, abs=1e-6)
 
 
-def test_refresh_pushes_the_delta_users_rows_and_keeps_the_others(live: SimpleNamespace) -> None:
+def test_a_failed_funnel_push_leaves_the_published_rows_then_the_push_replaces_the_delta_users_rows(
+        live: SimpleNamespace) -> None:
+    # one store for both halves: the failure must leave it exactly as published, so the push
+    # that follows starts from the published rows
+    at = live.asof + timedelta(days=1)
+    offline = Path(live.manifest["feast"]["funnel"]["path"])
+    sha, before = sha256(offline), _online(live, live.user)
+    funnel = funnel_rows(live.snap, live.manifest, _delta(live, at), datetime.now(UTC))
+    os.environ[FAIL_ENV] = "refresh_funnel"
+    try:
+        with pytest.raises(InjectedFailure):
+            refresh.refresh_rows(live.cfg, {"product": _product_rows(live, at)}, "delta.csv",
+                                 read_state(live.store_dir), None, funnel)
+    finally:
+        del os.environ[FAIL_ENV]
+    after = _online(live, live.user)
+    assert sha256(offline) == sha
+    for col in ("open_funnel__funnel_entity", "open_funnel__funnel_pairs", "open_funnel__funnel_age_days"):
+        assert after[col] == before[col]  # NaN-free columns (target_age_days holds NaN: never equal)
+    assert read_state(live.store_dir)["versions"]["r1"]["manifest"].get("refreshes", []) == []
+
     at = live.asof + timedelta(days=2)
     before = _online(live, live.user, live.other)
     funnel = funnel_rows(live.snap, live.manifest, _delta(live, at), datetime.now(UTC))
@@ -114,22 +136,3 @@ def test_refresh_pushes_the_delta_users_rows_and_keeps_the_others(live: SimpleNa
     hist = hist.sort_values("event_timestamp").reset_index(drop=True)
     assert list(hist["open_funnel__funnel_entity"][0]) == before["open_funnel__funnel_entity"][0]
     assert list(hist["open_funnel__funnel_entity"][1]) == after["open_funnel__funnel_entity"][0]
-
-
-def test_a_failed_funnel_push_leaves_the_published_rows(live: SimpleNamespace) -> None:
-    at = live.asof + timedelta(days=1)
-    offline = Path(live.manifest["feast"]["funnel"]["path"])
-    sha, before = sha256(offline), _online(live, live.user)
-    funnel = funnel_rows(live.snap, live.manifest, _delta(live, at), datetime.now(UTC))
-    os.environ[FAIL_ENV] = "refresh_funnel"
-    try:
-        with pytest.raises(InjectedFailure):
-            refresh.refresh_rows(live.cfg, {"product": _product_rows(live, at)}, "delta.csv",
-                                 read_state(live.store_dir), None, funnel)
-    finally:
-        del os.environ[FAIL_ENV]
-    after = _online(live, live.user)
-    assert sha256(offline) == sha
-    for col in ("open_funnel__funnel_entity", "open_funnel__funnel_pairs", "open_funnel__funnel_age_days"):
-        assert after[col] == before[col]  # NaN-free columns (target_age_days holds NaN: never equal)
-    assert read_state(live.store_dir)["versions"]["r1"]["manifest"].get("refreshes", []) == []

@@ -89,6 +89,7 @@ def test_each_arm_differs_from_full_in_its_own_switch(tiny_run: Path, tmp_path: 
     assert_each_arm_changes_its_own_switch(nets, weights)
 
 
+@pytest.mark.slow  # two real cells (train, export, evaluate): ~35 s; the arms' composition runs fast above
 def test_cells_gather_into_the_results_page(tiny_run: Path, tmp_path: Path, one_thread: None,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """Two real cells (train, export, evaluate in-process on the shared tiny snapshot, as a sweep

@@ -67,7 +67,13 @@ BREAKS = {
 }
 
 
-@pytest.mark.parametrize("column", ["gap", "converted", "pos", "event_timestamp", "n_target"])
+# each case runs the whole validate stage (~7 s): a broken value and a missing column run by
+# default, the other breaks with -m slow (test_flags_catch_each_broken_row covers every flag fast)
+FAST_BREAKS = ["gap", "n_target"]
+
+
+@pytest.mark.parametrize("column", [*FAST_BREAKS, *(pytest.param(c, marks=pytest.mark.slow)
+                                                    for c in ("converted", "pos", "event_timestamp"))])
 def test_the_gate_fails_on_a_broken_funnel(column: str, tiny_graph: Path, tmp_path: Path) -> None:
     cfg = funnel_run(tiny_graph, tmp_path / "bad", "bad")
     path = tmp_path / "bad" / "funnel" / "open_funnel.parquet"
