@@ -5,8 +5,9 @@
 
 Per fault: how many injections, how many held, and what the operator saw (the one error line).
 "Held" means: the live version unchanged and answering (live.json, the Milvus aliases, the live
-FeatureService and the rows they return all name it), a one-line message and exit code 2 for a
-refusal, nothing left of the failed attempt (version dirs, collections, Feast views, temporary
+FeatureService and the rows they return all name it; after a kill inside the switch, the first
+read as hir reads, through live.json's manifest, returns the old version's rows and puts the
+pointers back), a one-line message and exit code 2 for a refusal, nothing left of the failed attempt (version dirs, collections, Feast views, temporary
 files as before), and the re-run completing with the uninterrupted run's result.
 
 Parts:
@@ -45,7 +46,15 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from _fault_runs import ENV, Run, Tmpfs, du, hir, hir_killed, message  # noqa: E402
 
-from tests.publish.fixtures import READER, assert_serving, compose_at, export_run, served_objects  # noqa: E402
+from tests.publish.fixtures import (  # noqa: E402
+    READER,
+    assert_serving,
+    compose_at,
+    export_run,
+    pointers,
+    read_live,
+    served_objects,
+)
 from tests.train.fixtures import TINY_DATA, TINY_MODEL  # noqa: E402
 
 MODEL = [*[o for o in TINY_MODEL if not o.startswith("trainer.max_epochs")], "trainer.max_epochs=4"]
@@ -185,6 +194,7 @@ def kill_publish(base: dict[str, Any], work: Path, kills: int) -> dict[str, Any]
     """SIGKILL at named points of `hir publish` (hir/publish/faults.py), then the plain re-run."""
     from hir.publish import faults
     from hir.publish import stage as publish
+    from hir.serving import read_state
     from hir.validate import stage as validate
 
     pub = work / "pub"
@@ -202,9 +212,15 @@ def kill_publish(base: dict[str, Any], work: Path, kills: int) -> dict[str, Any]
                 *TINY_DATA]
         killed = hir("publish", *args, cwd=pub, env={faults.KILL_ENV: point})
         left = served_objects(pub / "store")
+        # the pointers as the kill left them (at switch_milvus and commit, ahead of live.json),
+        # then the first read as hir reads (live.json's manifest; opening it repairs the pointers)
+        raw = pointers(pub / "store")
+        read = read_live(pub / "store")
+        read_old = (read["version"] == prev and read["online_versions"] == [prev, prev]
+                    and read["milvus_versions"] == [prev] and read["hits"] > 0)
         try:
-            assert_serving(pub / "store", prev)
-            old_serving = True
+            assert_serving(pub / "store", prev)  # every pointer, after that read, names the old version
+            old_serving = read_old
         except AssertionError:
             old_serving = False
         rerun = hir("publish", *args, cwd=pub)
@@ -215,7 +231,11 @@ def kill_publish(base: dict[str, Any], work: Path, kills: int) -> dict[str, Any]
             held = False
         after = served_objects(pub / "store")
         clean = after["versions"] == sorted([prev, name]) and after["dirs"] == sorted([prev, name]) and not after["tmp"]
+        prev_colls = {t: c for t, c in raw["aliases"].items()
+                      if c == read_state(pub / "store")["versions"][prev]["manifest"]["milvus"]["collections"].get(t)}
         cases.append({"point": point, "killed_rc": killed.rc, "injected": killed.rc == -9,
+                      "aliases_ahead_after_kill": sorted(set(raw["aliases"]) - set(prev_colls)),
+                      "first_read_after_kill": read,
                       "old_version_served_after_kill": old_serving, "leftover_versions_after_kill": left["versions"],
                       "rerun_said": [message(ln) for ln in rerun.out.splitlines()
                                      if "removed the leftovers" in ln or "repairing a switch" in ln],
