@@ -23,7 +23,7 @@ from hir.publish import stage as publish
 from hir.serving import read_state
 from hir.validate import stage as validate
 from tests.conftest import run_hir
-from tests.publish.fixtures import CREATED, TINY, assert_serving, export_run, pointers, reading
+from tests.publish.fixtures import CREATED, TINY, assert_serving, export_run, pointers, read_live, reading
 
 T0 = CREATED  # v1's created
 # every point before the commit record is written; the full list runs with -m slow
@@ -138,6 +138,9 @@ def test_a_kill_between_switch_and_commit_leaves_readers_on_the_live_version(run
     finally:
         reader.close()
     assert_serving(runs.store_dir, "v2")  # the read put every pointer back
+    seen = read_live(runs.store_dir)  # what benchmarks/faults.py's kill9_publish reads after a real kill
+    assert (seen["version"], seen["online_versions"], seen["milvus_versions"], seen["repaired"]) == \
+        ("v2", ["v2", "v2"], ["v2"], []) and seen["hits"] == 5
     assert publish.recover(runs.cfg["v3"], read_state(runs.store_dir)) == ["staged v3"]
     assert_serving(runs.store_dir, "v2")
 
