@@ -104,8 +104,8 @@ def repair_on_read(store_dir: Path, client: Any, store: Any) -> list[str]:
             held.enter_context(store_lock(Path(store_dir), "read (checking the live pointers)"))
         except HirError:  # a publish or refresh holds the store: the pointers are its to move
             return []
-        except PermissionError:  # a read-only reader: hir's own reads do not use the pointers anyway
-            log.debug("cannot lock %s to check the live pointers (read only); skipped", store_dir)
+        except OSError as err:  # a read-only reader or disk: hir's own reads do not use the pointers anyway
+            log.debug("cannot lock %s to check the live pointers (%s); skipped", store_dir, err)
             return []
         state = read_state(Path(store_dir))  # under the lock: no commit can land between read and repair
         live = state["versions"].get(state["live"]) if state["live"] else None
