@@ -94,27 +94,48 @@ def _repair(state: dict[str, Any], client: Any, store: Any, alias_names: dict[st
 
 def repair_on_read(store_dir: Path, client: Any, store: Any) -> list[str]:
     """What a reader of ``store_dir`` runs once on opening it (:class:`hir.publish.retrieval.Retriever`
-    ``.live``): when no publish or refresh holds the store, put every alias and the live services
-    back to what ``live.json`` says (a SIGKILL between the switch and the commit left them ahead).
-    ``client`` and ``store`` are the reader's own Milvus client and Feast store. Returns what was
-    repaired: empty when nothing had to be, or when a writer holds the store (it commits or
-    repairs the pointers itself), or when the reader may not write the store's lock file."""
+    ``.live``): if the aliases or the live services are ahead of ``live.json`` (a SIGKILL between
+    the switch and the commit), put them back, unless a publish or refresh holds the store (it
+    commits or repairs them itself). ``client`` and ``store`` are the reader's own Milvus client
+    and Feast store. Returns what was repaired (empty almost always). The store's lock is taken
+    only when something is ahead, so readers never make a publish wait or fail."""
+    store_dir = Path(store_dir)
+    if not _drift(read_state(store_dir), client, store):
+        return []
     with ExitStack() as held:
         try:
-            held.enter_context(store_lock(Path(store_dir), "read (checking the live pointers)"))
+            held.enter_context(store_lock(store_dir, "read (putting the live pointers back)"))
         except HirError:  # a publish or refresh holds the store: the pointers are its to move
             return []
         except OSError as err:  # a read-only reader or disk: hir's own reads do not use the pointers anyway
-            log.debug("cannot lock %s to check the live pointers (%s); skipped", store_dir, err)
+            log.debug("cannot lock %s to put the live pointers back (%s); skipped", store_dir, err)
             return []
-        state = read_state(Path(store_dir))  # under the lock: no commit can land between read and repair
-        live = state["versions"].get(state["live"]) if state["live"] else None
-        if live is None:
-            return []
-        # every alias a version of the store names (a type the live version lacks loses its alias)
-        alias_names = {t: a for e in state["versions"].values() if e["status"] != "retired"
-                       for t, a in e["manifest"]["milvus"]["aliases"].items()}
-        return _repair(state, client, store, alias_names, live["manifest"]["feast"]["live_feature_service"])
+        state = read_state(store_dir)  # under the lock: no commit can land between this read and the repair
+        return _repair(state, client, store, _alias_names(state), _live_service(state))
+
+
+def _alias_names(state: dict[str, Any]) -> dict[str, str]:
+    """{type: alias} of every version in live.json (a type the live version lacks loses its alias)."""
+    return {t: a for e in state["versions"].values() if e["status"] != "retired"
+            for t, a in e["manifest"]["milvus"]["aliases"].items()}
+
+
+def _live_service(state: dict[str, Any]) -> str | None:
+    live = state["versions"].get(state["live"]) if state["live"] else None
+    return live["manifest"]["feast"]["live_feature_service"] if live else None
+
+
+def _drift(state: dict[str, Any], client: Any, store: Any) -> bool:
+    """Whether any alias or live service differs from what ``live.json`` says (reads only)."""
+    service = _live_service(state)
+    if service is None:
+        return False
+    live = state["versions"][state["live"]]["manifest"]
+    want = {a: live["milvus"]["collections"].get(t) for t, a in _alias_names(state).items()}
+    views = {t: live["feast"]["feature_views"][t] for t in live["feast"]["service_types"]}
+    return (any(milvus_store.alias_target(client, a) != c for a, c in want.items())
+            or feast_store.service_views(store, service) != views
+            or feast_store.service_views(store, funnel_table.live_service(service)) != funnel_views(live))
 
 
 def switch(state: dict[str, Any], store_dir: Path, client: Any, store: Any, entry: dict[str, Any],

@@ -145,6 +145,22 @@ def test_a_kill_between_switch_and_commit_leaves_readers_on_the_live_version(run
     assert_serving(runs.store_dir, "v2")
 
 
+def test_a_reader_of_a_consistent_store_never_takes_its_lock(runs, monkeypatch) -> None:
+    """Readers open often; a publish that found the store locked by one would fail. With nothing
+    ahead of live.json, opening a reader only reads."""
+    from hir.publish.retrieval import Retriever
+
+    def no_lock(*a, **k):
+        raise AssertionError("a reader of a consistent store took the store lock")
+
+    monkeypatch.setattr(switch, "store_lock", no_lock)
+    reader = Retriever.live(runs.store_dir)
+    try:
+        assert reader.manifest["version"] == "v2" and reader.repaired == []
+    finally:
+        reader.close()
+
+
 def test_switch_interrupted_by_a_kill_is_repaired_then_completed(runs, monkeypatch) -> None:
     """A SIGKILL between two alias flips leaves the pointers mixed (no error handler runs); the
     next publish first restores what live.json says, then finishes."""
