@@ -2,6 +2,7 @@
 
     flock /tmp/hir-heavy-helpers.lock python benchmarks/faults.py          # full counts (~30 min, 2 cores)
     python benchmarks/faults.py --quick                                     # 1 kill per stage, 50 fuzzed files
+    python benchmarks/faults.py --parts disk_full --merge                   # re-measure one part into the JSON
 
 Per fault: how many injections, how many held, and what the operator saw (the one error line).
 "Held" means: the live version unchanged and answering (live.json, the Milvus aliases, the live
@@ -549,6 +550,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "faults.json")
     ap.add_argument("--quick", action="store_true", help="1 kill per stage, 2 disk margins, 50 fuzzed files")
     ap.add_argument("--parts", default="kill9,enospc,disk_full,races,fuzz")
+    ap.add_argument("--merge", action="store_true",
+                    help="re-measure --parts into the existing --out: their rows replace the old ones, the others stay; "
+                         "`runs` lists every run's parts, git and time")
     args = ap.parse_args()
     parts = set(args.parts.split(","))
     kills, fuzz_n = (1, 50) if args.quick else (5, 1000)
@@ -562,17 +566,31 @@ def main() -> None:
     sizes: dict[str, Any] = {}
     tmpfs = Tmpfs.available(args.work / "probe")
 
+    old = json.loads(args.out.read_text()) if args.merge and args.out.exists() else None
+    command = "python benchmarks/faults.py" + (" --quick" if args.quick else "") + \
+        (f" --parts {args.parts} --merge" if args.merge else "")
+
     def write(done: list[str]) -> dict[str, Any]:
         """The JSON so far (rewritten after every part: a run cut short still says what it measured)."""
-        summary = {r["fault"]: f"{r['held']}/{r['injections']}" for r in results if "injections" in r}
-        doc = {"benchmark": "faults", "measured_at": datetime.now(UTC).isoformat(timespec="seconds"), "git": git_sha(),
-               "command": "python benchmarks/faults.py" + (" --quick" if args.quick else ""),
+        rows = results
+        this = {"parts": done, "git": git_sha(), "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
+                "command": command, "seconds": round(time.perf_counter() - t0, 1)}
+        runs = [this]
+        if old is not None:  # this run's rows in place of the old run's rows of the same faults
+            new = {r["fault"]: r for r in results}
+            rows = [new.pop(r["fault"], r) for r in old["faults"]] + list(new.values())
+            runs = [*(old.get("runs") or [{k: old.get(k) for k in ("git", "measured_at", "command", "seconds")}
+                                            | {"parts": old.get("parts_done")}]), this]
+        summary = {r["fault"]: f"{r['held']}/{r['injections']}" for r in rows if "injections" in r}
+        doc = {"benchmark": "faults", "measured_at": this["measured_at"], "git": this["git"], "command": command,
                "machine": {"platform": platform.platform(), "python": platform.python_version(),
                            "cpus": __import__("os").cpu_count()},
-               "parts_done": done, "parts_asked": sorted(parts), "tmpfs": tmpfs, "stage_seconds": base["seconds"],
-               "store_sizes": sizes, "summary": summary,
-               "all_held": all(r["held"] == r["injections"] for r in results if "injections" in r),
-               "seconds": round(time.perf_counter() - t0, 1), "faults": results}
+               "runs": runs,
+               "parts_done": sorted(set(done) | set((old or {}).get("parts_done") or [])),
+               "parts_asked": sorted(parts), "tmpfs": tmpfs, "stage_seconds": base["seconds"],
+               "store_sizes": sizes or (old or {}).get("store_sizes") or {}, "summary": summary,
+               "all_held": all(r["held"] == r["injections"] for r in rows if "injections" in r),
+               "seconds": round(time.perf_counter() - t0, 1), "faults": rows}
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(doc, indent=2, default=str))
         return summary
