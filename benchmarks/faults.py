@@ -2,11 +2,13 @@
 
     flock /tmp/hir-heavy-helpers.lock python benchmarks/faults.py          # full counts (~30 min, 2 cores)
     python benchmarks/faults.py --quick                                     # 1 kill per stage, 50 fuzzed files
+    python benchmarks/faults.py --parts disk_full --merge                   # re-measure one part into the JSON
 
 Per fault: how many injections, how many held, and what the operator saw (the one error line).
 "Held" means: the live version unchanged and answering (live.json, the Milvus aliases, the live
-FeatureService and the rows they return all name it), a one-line message and exit code 2 for a
-refusal, nothing left of the failed attempt (version dirs, collections, Feast views, temporary
+FeatureService and the rows they return all name it; after a kill inside the switch, the first
+read as hir reads, through live.json's manifest, returns the old version's rows and puts the
+pointers back), a one-line message and exit code 2 for a refusal, nothing left of the failed attempt (version dirs, collections, Feast views, temporary
 files as before), and the re-run completing with the uninterrupted run's result.
 
 Parts:
@@ -45,7 +47,15 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from _fault_runs import ENV, Run, Tmpfs, du, hir, hir_killed, message  # noqa: E402
 
-from tests.publish.fixtures import READER, assert_serving, compose_at, export_run, served_objects  # noqa: E402
+from tests.publish.fixtures import (  # noqa: E402
+    READER,
+    assert_serving,
+    compose_at,
+    export_run,
+    pointers,
+    read_live,
+    served_objects,
+)
 from tests.train.fixtures import TINY_DATA, TINY_MODEL  # noqa: E402
 
 MODEL = [*[o for o in TINY_MODEL if not o.startswith("trainer.max_epochs")], "trainer.max_epochs=4"]
@@ -185,6 +195,7 @@ def kill_publish(base: dict[str, Any], work: Path, kills: int) -> dict[str, Any]
     """SIGKILL at named points of `hir publish` (hir/publish/faults.py), then the plain re-run."""
     from hir.publish import faults
     from hir.publish import stage as publish
+    from hir.serving import read_state
     from hir.validate import stage as validate
 
     pub = work / "pub"
@@ -202,9 +213,15 @@ def kill_publish(base: dict[str, Any], work: Path, kills: int) -> dict[str, Any]
                 *TINY_DATA]
         killed = hir("publish", *args, cwd=pub, env={faults.KILL_ENV: point})
         left = served_objects(pub / "store")
+        # the pointers as the kill left them (at switch_milvus and commit, ahead of live.json),
+        # then the first read as hir reads (live.json's manifest; opening it repairs the pointers)
+        raw = pointers(pub / "store")
+        read = read_live(pub / "store")
+        read_old = (read["version"] == prev and read["online_versions"] == [prev, prev]
+                    and read["milvus_versions"] == [prev] and read["hits"] > 0)
         try:
-            assert_serving(pub / "store", prev)
-            old_serving = True
+            assert_serving(pub / "store", prev)  # every pointer, after that read, names the old version
+            old_serving = read_old
         except AssertionError:
             old_serving = False
         rerun = hir("publish", *args, cwd=pub)
@@ -215,7 +232,11 @@ def kill_publish(base: dict[str, Any], work: Path, kills: int) -> dict[str, Any]
             held = False
         after = served_objects(pub / "store")
         clean = after["versions"] == sorted([prev, name]) and after["dirs"] == sorted([prev, name]) and not after["tmp"]
+        prev_colls = {t: c for t, c in raw["aliases"].items()
+                      if c == read_state(pub / "store")["versions"][prev]["manifest"]["milvus"]["collections"].get(t)}
         cases.append({"point": point, "killed_rc": killed.rc, "injected": killed.rc == -9,
+                      "aliases_ahead_after_kill": sorted(set(raw["aliases"]) - set(prev_colls)),
+                      "first_read_after_kill": read,
                       "old_version_served_after_kill": old_serving, "leftover_versions_after_kill": left["versions"],
                       "rerun_said": [message(ln) for ln in rerun.out.splitlines()
                                      if "removed the leftovers" in ln or "repairing a switch" in ln],
@@ -529,6 +550,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "faults.json")
     ap.add_argument("--quick", action="store_true", help="1 kill per stage, 2 disk margins, 50 fuzzed files")
     ap.add_argument("--parts", default="kill9,enospc,disk_full,races,fuzz")
+    ap.add_argument("--merge", action="store_true",
+                    help="re-measure --parts into the existing --out: their rows replace the old ones, the others stay; "
+                         "`runs` lists every run's parts, git and time")
     args = ap.parse_args()
     parts = set(args.parts.split(","))
     kills, fuzz_n = (1, 50) if args.quick else (5, 1000)
@@ -542,17 +566,31 @@ def main() -> None:
     sizes: dict[str, Any] = {}
     tmpfs = Tmpfs.available(args.work / "probe")
 
+    old = json.loads(args.out.read_text()) if args.merge and args.out.exists() else None
+    command = "python benchmarks/faults.py" + (" --quick" if args.quick else "") + \
+        (f" --parts {args.parts} --merge" if args.merge else "")
+
     def write(done: list[str]) -> dict[str, Any]:
         """The JSON so far (rewritten after every part: a run cut short still says what it measured)."""
-        summary = {r["fault"]: f"{r['held']}/{r['injections']}" for r in results if "injections" in r}
-        doc = {"benchmark": "faults", "measured_at": datetime.now(UTC).isoformat(timespec="seconds"), "git": git_sha(),
-               "command": "python benchmarks/faults.py" + (" --quick" if args.quick else ""),
+        rows = results
+        this = {"parts": done, "git": git_sha(), "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
+                "command": command, "seconds": round(time.perf_counter() - t0, 1)}
+        runs = [this]
+        if old is not None:  # this run's rows in place of the old run's rows of the same faults
+            new = {r["fault"]: r for r in results}
+            rows = [new.pop(r["fault"], r) for r in old["faults"]] + list(new.values())
+            runs = [*(old.get("runs") or [{k: old.get(k) for k in ("git", "measured_at", "command", "seconds")}
+                                            | {"parts": old.get("parts_done")}]), this]
+        summary = {r["fault"]: f"{r['held']}/{r['injections']}" for r in rows if "injections" in r}
+        doc = {"benchmark": "faults", "measured_at": this["measured_at"], "git": this["git"], "command": command,
                "machine": {"platform": platform.platform(), "python": platform.python_version(),
                            "cpus": __import__("os").cpu_count()},
-               "parts_done": done, "parts_asked": sorted(parts), "tmpfs": tmpfs, "stage_seconds": base["seconds"],
-               "store_sizes": sizes, "summary": summary,
-               "all_held": all(r["held"] == r["injections"] for r in results if "injections" in r),
-               "seconds": round(time.perf_counter() - t0, 1), "faults": results}
+               "runs": runs,
+               "parts_done": sorted(set(done) | set((old or {}).get("parts_done") or [])),
+               "parts_asked": sorted(parts), "tmpfs": tmpfs, "stage_seconds": base["seconds"],
+               "store_sizes": sizes or (old or {}).get("store_sizes") or {}, "summary": summary,
+               "all_held": all(r["held"] == r["injections"] for r in rows if "injections" in r),
+               "seconds": round(time.perf_counter() - t0, 1), "faults": rows}
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(doc, indent=2, default=str))
         return summary

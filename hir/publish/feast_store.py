@@ -174,5 +174,22 @@ def drop_version(store: Any, tables: dict[str, dict[str, str]], *services: str) 
         except (FeastObjectNotFoundException, DataSourceNotFoundException, ValueError):
             continue
     if found:
+        _cheap_drops(store)
         store.apply([], objects_to_delete=found, partial=False)
     return [o.name for o in found]
+
+
+def _cheap_drops(store: Any) -> None:
+    """Let the SQLite online store drop a view's table on a nearly full disk.
+
+    Debian's SQLite (the one Python links here) is built with ``secure_delete`` on: every page a
+    DROP TABLE frees is zeroed, so the rollback journal first copies the whole table. Removing a
+    failed version's 30 MB of online rows then needs 30 MB free, exactly when a full disk made
+    it fail ("database or disk is full", benchmarks/faults.py disk_full_publish_tmpfs). With it
+    off, freed pages go to the freelist unjournaled and the drop needs a few pages.
+    """
+    from feast.infra.online_stores.sqlite import SqliteOnlineStore
+
+    online = getattr(store._get_provider(), "online_store", None)
+    if isinstance(online, SqliteOnlineStore):
+        online._get_conn(store.config).execute("PRAGMA secure_delete = OFF")

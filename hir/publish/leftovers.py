@@ -4,8 +4,8 @@ starting on a disk that is clearly too small.
 - :func:`abandon`: right after a publish fails (any error, Ctrl-C), remove what it staged.
 - :func:`recover`: at the start of the next publish or refresh (under the store lock), put
   every pointer back to what ``live.json`` says and remove the staged versions a SIGKILL left.
-- :func:`check_space`: before anything is written, free space against an estimate from the
-  export's size.
+- :func:`check_space`: before anything is written, free space against the export's size times
+  the store's growth per export byte measured at its last publish.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import re
 import shutil
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -47,23 +48,51 @@ def store_bytes(store_dir: Path) -> int:
     return sum(p.stat().st_size for p in Path(store_dir).rglob("*") if p.is_file() and not p.is_symlink())
 
 
-def space_estimate(emb_dir: Path, factor: float) -> int:
-    """Bytes a publish of ``emb_dir`` is expected to add to the store: ``factor`` times the
-    export's parquet bytes (the serving copies, the Milvus payload and collections, the online rows;
-    docs/operations.md gives the measured ratio)."""
-    return int(factor * sum(p.stat().st_size for p in emb_dir.glob("*.parquet")))
+def allocated_bytes(store_dir: Path) -> int:
+    """Bytes the files under ``store_dir`` take on their disk (allocated blocks, what free space
+    is counted in; SQLite and Milvus files are larger on disk than their data)."""
+    total = 0
+    for p in Path(store_dir).rglob("*"):
+        try:
+            st = p.lstat()
+        except FileNotFoundError:  # Milvus Lite's server thread removes its temporary files any time
+            continue
+        if stat.S_ISREG(st.st_mode):
+            total += st.st_blocks * 512
+    return total
 
 
-def check_space(cfg: DictConfig, store_dir: Path, emb_dir: Path, live: dict[str, Any] | None, served: str) -> None:
-    """Refuse before anything is written when the store's disk is clearly too small for the new
-    version (``publish.space.factor`` x the export's parquet bytes; 0 turns the check off)."""
+def export_bytes(emb_dir: Path) -> int:
+    """Bytes of the export's parquet tables (what a publish copies, indexes and materializes)."""
+    return sum(p.stat().st_size for p in Path(emb_dir).glob("*.parquet"))
+
+
+def measured_growth(state: dict[str, Any]) -> tuple[float, str] | None:
+    """(store bytes added per export byte, the version it was measured on) at the most recent
+    publish into this store that recorded it (``space`` in live.json), or None before any."""
+    measured = [e for e in state["versions"].values() if (e.get("space") or {}).get("ratio")]
+    if not measured:
+        return None
+    last = max(measured, key=lambda e: e.get("live_at") or "")
+    return float(last["space"]["ratio"]), str(last["version"])
+
+
+def check_space(cfg: DictConfig, store_dir: Path, emb_dir: Path, state: dict[str, Any], served: str) -> None:
+    """Refuse before anything is written when the store's disk has less free space than the new
+    version will take: the export's parquet bytes times the store's growth per export byte,
+    measured at its last publish (recorded in live.json), or ``publish.space.factor`` before the
+    first one. ``publish.space.factor=0`` turns the check off."""
     factor = float(OmegaConf.select(cfg, "publish.space.factor", default=0) or 0)
     if factor <= 0:
         return
-    need = space_estimate(emb_dir, factor)
-    free = space.require_free(f"the new version from {emb_dir}", store_dir, need, f"{served}; nothing was written",
-                              SPACE_FIX)
-    log.info("free space in %s: %s, about %s needed", store_dir, space.human(free), space.human(need))
+    size = export_bytes(emb_dir)
+    measured = measured_growth(state)
+    ratio, basis = (measured[0], f"the growth measured at the publish of {measured[1]!r}") if measured else \
+        (factor, "publish.space.factor; no publish into this store measured one yet")
+    need = int(ratio * size)
+    what = (f"the new version from {emb_dir} ({ratio:.1f} x its {space.human(size)} of parquet: {basis})")
+    free = space.require_free(what, store_dir, need, f"{served}; nothing was written", SPACE_FIX)
+    log.info("free space in %s: %s, about %s needed (%s)", store_dir, space.human(free), space.human(need), basis)
 
 
 def _any_repo(state: dict[str, Any]) -> Path | None:

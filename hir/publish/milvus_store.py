@@ -33,6 +33,26 @@ class _LiteNoise(logging.Filter):
         return "Method not implemented" not in record.getMessage()
 
 
+class _Reraised(logging.Filter):
+    """pymilvus logs every failed call at ERROR with a formatted traceback ("RPC error: [flush],
+    ... Traceback: ...") and Milvus Lite's in-process server logs the same failure with its own
+    (``logger.exception("Flush failed ...")``); then the client raises it. hir handles that
+    exception: a full disk becomes the one line of hir/space.py, any other error is raised with
+    its traceback. The two records only put tracebacks above hir's line (benchmarks/faults.py, a
+    store filled to 90% of a publish's need), so they go to hir's log at DEBUG, first line only."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.getMessage()
+        if record.levelno >= logging.ERROR and (record.exc_info or "\nTraceback:\n" in msg):
+            log.debug("%s: %s", record.name, msg.split("\n", 1)[0])
+            return False
+        return True
+
+
+# the loggers whose errors reach hir as the exception of the call that failed
+RERAISED_LOGGERS = ("pymilvus.decorators", "milvus_lite.adapter.grpc.servicer")
+
+
 def is_lite(uri: str) -> bool:
     return "://" not in uri
 
@@ -46,6 +66,10 @@ def connect(uri: str, token: str | None = None) -> Any:
     from pymilvus import MilvusClient
     from pymilvus.exceptions import ConnectionConfigException
 
+    for name in RERAISED_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _Reraised) for f in logger.filters):
+            logger.addFilter(_Reraised())
     if is_lite(uri):
         Path(uri).parent.mkdir(parents=True, exist_ok=True)
         grpc_log = logging.getLogger("grpc._server")

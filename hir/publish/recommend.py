@@ -100,7 +100,7 @@ def open_recommender(data: str | None = "completejourney", store: str | Path | N
 
     if discovery not in ("auto", "milvus", "base"):
         raise HirError(f"--discovery {discovery!r}; expected auto, milvus or base")
-    manifest = None
+    manifest, store_dir = None, None  # the live version's manifest and its store (None: --funnel only)
     if funnel is None:
         from hir.serving import live_manifest
 
@@ -127,7 +127,7 @@ def open_recommender(data: str | None = "completejourney", store: str | Path | N
         source = pl.read_parquet(funnel / "open_funnel.parquet", columns=["user_id", "entity_id"])
         history = sp.csr_matrix((np.ones(source.height, np.float32), (source["user_id"].to_numpy(), source["entity_id"].to_numpy())),
                                 shape=(len(user_keys), len(entity_keys)))
-        search = MilvusDiscovery(Retriever(manifest), user_keys, entity_keys, history, meta["entity_type"])
+        search = MilvusDiscovery(Retriever(manifest, store_dir=store_dir), user_keys, entity_keys, history, meta["entity_type"])
     return KeyedRecommender(Recommender(funnel, search), user_keys, entity_keys)
 
 

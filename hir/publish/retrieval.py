@@ -5,6 +5,12 @@ entities of a type from Milvus (optionally only those under given coarse tokens)
     r = Retriever.live("outputs/serving/rees46")
     r.for_user("512475445", "product", k=10)                   # [(product id, cosine), ...]
     r.for_user("512475445", "product", k=10, coarse_tokens=[3]) # only level-0 interest 3
+
+Every read goes to the manifest's own version: its Feast views and its Milvus collections, never
+the aliases or the unversioned service. Those pointers move in the switch just before
+``live.json`` commits, so a publish killed in between leaves them ahead of the commit record;
+a reader pinned to the manifest cannot see that, and :meth:`Retriever.live` also puts them back
+(hir/publish/switch.py ``repair_on_read``).
 """
 
 from __future__ import annotations
@@ -24,11 +30,15 @@ class Retriever:
 
     Args:
         manifest: a publish manifest (``feast.repo_path``, ``feast.feature_views``,
-            ``milvus.uri``, ``milvus.aliases``).
+            ``milvus.uri``, ``milvus.collections``).
         search_params: Milvus search params; default: the ones published (``ef``).
+        store_dir: the serving store ``manifest`` was read from; when given, the aliases and the
+            live service are put back to ``live.json`` if a killed publish left them ahead
+            (``self.repaired`` lists what was). None: read only.
     """
 
-    def __init__(self, manifest: dict[str, Any], search_params: dict[str, Any] | None = None) -> None:
+    def __init__(self, manifest: dict[str, Any], search_params: dict[str, Any] | None = None,
+                 store_dir: str | Path | None = None) -> None:
         from feast import FeatureStore
 
         self.manifest = manifest
@@ -36,10 +46,16 @@ class Retriever:
         self.client = milvus_store.connect(manifest["milvus"]["uri"])
         self.search_params = dict(search_params or manifest["milvus"].get("search_params") or {})
         self._loaded: set[str] = set()
+        self.repaired: list[str] = []
+        if store_dir is not None:
+            from hir.publish.switch import repair_on_read
+
+            self.repaired = repair_on_read(Path(store_dir), self.client, self.store)
 
     @classmethod
     def live(cls, store_dir: str | Path, search_params: dict[str, Any] | None = None) -> Retriever:
-        return cls(live_manifest(Path(store_dir)), search_params)
+        """A reader of the version ``<store_dir>/live.json`` names (and the pointers put back to it)."""
+        return cls(live_manifest(Path(store_dir)), search_params, store_dir=store_dir)
 
     def _view(self, entity_type: str) -> str:
         views = self.manifest["feast"]["feature_views"]
@@ -61,16 +77,18 @@ class Retriever:
 
     def search(self, vectors: np.ndarray, entity_type: str, k: int = 10,
                coarse_tokens: list[int] | None = None) -> list[list[tuple[str, float]]]:
-        """Top-``k`` (id, cosine) of ``entity_type`` for each row of ``vectors`` (n, dim), through
-        the type's alias (the live collection); ``coarse_tokens`` filters on the level-0 token."""
-        alias = self.manifest["milvus"]["aliases"].get(entity_type)
-        if alias is None:
-            raise HirError(f"entity type {entity_type!r} has no Milvus alias; have {sorted(self.manifest['milvus']['aliases'])}")
-        if alias not in self._loaded:
-            milvus_store.ensure_loaded(self.client, alias)
-            self._loaded.add(alias)
+        """Top-``k`` (id, cosine) of ``entity_type`` for each row of ``vectors`` (n, dim), in the
+        manifest's own collection of the type (not the alias, which a killed publish can leave
+        ahead of live.json); ``coarse_tokens`` filters on the level-0 token."""
+        coll = self.manifest["milvus"]["collections"].get(entity_type)
+        if coll is None:
+            raise HirError(f"entity type {entity_type!r} has no Milvus collection in version "
+                           f"{self.manifest['version']!r}; have {sorted(self.manifest['milvus']['collections'])}")
+        if coll not in self._loaded:
+            milvus_store.ensure_loaded(self.client, coll)
+            self._loaded.add(coll)
         expr = f"coarse_token in {[int(t) for t in coarse_tokens]}" if coarse_tokens else ""
-        hits = self.client.search(alias, data=np.atleast_2d(vectors).astype(np.float32).tolist(), limit=k,
+        hits = self.client.search(coll, data=np.atleast_2d(vectors).astype(np.float32).tolist(), limit=k,
                                   filter=expr, search_params={"params": self.search_params}, output_fields=["id"])
         return [[(h["id"], float(h["distance"])) for h in row] for row in hits]
 

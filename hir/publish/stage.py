@@ -28,7 +28,16 @@ from hir.errors import HirError
 from hir.progress import progress_steps
 from hir.publish import faults, feast_store, milvus_store, switch
 from hir.publish import funnel as funnel_table
-from hir.publish.leftovers import SPACE_FIX, abandon, check_space, recover, safe_name, served_note
+from hir.publish.leftovers import (
+    SPACE_FIX,
+    abandon,
+    allocated_bytes,
+    check_space,
+    export_bytes,
+    recover,
+    safe_name,
+    served_note,
+)
 from hir.serving import (
     describe_store,
     now_iso,
@@ -149,10 +158,11 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                 f"(created {live['created']}); publishing it is a rollback: add publish.allow_rollback=true"
             )
         served = served_note(state)
-        check_space(cfg, store_dir, emb_dir, live, served)
+        check_space(cfg, store_dir, emb_dir, state, served)
         writing = {"what": "the serving copy of the export", "where": store_dir / "versions"}
         try:
-            manifest = publish_version(cfg, state, store_dir, emb_dir, result, writing)
+            manifest = publish_version(cfg, state, store_dir, emb_dir, result, writing,
+                                       bytes_before=allocated_bytes(store_dir))
         except BaseException as err:
             # a failed attempt leaves nothing behind: its collections, Feast objects and files go now
             removed = abandon(cfg, state, store_dir, slug(version))
@@ -198,6 +208,9 @@ class _Job:
     # the open funnel's spec entry and event_timestamp window (None: no funnel/ was validated)
     funnel: dict[str, Any] | None = None
     funnel_window: tuple[datetime, datetime] | None = None
+    # the store's allocated bytes before this publish (None: not measured)
+    bytes_before: int | None = None
+    emb_dir: Path | None = None
 
     def now_writing(self, what: str, where: Path | str) -> None:
         """What the next phase writes, and where (an out-of-space message names them)."""
@@ -205,15 +218,18 @@ class _Job:
 
 
 def publish_version(cfg: DictConfig, state: dict[str, Any], store_dir: Path, emb_dir: Path,
-                    result: dict[str, Any], writing: dict[str, Any] | None = None) -> dict[str, Any]:
+                    result: dict[str, Any], writing: dict[str, Any] | None = None,
+                    bytes_before: int | None = None) -> dict[str, Any]:
     """Stage, switch, commit and retire; returns the manifest of the new live version.
-    ``writing`` is kept up to date with what is being written where (for an out-of-space message)."""
+    ``writing`` is kept up to date with what is being written where (for an out-of-space message);
+    ``bytes_before``, the store's allocated bytes before, makes the version record what it added
+    (``space`` in live.json: the next publish's free-space check reads it)."""
     pcfg = cfg.publish
     writing = {} if writing is None else writing
     with progress_steps("publish", 6) as step:
         t0 = time.perf_counter()
         job = _prepare(cfg, state, store_dir, emb_dir, result)
-        job.writing = writing
+        job.writing, job.bytes_before, job.emb_dir = writing, bytes_before, emb_dir
         job.timings["stage_files"] = time.perf_counter() - t0
         step("feast apply")
         store = feast_store.open_store(job.repo)
@@ -384,6 +400,12 @@ def _phases(job: _Job, store: Any, client: Any, step: Any) -> None:
     job.entry["manifest"] = manifest
     switch.switch(job.state, job.store_dir, client, store, job.entry, job.service)
     t["switch"] = time.perf_counter() - t0
+    if job.bytes_before is not None and job.emb_dir is not None:
+        # what this version added, measured before retiring frees anything: the next publish needs
+        # about as much per export byte (SQLite pages, Milvus segments, serving copies)
+        size, grown = export_bytes(job.emb_dir), allocated_bytes(job.store_dir) - job.bytes_before
+        job.entry["space"] = {"export_bytes": size, "store_growth_bytes": grown,
+                              "ratio": round(grown / size, 2) if size and grown > 0 else None}
     step("retire old versions")
 
     t0 = time.perf_counter()

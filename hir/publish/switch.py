@@ -2,21 +2,27 @@
 that a crash interrupted, and retiring old versions.
 
 The switch is the only non-atomic window of a publish (a few alias updates and one registry
-write, milliseconds): an error inside it restores the previous pointers before re-raising; a
-SIGKILL inside it leaves them mixed until the next `hir publish`/`hir refresh`, which first
-restores every pointer to what ``live.json`` (the commit record) says.
+write, milliseconds): an error inside it restores the previous pointers before re-raising. A
+SIGKILL inside it leaves the pointers (aliases, the unversioned service) ahead of ``live.json``,
+the commit record. That window is closed for every reader in hir: readers resolve the live
+version through ``live.json`` and its manifest and read that version's own collections and views
+(never an alias), and the first read after the kill puts the pointers back
+(:func:`repair_on_read`), as does the next `hir publish`/`hir refresh` (:func:`recover`). A reader
+outside hir that reads the aliases sees the pointers ahead only until then.
 """
 
 from __future__ import annotations
 
 import logging
 import shutil
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+from hir.errors import HirError
 from hir.publish import faults, feast_store, milvus_store
 from hir.publish import funnel as funnel_table
-from hir.serving import now_iso, write_state
+from hir.serving import now_iso, read_state, store_lock, write_state
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +67,17 @@ def recover(state: dict[str, Any], client: Any, store: Any, prefix: str, service
     live = state["versions"].get(state["live"]) if state["live"] else None
     manifest = live["manifest"] if live else None
     types = set(entity_types) | set((manifest or {}).get("milvus", {}).get("collections", {}))
-    want = {milvus_store.alias_name(prefix, t): (manifest or {}).get("milvus", {}).get("collections", {}).get(t)
-            for t in sorted(types)}
+    return _repair(state, client, store, {t: milvus_store.alias_name(prefix, t) for t in sorted(types)}, service)
+
+
+def _repair(state: dict[str, Any], client: Any, store: Any, alias_names: dict[str, str], service: str) -> list[str]:
+    """Point the aliases ``alias_names`` ({type: alias}) and ``service`` (with its funnel service)
+    at what ``live.json`` says: the live version's collections and views, or nothing for a type
+    or service the live version lacks."""
+    live = state["versions"].get(state["live"]) if state["live"] else None
+    manifest = live["manifest"] if live else None
+    want = {alias: (manifest or {}).get("milvus", {}).get("collections", {}).get(t)
+            for t, alias in sorted(alias_names.items())}
     views = {t: manifest["feast"]["feature_views"][t] for t in manifest["feast"]["service_types"]} if manifest else None
     funnel = funnel_views(manifest)
     repaired = [a for a, target in want.items() if milvus_store.alias_target(client, a) != target]
@@ -75,6 +90,52 @@ def recover(state: dict[str, Any], client: Any, store: Any, prefix: str, service
                     live["version"] if live else None)
         _restore(client, store, want, service, views, live["version"] if live else None, funnel)
     return repaired
+
+
+def repair_on_read(store_dir: Path, client: Any, store: Any) -> list[str]:
+    """What a reader of ``store_dir`` runs once on opening it (:class:`hir.publish.retrieval.Retriever`
+    ``.live``): if the aliases or the live services are ahead of ``live.json`` (a SIGKILL between
+    the switch and the commit), put them back, unless a publish or refresh holds the store (it
+    commits or repairs them itself). ``client`` and ``store`` are the reader's own Milvus client
+    and Feast store. Returns what was repaired (empty almost always). The store's lock is taken
+    only when something is ahead, so readers never make a publish wait or fail."""
+    store_dir = Path(store_dir)
+    if not _drift(read_state(store_dir), client, store):
+        return []
+    with ExitStack() as held:
+        try:
+            held.enter_context(store_lock(store_dir, "read (putting the live pointers back)"))
+        except HirError:  # a publish or refresh holds the store: the pointers are its to move
+            return []
+        except OSError as err:  # a read-only reader or disk: hir's own reads do not use the pointers anyway
+            log.debug("cannot lock %s to put the live pointers back (%s); skipped", store_dir, err)
+            return []
+        state = read_state(store_dir)  # under the lock: no commit can land between this read and the repair
+        return _repair(state, client, store, _alias_names(state), _live_service(state))
+
+
+def _alias_names(state: dict[str, Any]) -> dict[str, str]:
+    """{type: alias} of every version in live.json (a type the live version lacks loses its alias)."""
+    return {t: a for e in state["versions"].values() if e["status"] != "retired"
+            for t, a in e["manifest"]["milvus"]["aliases"].items()}
+
+
+def _live_service(state: dict[str, Any]) -> str | None:
+    live = state["versions"].get(state["live"]) if state["live"] else None
+    return live["manifest"]["feast"]["live_feature_service"] if live else None
+
+
+def _drift(state: dict[str, Any], client: Any, store: Any) -> bool:
+    """Whether any alias or live service differs from what ``live.json`` says (reads only)."""
+    service = _live_service(state)
+    if service is None:
+        return False
+    live = state["versions"][state["live"]]["manifest"]
+    want = {a: live["milvus"]["collections"].get(t) for t, a in _alias_names(state).items()}
+    views = {t: live["feast"]["feature_views"][t] for t in live["feast"]["service_types"]}
+    return (any(milvus_store.alias_target(client, a) != c for a, c in want.items())
+            or feast_store.service_views(store, service) != views
+            or feast_store.service_views(store, funnel_table.live_service(service)) != funnel_views(live))
 
 
 def switch(state: dict[str, Any], store_dir: Path, client: Any, store: Any, entry: dict[str, Any],

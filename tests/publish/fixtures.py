@@ -112,6 +112,52 @@ def assert_serving(store_dir: Path, version: str) -> None:
     assert seen["milvus_version"] == version
 
 
+def pointers(store_dir: Path) -> dict:
+    """What the Milvus aliases and the unversioned live FeatureService point at, read raw (no
+    repair): ``aliases`` {type: collection or None}, ``service`` {type: view} or None."""
+    from feast import FeatureStore
+
+    from hir.publish import milvus_store
+    from hir.publish.feast_store import service_views
+    from hir.serving import read_state
+
+    state = read_state(store_dir)
+    m = state["versions"][state["live"]]["manifest"]
+    client = milvus_store.connect(m["milvus"]["uri"])
+    try:
+        aliases = {t: milvus_store.alias_target(client, a) for t, a in m["milvus"]["aliases"].items()}
+    finally:
+        milvus_store.disconnect(client, m["milvus"]["uri"])
+    return {"aliases": aliases, "service": service_views(FeatureStore(repo_path=m["feast"]["repo_path"]),
+                                                         m["feast"]["live_feature_service"])}
+
+
+def read_live(store_dir: Path) -> dict:
+    """One read as hir's readers do it (:meth:`hir.publish.retrieval.Retriever.live`: live.json's
+    manifest, its own views and collections; opening it repairs pointers a kill left ahead):
+    ``version`` resolved, ``online_versions`` (model_version of a user and a product row),
+    ``milvus_versions`` (version field of a user's top-5 products), ``repaired``."""
+    from hir.publish.retrieval import Retriever
+
+    reader = Retriever.live(store_dir)
+    try:
+        m = reader.manifest
+        views = m["feast"]["feature_views"]
+        user = pl_first_key(m["feast"]["offline_files"]["user"], "user_id")
+        product = pl_first_key(m["feast"]["offline_files"]["product"], "product_id")
+        rows = reader.store.get_online_features(
+            features=[f"{views['user']}:model_version", f"{views['product']}:model_version"],
+            entity_rows=[{"user_id": user, "product_id": product}], full_feature_names=True).to_dict()
+        hits = reader.for_user(user, "product", k=5)
+        found = reader.client.query(m["milvus"]["collections"]["product"], filter=f"id in {[h[0] for h in hits]}",
+                                    output_fields=["version"])
+        return {"version": m["version"], "repaired": reader.repaired,
+                "online_versions": [rows[f"{views[t]}__model_version"][0] for t in ("user", "product")],
+                "milvus_versions": sorted({h["version"] for h in found}), "hits": len(hits)}
+    finally:
+        reader.close()
+
+
 def served_objects(store_dir: Path) -> dict:
     """What the store holds: version dirs, Milvus collections, Feast views, live.json's versions
     that are not retired, and stray temporary files (a failed or killed publish must leave these as they were)."""

@@ -54,16 +54,41 @@ def _one_line(err: BaseException) -> str:
     return msg
 
 
-def test_publish_refuses_early_when_the_disk_is_clearly_short(runs) -> None:
+def test_publish_refuses_early_when_the_disk_is_clearly_short(runs, monkeypatch) -> None:
+    """The check before writing: the export's parquet bytes x the store's growth per export byte
+    measured when v1 was published, against the disk's free space (half of that, here)."""
+    from hir.publish.leftovers import export_bytes
+
     before = served_objects(runs.store_dir)
-    cfg = runs.v2.copy()
-    cfg.publish.space.factor = 1e9  # an export "needs" a billion times its size
+    grown = read_state(runs.store_dir)["versions"]["v1"]["space"]
+    # v1 recorded what it added: more than its parquet (online rows, Milvus, serving copies)
+    assert grown["store_growth_bytes"] > grown["export_bytes"] > 0 and grown["ratio"] > 1
+    emb = Path(runs.v2.paths.embeddings_dir)
+    need = int(grown["ratio"] * export_bytes(emb))
+    monkeypatch.setattr(space, "free_bytes", lambda path: need // 2)
     with pytest.raises(space.OutOfSpace) as info:
-        publish.run(cfg)
+        publish.run(runs.v2)
     msg = _one_line(info.value)
-    assert msg.startswith("not enough disk space to write the new version") and "about" in msg and "free there" in msg
-    assert "'v1' is unchanged and serving; nothing was written" in msg and "Fix: free space" in msg
+    assert msg.startswith(f"not enough disk space to write the new version from {emb} ("), msg
+    assert "the growth measured at the publish of 'v1')" in msg
+    # the store's path, the bytes free and needed, what still serves, the fix
+    assert f" in {runs.store_dir.resolve()} ({space.human(need // 2)} free there, about {space.human(need)} needed)" in msg
+    assert "'v1' is unchanged and serving; nothing was written" in msg
+    assert "Fix: free space on that disk (or set publish.store_dir to a larger one), then run the same command" in msg
+    monkeypatch.undo()
     assert served_objects(runs.store_dir) == before
+
+
+def test_the_first_publish_into_a_store_sizes_the_check_by_the_factor(runs, monkeypatch) -> None:
+    """No publish measured the store's growth yet: publish.space.factor x the export's bytes."""
+    from hir.publish.leftovers import export_bytes
+
+    cfg = reading(Path(runs.v1.paths.output_dir), runs.base / "fresh")
+    need = int(float(cfg.publish.space.factor) * export_bytes(Path(cfg.paths.embeddings_dir)))
+    monkeypatch.setattr(space, "free_bytes", lambda path: need - 1)
+    with pytest.raises(space.OutOfSpace, match=r"publish\.space\.factor; no publish into this store measured one yet"):
+        publish.run(cfg)
+    assert read_state(runs.base / "fresh" / "store") == read_state(runs.base / "nowhere")  # nothing was written
 
 
 @pytest.mark.parametrize("point", FAST_SPACE_POINTS)
@@ -78,6 +103,26 @@ def test_out_of_space_mid_publish_is_one_line_and_leaves_nothing(runs, monkeypat
     assert "the live version 'v1' is unchanged and serving; the failed attempt's partial writes were removed" in msg
     assert_serving(runs.store_dir, "v1")
     assert served_objects(runs.store_dir) == before
+
+
+def test_feast_drops_a_failed_version_without_journaling_its_rows(runs) -> None:
+    """The cleanup of a version that failed on a full disk drops its online tables with SQLite's
+    secure_delete off: on (Debian's build default) a DROP TABLE first copies the whole table into
+    the rollback journal, which that full disk cannot hold (benchmarks/faults.py's
+    disk_full_publish_tmpfs at 70% and 90% of the need)."""
+    import sqlite3
+
+    from feast import FeatureStore
+
+    from hir.publish import feast_store
+
+    m = read_state(runs.store_dir)["versions"]["v1"]["manifest"]
+    store = FeatureStore(repo_path=m["feast"]["repo_path"])
+    conn = store._get_provider().online_store._get_conn(store.config)
+    assert isinstance(conn, sqlite3.Connection)
+    conn.execute("PRAGMA secure_delete = ON")
+    feast_store._cheap_drops(store)  # what drop_version runs before it deletes anything
+    assert conn.execute("PRAGMA secure_delete").fetchone() == (0,)
 
 
 @pytest.mark.slow

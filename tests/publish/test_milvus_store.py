@@ -78,3 +78,33 @@ def test_checked_payload_refuses_a_nudge_that_moves_the_meaning(tmp_path) -> Non
     with pytest.raises(HirError, match=r"t: 1 vectors would reach Milvus changed .*semantic part"):
         checked_payload({"ids": ["a", "b", "c"], "vectors": v.copy(), "coarse": np.zeros(3, np.int64)}, 0.5, 1e-4,
                         0.999, tmp_path / "bad.parquet", "t")
+
+
+def test_errors_the_caller_reraises_are_not_logged_with_tracebacks(tmp_path, caplog) -> None:
+    """pymilvus and Milvus Lite's server log a failed call with its traceback before the client
+    raises it; hir reports the exception itself (a full disk: one line), so after connect those
+    records go to DEBUG, first line only, and other errors stay."""
+    import logging
+
+    from hir.publish import milvus_store
+
+    uri = str(tmp_path / "milvus.db")
+    milvus_store.disconnect(milvus_store.connect(uri), uri)
+    own = logging.getLogger("pymilvus")  # pymilvus prints through its own handler (propagate off)
+    own.addHandler(caplog.handler)
+    with caplog.at_level(logging.DEBUG):
+        logging.getLogger("pymilvus.decorators").error(
+            "RPC error: [flush], <MilvusException: (code=1, message=[Errno 28] No space left on device)>\n"
+            "Traceback:\nTraceback (most recent call last):\n  File ...")
+        try:
+            raise OSError(28, "No space left on device")
+        except OSError:
+            logging.getLogger("milvus_lite.adapter.grpc.servicer").exception("Flush failed: disk full")
+        logging.getLogger("pymilvus.decorators").error("a plain error")
+    own.removeHandler(caplog.handler)
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert [r.getMessage() for r in errors] == ["a plain error"]
+    assert "Traceback" not in caplog.text
+    debug = [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG]
+    assert "pymilvus.decorators: RPC error: [flush], <MilvusException: (code=1, message=[Errno 28] No space left on " \
+           "device)>" in debug and "milvus_lite.adapter.grpc.servicer: Flush failed: disk full" in debug

@@ -23,7 +23,7 @@ from hir.publish import stage as publish
 from hir.serving import read_state
 from hir.validate import stage as validate
 from tests.conftest import run_hir
-from tests.publish.fixtures import CREATED, TINY, assert_serving, export_run, reading
+from tests.publish.fixtures import CREATED, TINY, assert_serving, export_run, pointers, read_live, reading
 
 T0 = CREATED  # v1's created
 # every point before the commit record is written; the full list runs with -m slow
@@ -82,6 +82,83 @@ def test_rerun_after_failures_completes(runs) -> None:
     # each run's own manifest says whether the version it pins is still the live one
     assert _run_manifest(runs, "v1")["status"] == "kept" and _run_manifest(runs, "v1")["live_version"] == "v2"
     assert _run_manifest(runs, "v2")["status"] == "live"
+
+
+@pytest.mark.parametrize("point", ["switch_milvus", "commit"])
+def test_a_kill_between_switch_and_commit_leaves_readers_on_the_live_version(runs, monkeypatch, point: str) -> None:
+    """A SIGKILL after the pointers moved (some aliases at switch_milvus; every alias and the live
+    service at commit) but before live.json: a reader resolves the live version through live.json
+    and its manifest, so it reads v2's rows, never v3's; and opening it puts the pointers back."""
+    from hir.publish.retrieval import Retriever
+    from tests.publish.fixtures import pl_first_key
+
+    monkeypatch.setattr(switch, "_restore", lambda *a, **k: None)  # what a kill skips:
+    monkeypatch.setattr(publish, "abandon", lambda *a, **k: "")    # the restore and the cleanup
+    _attempt(runs.cfg["v3"], monkeypatch, point)
+    monkeypatch.undo()
+    state = read_state(runs.store_dir)
+    assert state["live"] == "v2" and state["versions"]["v3"]["status"] == "staged"
+    v2, v3 = (state["versions"][v]["manifest"] for v in ("v2", "v3"))
+    ahead = pointers(runs.store_dir)
+    moved = [t for t, c in ahead["aliases"].items() if c == v3["milvus"]["collections"][t]]
+    assert moved == (["advertiser"] if point == "switch_milvus" else sorted(v3["milvus"]["collections"]))
+    if point == "commit":  # the unversioned service is ahead too
+        assert ahead["service"] == {t: v3["feast"]["feature_views"][t] for t in v3["feast"]["service_types"]}
+
+    user = pl_first_key(v2["feast"]["offline_files"]["user"], "user_id")
+    product = pl_first_key(v2["feast"]["offline_files"]["product"], "product_id")
+    # a reader of live.json's manifest, with no repair: v2's rows while the pointers are ahead
+    reader = Retriever(read_state(runs.store_dir)["versions"]["v2"]["manifest"])
+    try:
+        rows = reader.store.get_online_features(
+            features=[f"{v2['feast']['feature_views']['user']}:model_version",
+                      f"{v2['feast']['feature_views']['product']}:model_version"],
+            entity_rows=[{"user_id": user, "product_id": product}], full_feature_names=True).to_dict()
+        assert [rows[f"{v}__model_version"][0] for v in (v2["feast"]["feature_views"]["user"],
+                                                          v2["feast"]["feature_views"]["product"])] == ["v2", "v2"]
+        got = reader.for_user(user, "product", k=5)
+        vec = reader.embeddings("user", [user]).tolist()
+        each = {}
+        for v, m in (("v2", v2), ("v3", v3)):
+            milvus_store.ensure_loaded(reader.client, m["milvus"]["collections"]["product"])
+            hits = reader.client.search(m["milvus"]["collections"]["product"], data=vec, limit=5,
+                                        search_params={"params": reader.search_params}, output_fields=["id"])[0]
+            each[v] = [(h["id"], float(h["distance"])) for h in hits]
+        assert each["v2"] != each["v3"]  # the two versions answer apart, so the next line tells them apart
+        assert got == each["v2"]
+    finally:
+        reader.close()
+    assert pointers(runs.store_dir) == ahead  # a plain reader changed nothing
+
+    reader = Retriever.live(runs.store_dir)  # what `hir recommend` opens
+    try:
+        assert reader.manifest["version"] == "v2"
+        assert reader.repaired[:len(moved)] == [v3["milvus"]["aliases"][t] for t in moved]
+        assert reader.for_user(user, "product", k=5) == each["v2"]
+    finally:
+        reader.close()
+    assert_serving(runs.store_dir, "v2")  # the read put every pointer back
+    seen = read_live(runs.store_dir)  # what benchmarks/faults.py's kill9_publish reads after a real kill
+    assert (seen["version"], seen["online_versions"], seen["milvus_versions"], seen["repaired"]) == \
+        ("v2", ["v2", "v2"], ["v2"], []) and seen["hits"] == 5
+    assert publish.recover(runs.cfg["v3"], read_state(runs.store_dir)) == ["staged v3"]
+    assert_serving(runs.store_dir, "v2")
+
+
+def test_a_reader_of_a_consistent_store_never_takes_its_lock(runs, monkeypatch) -> None:
+    """Readers open often; a publish that found the store locked by one would fail. With nothing
+    ahead of live.json, opening a reader only reads."""
+    from hir.publish.retrieval import Retriever
+
+    def no_lock(*a, **k):
+        raise AssertionError("a reader of a consistent store took the store lock")
+
+    monkeypatch.setattr(switch, "store_lock", no_lock)
+    reader = Retriever.live(runs.store_dir)
+    try:
+        assert reader.manifest["version"] == "v2" and reader.repaired == []
+    finally:
+        reader.close()
 
 
 def test_switch_interrupted_by_a_kill_is_repaired_then_completed(runs, monkeypatch) -> None:
