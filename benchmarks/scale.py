@@ -23,8 +23,10 @@ means and a paired-bootstrap 95% interval.
 **pipeline**: each stage as its own ``hir <stage>`` process on a fresh run dir, its seconds and
 peak RSS (benchmarks/pipeline.py's ``measure``), on ``data=synthetic`` scaled to the number of
 events (users and products grow with the events, as the default 100k-event marketplace has
-them). The base alone is trained (``model.net.transformer=false``): the learner's training time
-is a product setting (trainer.max_steps), not a function of the log. ``--label`` names the
+them). The base alone is trained (``model.net.transformer=false``) for a fixed
+``--max-steps`` (100): the learner's training time is a product setting (trainer.max_steps,
+trainer.max_time), not a function of the log; what grows with the log is the graph load, the
+base's fit and choice, and the training task. ``--label`` names the
 code measured (e.g. ``before`` with ``spectral.sample_users=null``).
 """
 
@@ -203,7 +205,8 @@ def pipeline(args: argparse.Namespace) -> int:
     for events in args.events:
         out = Path(tempfile.mkdtemp(prefix=f"hir-scale-{events}-", dir=args.tmp))
         print(f"{events:,} events: run dir {out}", flush=True)
-        extra = [*synthetic_overrides(events), PIPELINE, "model.net.transformer=false", *args.overrides]
+        extra = [*synthetic_overrides(events), PIPELINE, "model.net.transformer=false",
+                 f"trainer.max_steps={args.max_steps}", *args.overrides]
         try:
             record = measure("synthetic", out, extra, "stages")
         finally:
@@ -234,6 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--label", default="current", help="names the code measured (e.g. before / after)")
     p.add_argument("--tmp", default=None, help="where the run dirs go (default: the system's temp dir)")
     p.add_argument("--keep", action="store_true", help="keep the run dirs")
+    p.add_argument("--max-steps", type=int, default=100,
+                   help="training steps (fixed, so train's time is what grows with the log: load, base, task)")
     p.add_argument("overrides", nargs="*", help="more hir overrides, e.g. spectral.sample_users=null")
     args = ap.parse_args(argv)
     if args.part == "quality":

@@ -83,3 +83,16 @@ def test_a_sampled_fit_keeps_full_degrees_and_round_trips(store, tmp_path: Path)
     np.testing.assert_array_equal(back.row_weight, half.row_weight)
     assert back.sample_cap == 0.5
     np.testing.assert_array_equal(back.truncate(4).rows, half.rows)  # a prefix keeps the users
+
+
+def test_the_cap_reaches_the_fit_and_the_refit(store, tmp_path: Path) -> None:
+    from hir.model import SpectralConfig, fit_base, refit_aligned
+
+    config = SpectralConfig(rank=8, ranks=[8], stage_base=4.0, n_iter=2, probe_rank=8, sample_users=0.5)
+    basis, _ = fit_base(store, None, config, 0, tmp_path / "spectral.npz", reuse=False)
+    saved = SpectralBasis.load(tmp_path / "spectral.npz")
+    assert basis.rows is not None and saved.sample_cap == 0.5
+    np.testing.assert_array_equal(saved.rows, basis.rows)
+    refit, base = refit_aligned(store, saved, 2, 1)  # export's refit samples again, with its own seed
+    assert refit.rows is not None and len(refit.rows) == len(basis.rows) and refit.sample_cap == 0.5
+    assert base.vectors.shape == (store.n_nodes, basis.rank)
