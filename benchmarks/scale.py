@@ -191,6 +191,75 @@ def quality(args: argparse.Namespace) -> None:
     print(RESULTS)
 
 
+# -- the base alone on a synthetic log: the fit by cap, the fold-in streamed or in memory -------
+def base_child(args: argparse.Namespace) -> None:
+    """One measured step in its own process (its peak RSS is the parent's ``wait4``): ``fit``
+    saves a basis fit on the train window; ``stream`` writes every user's fold-in from the edge
+    files (:func:`hir.model.foldin.write_user_base`); ``memory`` computes it from the in-memory
+    store (:meth:`SpectralBasis.base_for`, as export does). Prints one JSON line."""
+    from hir.data.snapshot import load_snapshot
+    from hir.model import Filter, SpectralBasis
+    from hir.model.foldin import write_user_base
+    from hir.model.spectral import fit_spectral
+
+    t0 = time.perf_counter()
+    out: dict[str, Any] = {}
+    if args.step == "fit":
+        store, _ = engagement_store(args.graph, ("train",))
+        out["load_s"] = round(time.perf_counter() - t0, 1)
+        t1 = time.perf_counter()
+        cap = None if args.cap in ("null", "none") else (float(args.cap) if "." in args.cap else int(args.cap))
+        basis = fit_spectral(store, args.rank, 4.0, args.n_iter, 0, Filter(), cap)
+        basis.save(args.basis)
+        out |= {"fit_s": round(time.perf_counter() - t1, 1), "users_fit": None if basis.rows is None else len(basis.rows)}
+    elif args.step == "stream":
+        n = write_user_base(load_snapshot(args.graph), ("train",), SpectralBasis.load(args.basis),
+                            args.basis.with_suffix(".users.parquet"), bucket_users=args.bucket_users)
+        out["users"] = n
+    else:
+        store, _ = engagement_store(args.graph, ("train",))
+        vec = SpectralBasis.load(args.basis).base_for(store).vectors
+        out["users"] = int(store.type_range("user")[1] - store.type_range("user")[0])
+        out["nodes_x_rank"] = list(vec.shape)
+    out["seconds"] = round(time.perf_counter() - t0, 1)
+    print(json.dumps(out), flush=True)
+
+
+def base(args: argparse.Namespace) -> None:
+    from pipeline import run_child
+
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
+    for events in args.events:
+        run = ROOT / "outputs" / "synthetic" / f"scale_{events}"
+        graph = run / "graph"
+        record: dict[str, Any] = {"events": events, "rank": args.rank, "git": git_sha(), "machine": machine(),
+                                  "measured_at": datetime.now(UTC).isoformat(timespec="seconds")}
+        logs = run / "bench_logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        if not (graph / "meta.json").exists():
+            rc, wall, rss = run_child([str(Path(sys.executable).with_name("hir")), "prepare", "data=synthetic",
+                                       f"hydra.run.dir={run}", f"paths.cache_dir={run}/.cache",
+                                       *synthetic_overrides(events)], logs / "prepare.log", env)
+            record["prepare"] = {"exit": rc, "wall_s": round(wall, 1), "peak_rss_mib": round(rss, 1)}
+        record["nodes"] = json.loads((graph / "meta.json").read_text()).get("nodes")
+        for cap in args.caps:
+            basis = run / f"basis_{cap}.npz"
+            row: dict[str, Any] = {"cap": cap}
+            for step in ("fit", "stream", "memory"):
+                argv = [sys.executable, __file__, "_base", step, "--graph", str(graph), "--basis", str(basis),
+                        "--rank", str(args.rank), "--cap", cap, "--n-iter", str(args.n_iter),
+                        "--bucket-users", str(args.bucket_users)]
+                rc, wall, rss = run_child(argv, logs / f"{step}_{cap}.log", env)
+                text = (logs / f"{step}_{cap}.log").read_text(errors="replace").strip().splitlines()
+                got = json.loads(text[-1]) if rc == 0 and text else {"exit": rc, "log_tail": text[-20:]}
+                row[step] = got | {"wall_s": round(wall, 1), "peak_rss_mib": round(rss, 1)}
+                print(f"{events:,} events, cap {cap}: {step} {row[step]}", flush=True)
+                if rc:
+                    break
+            record.setdefault("caps", []).append(row)
+            save("base", str(events), record)
+
+
 # -- the pipeline on synthetic logs ------------------------------------------------------------
 def synthetic_overrides(events: int) -> list[str]:
     """``data=synthetic`` scaled to ``events``: users, products, advertisers and campaigns grow
@@ -240,7 +309,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-steps", type=int, default=100,
                    help="training steps (fixed, so train's time is what grows with the log: load, base, task)")
     p.add_argument("overrides", nargs="*", help="more hir overrides, e.g. spectral.sample_users=null")
+    b = sub.add_parser("base", help="the base alone on synthetic logs: fit by cap, fold-in streamed or in memory")
+    b.add_argument("--events", nargs="+", type=int, default=[10_000_000])
+    b.add_argument("--caps", nargs="+", default=["null", "50000"], help="spectral.sample_users values (null = all)")
+    b.add_argument("--rank", type=int, default=256)
+    b.add_argument("--n-iter", type=int, default=6)
+    b.add_argument("--bucket-users", type=int, default=100_000)
+    c = sub.add_parser("_base", help=argparse.SUPPRESS)
+    c.add_argument("step", choices=["fit", "stream", "memory"])
+    c.add_argument("--graph", type=Path, required=True)
+    c.add_argument("--basis", type=Path, required=True)
+    c.add_argument("--rank", type=int, default=256)
+    c.add_argument("--cap", default="null")
+    c.add_argument("--n-iter", type=int, default=6)
+    c.add_argument("--bucket-users", type=int, default=100_000)
     args = ap.parse_args(argv)
+    if args.part == "base":
+        base(args)
+        return 0
+    if args.part == "_base":
+        base_child(args)
+        return 0
     if args.part == "quality":
         quality(args)
         return 0
