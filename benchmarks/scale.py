@@ -138,6 +138,24 @@ def chosen(data: str) -> dict[str, Any]:
     return {"rank": int(spec["rank"]), "stage_base": float(spec["stage_base"]), "filter": spec["filter"]}
 
 
+def by_cap(cells: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per cap: mean recall@20 over the seeds measured at both that cap and the full fit, and its
+    ratio to the full fit's mean over the same seeds."""
+    table = {}
+    full_of = {c["seed"]: c["recall@20"] for c in cells if c["cap"] == 1.0}
+    for cap in sorted({c["cap"] for c in cells}, reverse=True):
+        rows = [c for c in cells if c["cap"] == cap and c["seed"] in full_of]
+        if not rows:
+            continue
+        mean = float(np.mean([c["recall@20"] for c in rows]))
+        full = float(np.mean([full_of[c["seed"]] for c in rows]))
+        rel = mean / full - 1 if full > 0 else None
+        table[f"{cap:g}"] = {"recall@20_mean": round(mean, 5), "vs_full": None if rel is None else round(rel, 5),
+                             "seeds": [c["seed"] for c in rows], "users_fit": rows[0]["users_fit"],
+                             "within_tolerance": None if rel is None else bool(rel >= -TOLERANCE)}
+    return table
+
+
 def quality(args: argparse.Namespace) -> None:
     from hir.model import Filter
     from hir.model.metrics import paired_gain, recall_per_user
@@ -148,7 +166,7 @@ def quality(args: argparse.Namespace) -> None:
         graph = ROOT / "outputs" / data / "scale" / "graph"
         spec = chosen(data) | ({"rank": args.rank} if args.rank else {})
         record: dict[str, Any] = {"base": spec, "base_from": "benchmarks/results/quality.json (the pipeline's val choice)",
-                                  "n_iter": args.n_iter, "git": git_sha(), "machine": machine(),
+                                  "n_iter": args.n_iter, "refine_passes": args.n_iter + 1 if args.refine_passes is None else args.refine_passes, "git": git_sha(), "machine": machine(),
                                   "measured_at": datetime.now(UTC).isoformat(timespec="seconds"), "splits": {}}
         for split in args.splits:
             visible = ("train", "val") if split == "test" else ("train",)
@@ -162,7 +180,7 @@ def quality(args: argparse.Namespace) -> None:
                 for cap in caps:
                     t0 = time.perf_counter()
                     basis = fit_spectral(store, spec["rank"], spec["stage_base"], args.n_iter, seed,
-                                         Filter(**spec["filter"]), None if cap >= 1.0 else cap)
+                                         Filter(**spec["filter"]), None if cap >= 1.0 else cap, args.refine_passes)
                     fit_s = time.perf_counter() - t0
                     vec = basis.base_for(store).vectors
                     per[(cap, seed)] = recall_per_user(vec[held["users"]], vec[held["cands"]], held["positives"],
@@ -175,19 +193,12 @@ def quality(args: argparse.Namespace) -> None:
                         cell |= {"vs_full": round(g["gain"], 5), "vs_full_ci95": [round(g["lo"], 5), round(g["hi"], 5)]}
                     cells.append(cell)
                     print(f"{data} {split} seed {seed} cap {cap:g}: {cell}", flush=True)
-            table = {}
-            for cap in caps:
-                rows = [c for c in cells if c["cap"] == cap]
-                mean = float(np.mean([c["recall@20"] for c in rows]))
-                full = float(np.mean([c["recall@20"] for c in cells if c["cap"] == 1.0]))
-                rel = mean / full - 1 if full > 0 else None
-                table[f"{cap:g}"] = {"recall@20_mean": round(mean, 5), "vs_full": None if rel is None else round(rel, 5),
-                                     "users_fit": rows[0]["users_fit"],
-                                     "within_tolerance": None if rel is None else bool(rel >= -TOLERANCE)}
-            record["splits"][split] = {"users_scored": len(held["users"]), "users_active": active,
-                                       "candidates": len(held["cands"]), "entity_type": held["entity_type"],
-                                       "target_stage": held["target_stage"], "by_cap": table, "cells": cells}
-            save("quality", data, record)
+                    # saved after every cell: a run cut short keeps what it measured
+                    record["splits"][split] = {"users_scored": len(held["users"]), "users_active": active,
+                                               "candidates": len(held["cands"]), "entity_type": held["entity_type"],
+                                               "target_stage": held["target_stage"], "by_cap": by_cap(cells),
+                                               "cells": cells}
+                    save("quality", data + args.key, record)
     print(RESULTS)
 
 
@@ -301,6 +312,9 @@ def main(argv: list[str] | None = None) -> int:
     q.add_argument("--rank", type=int, default=None, help="override the recorded rank (e.g. to fit in the time)")
     q.add_argument("--n-iter", type=int, default=6, help="randomised-SVD power iterations (conf/spectral: 6)")
     q.add_argument("--max-users", type=int, default=0, help="scored users (a seeded sample; 0 = all)")
+    q.add_argument("--refine-passes", type=int, default=None,
+                   help="full-data passes refining a sampled basis (default: fit_spectral's, n_iter + 1; 0 = none)")
+    q.add_argument("--key", default="", help="suffix of the record's key in scale.json (e.g. /no_refine)")
     p = sub.add_parser("pipeline", help="the pipeline on synthetic logs: seconds and peak RSS per stage")
     p.add_argument("--events", nargs="+", type=int, default=[1_000_000, 10_000_000])
     p.add_argument("--label", default="current", help="names the code measured (e.g. before / after)")

@@ -39,7 +39,7 @@ import scipy.sparse as sp
 from hir.model.filters import trend_factor, user_filter
 from hir.model.metrics import masked_recall, recall_per_user
 from hir.model.store import GraphStore
-from hir.model.usersample import stratified_users
+from hir.model.usersample import refine_on_all, stratified_users
 from hir.model.valset import ValSet
 
 log = logging.getLogger(__name__)
@@ -270,7 +270,8 @@ class SpectralBasis:
 
 
 def fit_spectral(store: GraphStore, rank: int, stage_base: float, n_iter: int, seed: int,
-                 filt: Filter | None = None, sample_users: int | float | None = None) -> SpectralBasis:
+                 filt: Filter | None = None, sample_users: int | float | None = None,
+                 refine_passes: int | None = None, chunk_users: int = 65536) -> SpectralBasis:
     """Randomised truncated SVD of the store's normalised engagement matrix.
 
     Args:
@@ -285,6 +286,11 @@ def fit_spectral(store: GraphStore, rank: int, stage_base: float, n_iter: int, s
             user: all of them, exactly today's fit). The rows keep their full-data degree
             normalisation (``D_u`` is the user's own row, ``D_e`` every user's column sums) and a
             weight ``sqrt(n_s / k_s)``, so ``V`` and ``s`` estimate the full matrix's.
+        refine_passes: passes over every user that refine a sampled basis
+            (:func:`hir.model.usersample.refine_on_all`; None = ``n_iter + 1``, the power
+            iterations of the full fit with the sample's subspace as the start instead of a
+            random one; 0 = the sample's SVD as it is).
+        chunk_users: rows per block of those passes (their user-side memory is one block).
     """
     from sklearn.utils.extmath import randomized_svd
 
@@ -296,15 +302,30 @@ def fit_spectral(store: GraphStore, rank: int, stage_base: float, n_iter: int, s
     du = np.asarray(r.sum(1)).ravel()
     sample = stratified_users(np.diff(r.indptr), sample_users, seed)
     row_scale = 1.0 / np.sqrt(np.maximum(du, 1e-12))
+    dc = col_deg[cols]
+    full = r
     if sample is not None:
         rows, weight = sample
         r, row_scale = r[rows], row_scale[rows] * weight
     r = r[:, cols].tocsr()
-    dc = col_deg[cols]
     rn = sp.diags(row_scale) @ r @ sp.diags(1.0 / np.sqrt(dc))
     k = max(1, min(int(rank), min(rn.shape) - 1))
     t0 = time.perf_counter()
     u, s, vt = randomized_svd(rn, k, n_iter=n_iter, random_state=seed)
+    passes = int(n_iter) + 1 if refine_passes is None else int(refine_passes)
+    if sample is not None and passes > 0:
+        col_scale = sp.diags(1.0 / np.sqrt(dc))
+        users_scale = 1.0 / np.sqrt(np.maximum(du, 1e-12))
+
+        def blocks():  # every user's normalised row, a block at a time
+            for lo in range(0, full.shape[0], chunk_users):
+                hi = min(lo + chunk_users, full.shape[0])
+                yield (sp.diags(users_scale[lo:hi]) @ full[lo:hi][:, cols] @ col_scale).tocsr()
+
+        v, s = refine_on_all(blocks, vt.T, passes)
+        vt = v.T
+        # the sampled users' left vectors in the refined basis (new columns are folded in through them)
+        u = (rn @ v) / np.maximum(s, 1e-12)[None, :]
     basis = SpectralBasis(cols.astype(np.int64), vt.T.astype(np.float32), u.astype(np.float32), s.astype(np.float32),
                           dc.astype(np.float32), np.ones(len(store.types), np.float32), float(stage_base),
                           filt or Filter(), sample_cap=sample_users)

@@ -96,3 +96,27 @@ def test_the_cap_reaches_the_fit_and_the_refit(store, tmp_path: Path) -> None:
     refit, base = refit_aligned(store, saved, 2, 1)  # export's refit samples again, with its own seed
     assert refit.rows is not None and len(refit.rows) == len(basis.rows) and refit.sample_cap == 0.5
     assert base.vectors.shape == (store.n_nodes, basis.rank)
+
+
+def test_refining_on_every_user_recovers_the_full_spectrum() -> None:
+    import scipy.sparse as sp
+
+    from hir.model.usersample import gram_times, refine_on_all
+
+    rng = np.random.default_rng(0)
+    m = sp.random(600, 80, density=0.08, random_state=1, format="csr") + sp.csr_matrix(
+        (rng.random((600, 3)) * [3.0, 2.0, 1.5]) @ rng.random((3, 80)))  # a planted rank 3 over noise
+    m = sp.csr_matrix(m)
+    blocks = lambda: (m[lo:lo + 128] for lo in range(0, 600, 128))  # noqa: E731
+    x = rng.standard_normal((80, 5))
+    np.testing.assert_allclose(gram_times(blocks(), x), (m.T @ (m @ x)), rtol=1e-10)
+    _, s_true, vt_true = np.linalg.svd(m.toarray(), full_matrices=False)
+    # the start: the top vectors of a 10% row sample (what a sampled fit gives)
+    _, _, vt_s = np.linalg.svd(m[rng.choice(600, 60, replace=False)].toarray(), full_matrices=False)
+    v, s = refine_on_all(blocks, vt_s[:5].T, passes=8)
+    np.testing.assert_allclose(s[:3], s_true[:3], rtol=1e-3)
+    # the leading directions agree up to sign
+    np.testing.assert_allclose(np.abs(np.sum(v[:, :3] * vt_true[:3].T, axis=0)), 1.0, atol=1e-3)
+    np.testing.assert_allclose(v.T @ v, np.eye(5), atol=1e-10)
+    with pytest.raises(ValueError, match="passes"):
+        refine_on_all(blocks, vt_s[:5].T, passes=0)
