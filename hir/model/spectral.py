@@ -39,6 +39,7 @@ import scipy.sparse as sp
 from hir.model.filters import trend_factor, user_filter
 from hir.model.metrics import masked_recall, recall_per_user
 from hir.model.store import GraphStore
+from hir.model.usersample import refine_on_all, stratified_users
 from hir.model.valset import ValSet
 
 log = logging.getLogger(__name__)
@@ -84,7 +85,9 @@ class SpectralConfig:
     published family members, tried last; select_users: val users the choice is scored on (a
     seeded sample, null = all); noise_z, min_gain: a step must beat the current choice by more
     than ``noise_z`` paired standard errors over those users and by ``min_gain`` (relative);
-    n_iter: randomised-SVD power iterations.
+    n_iter: randomised-SVD power iterations; sample_users: the users the basis is fit on (null =
+    all; a fraction in (0, 1] or a count: a seeded sample stratified by activity,
+    :mod:`hir.model.usersample`; every user is still folded in from its own row).
     """
 
     rank: int | str
@@ -103,6 +106,7 @@ class SpectralConfig:
     probe_rank: int = 256
     noise_z: float = 1.96
     published: list[dict[str, Any]] = field(default_factory=list)
+    sample_users: int | float | None = None
 
     @property
     def candidate_ranks(self) -> list[int]:
@@ -199,7 +203,9 @@ class SpectralBasis:
     of ``R``; filter: the :class:`Filter`; frame: (K, K) orthogonal, the coordinates every base of
     this basis is given in (``base @ frame``; None = the SVD's own). `hir train` sets it to the
     training task's frame (:func:`procrustes`), so the network reads one frame in training,
-    validation and export.
+    validation and export. A basis fit on a sample of users (:mod:`hir.model.usersample`) keeps
+    ``rows`` (S,) the sampled user rows ``u`` belongs to, ``row_weight`` (S,) their weight in the
+    fit, and ``sample_cap`` (what a refit samples again); None: every user, in order.
     """
 
     cols: np.ndarray
@@ -211,6 +217,9 @@ class SpectralBasis:
     stage_base: float
     filter: Filter = Filter()
     frame: np.ndarray | None = None
+    rows: np.ndarray | None = None
+    row_weight: np.ndarray | None = None
+    sample_cap: int | float | None = None
 
     @property
     def rank(self) -> int:
@@ -232,7 +241,9 @@ class SpectralBasis:
             np.savez(fh, cols=self.cols, v=self.v, u=self.u, sigma=self.sigma, col_degree=self.col_degree,
                      scale_ref=self.scale_ref, stage_base=self.stage_base, beta=f.beta, response=f.response,
                      ideal_weight=f.ideal_weight, trend_days=f.trend_days, trend_power=f.trend_power,
-                     **({} if self.frame is None else {"frame": self.frame}))
+                     **({} if self.frame is None else {"frame": self.frame}),
+                     **({} if self.rows is None else {"rows": self.rows, "row_weight": self.row_weight}),
+                     **({} if self.sample_cap is None else {"sample_cap": self.sample_cap}))
 
     def base_for(self, store: GraphStore) -> SpectralBase:
         """The :class:`SpectralBase` of ``store``'s visible engagement (users folded in from it)."""
@@ -253,12 +264,14 @@ class SpectralBasis:
                 c = float(f["sigma_weight"])
                 filt = Filter(0.5, "linear", 1.0 / c) if c > 0 else Filter(0.5, "none", 1.0)
             # (bases written while a `holdout` option existed carry a `heldout` array; it is not read)
+            cap = f["sample_cap"].item() if "sample_cap" in f else None
             return cls(f["cols"], f["v"], f["u"], f["sigma"], f["col_degree"], f["scale_ref"], float(f["stage_base"]),
-                       filt, f.get("frame"))
+                       filt, f.get("frame"), f.get("rows"), f.get("row_weight"), cap)
 
 
 def fit_spectral(store: GraphStore, rank: int, stage_base: float, n_iter: int, seed: int,
-                 filt: Filter | None = None) -> SpectralBasis:
+                 filt: Filter | None = None, sample_users: int | float | None = None,
+                 refine_passes: int | None = None, chunk_users: int = 65536) -> SpectralBasis:
     """Randomised truncated SVD of the store's normalised engagement matrix.
 
     Args:
@@ -266,28 +279,61 @@ def fit_spectral(store: GraphStore, rank: int, stage_base: float, n_iter: int, s
         rank: components K (capped below the matrix's smaller side).
         stage_base: a pair whose deepest stage is r stages short of the deepest weighs stage_base^-r.
         n_iter: power iterations of the randomised SVD (accuracy of the trailing components).
-        seed: its random state.
+        seed: its random state (and the user sample's).
         filt: the filter the basis carries (default: :class:`Filter`'s defaults).
+        sample_users: fit on a seeded sample of users stratified by activity (a fraction or a
+            count, :func:`hir.model.usersample.stratified_users`; None or a cap covering every
+            user: all of them, exactly today's fit). The rows keep their full-data degree
+            normalisation (``D_u`` is the user's own row, ``D_e`` every user's column sums) and a
+            weight ``sqrt(n_s / k_s)``, so ``V`` and ``s`` estimate the full matrix's.
+        refine_passes: passes over every user that refine a sampled basis
+            (:func:`hir.model.usersample.refine_on_all`; None = ``n_iter + 1``, the power
+            iterations of the full fit with the sample's subspace as the start instead of a
+            random one; 0 = the sample's SVD as it is).
+        chunk_users: rows per block of those passes (their user-side memory is one block).
     """
     from sklearn.utils.extmath import randomized_svd
 
     r = engagement_matrix(store, stage_base)
-    col_deg = np.asarray(r.sum(0)).ravel()
+    col_deg = np.asarray(r.sum(0)).ravel()  # full-data entity degrees, whatever rows the SVD sees
     cols = np.flatnonzero(col_deg > 0)
     if len(cols) == 0:
         raise ValueError("the snapshot has no visible user engagement: nothing to factorise")
-    r = r[:, cols].tocsr()
     du = np.asarray(r.sum(1)).ravel()
+    sample = stratified_users(np.diff(r.indptr), sample_users, seed)
+    row_scale = 1.0 / np.sqrt(np.maximum(du, 1e-12))
     dc = col_deg[cols]
-    rn = sp.diags(1.0 / np.sqrt(np.maximum(du, 1e-12))) @ r @ sp.diags(1.0 / np.sqrt(dc))
+    full = r
+    if sample is not None:
+        rows, weight = sample
+        r, row_scale = r[rows], row_scale[rows] * weight
+    r = r[:, cols].tocsr()
+    rn = sp.diags(row_scale) @ r @ sp.diags(1.0 / np.sqrt(dc))
     k = max(1, min(int(rank), min(rn.shape) - 1))
     t0 = time.perf_counter()
     u, s, vt = randomized_svd(rn, k, n_iter=n_iter, random_state=seed)
+    passes = int(n_iter) + 1 if refine_passes is None else int(refine_passes)
+    if sample is not None and passes > 0:
+        col_scale = sp.diags(1.0 / np.sqrt(dc))
+        users_scale = 1.0 / np.sqrt(np.maximum(du, 1e-12))
+
+        def blocks():  # every user's normalised row, a block at a time
+            for lo in range(0, full.shape[0], chunk_users):
+                hi = min(lo + chunk_users, full.shape[0])
+                yield (sp.diags(users_scale[lo:hi]) @ full[lo:hi][:, cols] @ col_scale).tocsr()
+
+        v, s = refine_on_all(blocks, vt.T, passes)
+        vt = v.T
+        # the sampled users' left vectors in the refined basis (new columns are folded in through them)
+        u = (rn @ v) / np.maximum(s, 1e-12)[None, :]
     basis = SpectralBasis(cols.astype(np.int64), vt.T.astype(np.float32), u.astype(np.float32), s.astype(np.float32),
                           dc.astype(np.float32), np.ones(len(store.types), np.float32), float(stage_base),
-                          filt or Filter())
-    log.info("spectral base: rank %d of a %d x %d matrix (%d pairs) in %.1fs, singular values %.3f .. %.3f",
-             k, r.shape[0], r.shape[1], r.nnz, time.perf_counter() - t0, float(s[0]), float(s[-1]))
+                          filt or Filter(), sample_cap=sample_users)
+    if sample is not None:
+        basis = replace(basis, rows=sample[0], row_weight=sample[1].astype(np.float32))
+    log.info("spectral base: rank %d of a %d x %d matrix (%d pairs%s) in %.1fs, singular values %.3f .. %.3f",
+             k, r.shape[0], r.shape[1], r.nnz, "" if sample is None else f"; {r.shape[0]} of {len(du)} users sampled",
+             time.perf_counter() - t0, float(s[0]), float(s[-1]))
     return with_scale_ref(store, basis)
 
 
@@ -328,7 +374,11 @@ def _entity_frame(store: GraphStore, basis: SpectralBasis, r: sp.csr_matrix) -> 
     if len(new):
         # fold-in: V[e] = (D_u^-1/2 R[:, e] d_e^-1/2)^T U / s
         du = np.asarray(r.sum(1)).ravel()
-        rc = sp.diags(1.0 / np.sqrt(np.maximum(du, 1e-12))) @ r[:, new]
+        scale = 1.0 / np.sqrt(np.maximum(du, 1e-12))
+        rc = r[:, new]
+        if basis.rows is not None:  # U has the sampled users' rows, with their fit weight
+            rc, scale = rc[basis.rows], scale[basis.rows] * basis.row_weight
+        rc = sp.diags(scale) @ rc
         vn = (rc.T @ basis.u) / np.sqrt(deg[new])[:, None] / np.maximum(basis.sigma, 1e-12)[None, :]
         item_v[new] = vn.astype(np.float32)
         deg_fit[new] = deg[new]
@@ -559,7 +609,8 @@ def fit_base(store: GraphStore, val: ValSet | None, config: SpectralConfig, seed
         has_val = val is not None and len(val) > 0
         if not has_val or len(np.unique(store.eng.stage[store.eng.stage > 0])) < 2:
             stage_bases = stage_bases[:1]  # nothing to choose with, or one stage: the weighting is moot
-        probes = {sb: fit_spectral(store, probe, sb, n_iter, seed, config.start) for sb in stage_bases}
+        cap = config.sample_users
+        probes = {sb: fit_spectral(store, probe, sb, n_iter, seed, config.start, cap) for sb in stage_bases}
         if len(probes) > 1:
             for b in probes.values():
                 tried.append(_candidate(b, FilterScorer(store, b, val, config.select_users, seed)(b.rank, config.start)))
@@ -572,7 +623,7 @@ def fit_base(store: GraphStore, val: ValSet | None, config: SpectralConfig, seed
             if (k >= basis.rank == probe and max(ranks) > probe
                     and still_rises(store, basis, val, config, seed, k, filt)):
                 log.info("spectral base: val recall still rises at rank %d; fitting rank %d", basis.rank, max(ranks))
-                basis = fit_spectral(store, max(ranks), float(stage_base), n_iter, seed, filt)
+                basis = fit_spectral(store, max(ranks), float(stage_base), n_iter, seed, filt, cap)
                 k, filt = select_filter(store, basis, val, config, seed, tried, filt, k)
             basis = with_scale_ref(store, basis.truncate(k).with_filter(filt))
             report["candidates"] = tried
@@ -580,7 +631,7 @@ def fit_base(store: GraphStore, val: ValSet | None, config: SpectralConfig, seed
                 str(t["rank"]): t["val_recall@20"] for t in tried
                 if (_candidate_key(t)[0], _candidate_key(t)[2]) == (basis.stage_base, filt)}
         elif max(ranks) > basis.rank:
-            basis = fit_spectral(store, max(ranks), float(stage_base), n_iter, seed, config.start)
+            basis = fit_spectral(store, max(ranks), float(stage_base), n_iter, seed, config.start, cap)
         path.parent.mkdir(parents=True, exist_ok=True)
         basis.save(path)
     report |= {"rank": basis.rank, "stage_base": basis.stage_base, "filter": asdict(basis.filter),
@@ -612,7 +663,7 @@ def refit_aligned(store: GraphStore, basis: SpectralBasis, n_iter: int, seed: in
     refit's, while the coordinates stay those the network and the hierarchy were fitted in.
     Returns the refit basis and its rotated base.
     """
-    new = fit_spectral(store, basis.rank, basis.stage_base, n_iter, seed, basis.filter)
+    new = fit_spectral(store, basis.rank, basis.stage_base, n_iter, seed, basis.filter, basis.sample_cap)
     base_new, base_old = new.base_for(store), basis.base_for(store)
     vectors = base_new.vectors @ procrustes(store, base_new.vectors, base_old.vectors)
     return new, SpectralBase(vectors, scale_logits(store, new, vectors), base_new.degree, base_new.filter,

@@ -265,7 +265,8 @@ class HirDataModule(L.LightningDataModule):
         self.task_store = load_graph(task_snap, self.content_dir, ("train",), **self.graph)
         self.targets: ValSet = validation_set(self.task_store, None, self.seed, "masked_new")
         b = self.basis
-        task_basis = fit_spectral(self.task_store, b.rank, b.stage_base, int(self.spectral.n_iter), self.seed, b.filter)
+        task_basis = fit_spectral(self.task_store, b.rank, b.stage_base, int(self.spectral.n_iter), self.seed, b.filter,
+                                  b.sample_cap)
         self.task_base = task_basis.base_for(self.task_store)
         if b.frame is None:  # (a resumed run reloads the basis with its frame)
             q = procrustes(self.store, b.base_for(self.store).vectors, task_basis.base_for(self.store).vectors)
