@@ -5,6 +5,7 @@ full model, on test, per seed, with paired intervals over users.
     python benchmarks/learner.py --datasets online_retail --seeds 0     # one cell per arm
     python benchmarks/learner.py --budget-min 110                       # launch no cell after 110 minutes
     python benchmarks/learner.py --reuse                                # re-read finished cells, run nothing
+    python benchmarks/learner.py --arms full,forced --seeds 1           # some arms only (the rest are read)
 
 Per dataset the snapshot is prepared and enriched once (``hir prepare|enrich data=<d>
 run_name=learner``, reused when it exists). Then, for each seed and arm, one cell in its own run dir
@@ -374,6 +375,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--datasets", default=",".join(DATASETS))
     ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--arms", default=",".join(ARMS), help="the arms to run (the others are read when they exist)")
     ap.add_argument("--run-name", default="learner", help="the shared snapshot's run name")
     ap.add_argument("--reuse", action="store_true", help="read finished cells only; run nothing")
     ap.add_argument("--budget-min", type=float, default=None,
@@ -397,7 +399,7 @@ def main() -> None:
                 if "error" in res:
                     sys.exit(res["error"])
             for seed in seeds:
-                for arm in ARMS:
+                for arm in [a for a in ARMS if a in args.arms.split(",")]:
                     if read_cell(ds, arm, seed) is not None:
                         continue
                     if args.budget_min is not None and (time.monotonic() - t0) / 60 > args.budget_min:
