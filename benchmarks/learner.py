@@ -34,7 +34,8 @@ interrupted run continues where it stopped.
 Slices (SLICES): all test users; users by history size (events before the test period, as
 ``eval.retrieval_few_events`` counts them: <= 5, 6-20, > 20); item-cold (the held-out entities
 first seen in the test period, per user that has one). Per slice, every arm's mean over seeds and
-the paired ratios full / base, forced / base, base / untrained, full / untrained: the seeds' mean
+the paired ratios full / base, forced / base, forced / full (what the gate saved or cost), base /
+untrained, full / untrained: the seeds' mean
 recall of one arm over another's, with a 95% interval from a paired bootstrap over test users
 (the same users resampled in every seed and both arms). Writes benchmarks/results/learner.json
 and the learner section of docs/results.md.
@@ -77,7 +78,8 @@ USERS_FILE = "retrieval_users.parquet"
 SLICES: dict[str, tuple[float, float] | str] = {"all": (0, float("inf")), "events<=5": (0, 5),
                                                "events 6-20": (6, 20), "events>20": (21, float("inf")),
                                                "item_cold": "hir__item_cold@20"}
-PAIRS = (("full", "base"), ("forced", "base"), ("base", "untrained"), ("full", "untrained"))
+# forced / full: the correction for everybody against the gated export (what the gate saved or cost)
+PAIRS = (("full", "base"), ("forced", "base"), ("forced", "full"), ("base", "untrained"), ("full", "untrained"))
 RECALL = "retrieval.masked_new_to_user.hir.recall@20"
 ITEM_COLD = "retrieval.masked_new_to_user.slices.item_cold.hir.recall@20"
 CELL_FILE = "learner_cell.json"
@@ -358,12 +360,12 @@ def markdown(doc: dict[str, Any]) -> str:
                          f"{'–' if ep is None else 'base' if ep == -1 else f'epoch {ep}'} | "
                          f"{_gate(r['gate']['fit_on_val'][i])} | {_f(r['train_s']['full'][i], 0)} |")
         lines += ["", "| slice | users | untrained | base | full | forced | full / base | forced / base | "
-                  "base / untrained |", "|---|---|---|---|---|---|---|---|---|"]
+                  "forced / full | base / untrained |", "|---|---|---|---|---|---|---|---|---|---|"]
         for sl in SLICES:
             m, p = r["slices"][sl], r["paired"][sl]
             users = next((m[a]["users"] for a in ARMS if m[a]["users"]), None)
             lines.append(f"| {sl} | {_f(users)} | " + " | ".join(_f(_mean(m[a]["per_seed"])) for a in ARMS) + " | "
-                         + " | ".join(_ratio(p[k]) for k in ("full/base", "forced/base", "base/untrained")) + " |")
+                         + " | ".join(_ratio(p[k]) for k in ("full/base", "forced/base", "forced/full", "base/untrained")) + " |")
         lines += ["", f"- **Verdict:** {r['verdict']['verdict']}."]
         if r["missing"]:
             lines.append(f"- Not run (budget): {', '.join(r['missing'])}.")
