@@ -5,6 +5,7 @@ full model, on test, per seed, with paired intervals over users.
     python benchmarks/learner.py --datasets online_retail --seeds 0     # one cell per arm
     python benchmarks/learner.py --budget-min 110                       # launch no cell after 110 minutes
     python benchmarks/learner.py --reuse                                # re-read finished cells, run nothing
+    python benchmarks/learner.py --arms full,forced --seeds 1           # some arms only (the rest are read)
 
 Per dataset the snapshot is prepared and enriched once (``hir prepare|enrich data=<d>
 run_name=learner``, reused when it exists). Then, for each seed and arm, one cell in its own run dir
@@ -16,18 +17,28 @@ setting at its default. What each arm trains (ARMS):
 - ``base``: ``model.net.transformer=false``: the same base, its knowledge view (content -> the
   base's space, for cold entities) and prototypes trained;
 - ``full``: ``model.net.transformer=true``: also the transformer's user correction, trained on the
-  training task (hir.model.task), exported only when it beats the base on val beyond the noise.
+  training task (hir.model.task), exported behind its evidence gate (hir.model.gate): the users
+  with at most the gate's events get the correction, the others their base; the gate is fit on
+  val and closes where the correction does not beat the base beyond the paired noise;
+- ``forced``: the full cell's best epoch exported with the correction for everybody
+  (``export.user_gate=open``): what the correction does on test without the gate.
 
 A cell runs ``hir train``, ``hir export`` and ``hir evaluate eval.hir_source=files
 eval.retrieval_arms=[hir] force=true`` (with NO_RANKING's shortcuts unless ``--with-ranking``) and
-reads the test masked new-to-user recall@20 of hir and its ``few_events`` slice from
-``report/metrics.json``, each test user's value from ``report/retrieval_users.parquet``, and the
-training seconds and the exported validation point from ``checkpoints/train_metrics.json``. A cell
-whose report exists is not run again, so an interrupted run continues where it stopped.
+reads the test masked new-to-user recall@20 of hir from ``report/metrics.json``, each test
+user's value, item-cold value and history size from ``report/retrieval_users.parquet``, and the
+training seconds, the exported validation point and its evidence gate from
+``checkpoints/train_metrics.json``. A cell whose report exists is not run again, so an
+interrupted run continues where it stopped.
 
-The comparison: full / base (and full / untrained) as the ratio of the seeds' mean recall, with a
-95% interval from a paired bootstrap over test users (the same users resampled in every seed and
-both arms). Writes benchmarks/results/learner.json and the learner section of docs/results.md.
+Slices (SLICES): all test users; users by history size (events before the test period, as
+``eval.retrieval_few_events`` counts them: <= 5, 6-20, > 20); item-cold (the held-out entities
+first seen in the test period, per user that has one). Per slice, every arm's mean over seeds and
+the paired ratios full / base, forced / base, forced / full (what the gate saved or cost), base /
+untrained, full / untrained: the seeds' mean
+recall of one arm over another's, with a 95% interval from a paired bootstrap over test users
+(the same users resampled in every seed and both arms). Writes benchmarks/results/learner.json
+and the learner section of docs/results.md.
 """
 
 from __future__ import annotations
@@ -56,14 +67,21 @@ ARMS = {"untrained": ["model.net.transformer=false", "trainer.max_epochs=1", "+t
         "base": ["model.net.transformer=false"], "full": ["model.net.transformer=true"]}
 TRAINS = {"untrained": "nothing: the spectral base (refit on train + val), knowledge view untrained",
           "base": "the knowledge view (cold entities) and the prototypes; users are the spectral base",
-          "full": "also the transformer's user correction on the training task (hir.model.task)",
-          "forced": "nothing more: the full cell's best epoch exported whether or not it beat the base on val"}
+          "full": "also the transformer's user correction on the training task (hir.model.task), exported "
+                  "behind the evidence gate fit on val",
+          "forced": "nothing more: the full cell's best epoch exported with the correction for every user"}
 # `forced` re-exports the `full` cell's best.ckpt (no training of its own): what the correction does on
 # test when the paired-noise rule is overridden
-ARMS["forced"] = []
+ARMS["forced"] = ["export.user_gate=open"]
 USERS_FILE = "retrieval_users.parquet"
+# slice name -> (lowest, highest) history events of its users, or the per-user column it reads
+SLICES: dict[str, tuple[float, float] | str] = {"all": (0, float("inf")), "events<=5": (0, 5),
+                                               "events 6-20": (6, 20), "events>20": (21, float("inf")),
+                                               "item_cold": "hir__item_cold@20"}
+# forced / full: the correction for everybody against the gated export (what the gate saved or cost)
+PAIRS = (("full", "base"), ("forced", "base"), ("forced", "full"), ("base", "untrained"), ("full", "untrained"))
 RECALL = "retrieval.masked_new_to_user.hir.recall@20"
-FEW = "retrieval.masked_new_to_user.slices.few_events"
+ITEM_COLD = "retrieval.masked_new_to_user.slices.item_cold.hir.recall@20"
 CELL_FILE = "learner_cell.json"
 # `hir evaluate` with one ranker seed (eval.ranker_seeds) and no "why this?": the cells read retrieval
 # only, and the ranking section is independent of it (online_retail seed 0, base: the retrieval
@@ -71,10 +89,11 @@ CELL_FILE = "learner_cell.json"
 # 108 s). The cells of the first learner.json also carried `eval.ranking={}`, which Hydra merges
 # into the arms' registry and so removes nothing. --with-ranking runs evaluate's defaults
 NO_RANKING = ["eval.ranker_seeds=1", "eval.explain.pairs=0"]
-# issue 24's targets (defaults, 2 cores, test split, seeds 0, 1, 2, paired bootstrap over users)
+# issue 32's targets (defaults, 2 cores, test split, seeds 0, 1, 2, paired bootstrap over users)
 MIN_RATIO = 1.03  # full >= 1.03 x base, with the 95% interval of full / base above 1
-FEW_RATIO = 1.05  # few-events slice, on FEW_DATASETS
-FEW_DATASETS = ("online_retail", "completejourney")
+NEVER_WORSE_LO = 0.99  # all users: full / base >= 1.00 with the interval's low end >= 0.99
+SPARSE_RATIO = 1.20  # users with <= 5 events, on SPARSE_DATASETS
+SPARSE_DATASETS = ("online_retail", "completejourney")
 BEGIN, END = markers("learner")
 
 
@@ -118,7 +137,7 @@ def run_cell(dataset: str, arm: str, seed: int, snapshot: Path, ranking: bool) -
         if not (ckpts / "best.ckpt").exists():
             return {"error": f"{ckpts / 'best.ckpt'} is missing: run the full arm of seed {seed} first"}
         common.append(f"paths.checkpoint_dir={ckpts}")
-        stages = {"export": [f"export.checkpoint={ckpts / 'best.ckpt'}"], "evaluate": evaluate}
+        stages = {"export": [f"export.checkpoint={ckpts / 'best.ckpt'}", "force=true"], "evaluate": evaluate}
     record: dict[str, Any] = {"git": git_sha(), "started": datetime.now(UTC).isoformat(timespec="seconds"),
                               "command": [f"hir <stage> {' '.join(common)}", *(f"hir {s} ... {' '.join(e)}" for s, e in
                                                                                stages.items() if e)], "wall_s": {}}
@@ -152,45 +171,57 @@ def read_cell(dataset: str, arm: str, seed: int) -> dict[str, Any] | None:
         return None
     metrics, train = json.loads(metrics_path.read_text()), json.loads(train_path.read_text())
     cell = json.loads((run_dir / CELL_FILE).read_text()) if (run_dir / CELL_FILE).exists() else {}
-    best, few = train.get("best") or {}, dotted(metrics, FEW) or {}
+    emb_meta = run_dir / "embeddings" / "meta.json"
+    exported_gate = json.loads(emb_meta.read_text()).get("user_gate") if emb_meta.exists() else None
+    best = train.get("best") or {}
     seconds = train.get("seconds") or {}
     return {
         "recall@20": dotted(metrics, RECALL),
-        "few_events_recall@20": dotted(few, "hir.recall@20"),
-        "few_events_users": few.get("users"), "few_events_max": few.get("max_events"),
+        "item_cold_recall@20": dotted(metrics, ITEM_COLD),
         "users": dotted(metrics, "retrieval.masked_new_to_user.users"),
         "train_s": seconds.get("fit"), "train_seconds": seconds,
         "epochs": train.get("epochs"), "stopped_by": train.get("stopped_by"),
         "spectral_rank": (train.get("spectral") or {}).get("rank"),
         "exported_epoch": best.get("epoch"), "exported_step": best.get("step"),
-        "exported_base": best.get("epoch") == -1,
+        "exported_base": best.get("epoch") == -1, "why": best.get("why"),
         "val_best": best.get("score"), "val_base": best.get("base_score"),
+        # the evidence gate fit on val (train_metrics.json) and the one the export applied (meta.json)
+        "gate": best.get("gate"), "exported_gate": exported_gate,
         "stage_wall_s": cell.get("wall_s"), "git": cell.get("git"), "started": cell.get("started"),
         "model_version": metrics.get("model_version"), "created": metrics.get("created"),
         "task": {k: v for k, v in (train.get("task") or {}).items() if k != "inputs"} or None,
     }
 
 
-def user_recall(dataset: str, arm: str, seed: int) -> pl.DataFrame | None:
-    """A finished cell's per-user masked new-to-user recall@20 (``user_id``, ``few_events``, ``hir``)."""
+def user_recall(dataset: str, arm: str, seed: int, slice_: str = "all") -> pl.DataFrame | None:
+    """A finished cell's per-user recall@20 on ``slice_`` (SLICES) as (``user_id``, ``hir``),
+    users outside the slice (or without a value there) dropped; None without its users file."""
     path = cell_dir(dataset, arm, seed) / "report" / USERS_FILE
-    return pl.read_parquet(path, columns=["user_id", "few_events", "hir"]) if path.exists() else None
+    if not path.exists():
+        return None
+    frame = pl.read_parquet(path)
+    how = SLICES[slice_]
+    if isinstance(how, str):
+        if how not in frame.columns:
+            return None
+        frame = frame.select("user_id", pl.col(how).alias("hir"))
+    else:
+        lo, hi = how
+        frame = frame.filter(pl.col("history_events").is_between(lo, hi)).select("user_id", "hir")
+    return frame.filter(pl.col("hir").is_not_null() & pl.col("hir").is_not_nan())
 
 
-def paired_ratio(dataset: str, num: str, den: str, seeds: list[int], few: bool = False,
+def paired_ratio(dataset: str, num: str, den: str, seeds: list[int], slice_: str = "all",
                  n_boot: int = 2000) -> dict[str, Any] | None:
-    """mean recall of arm ``num`` over that of ``den``, pooled over ``seeds`` (each seed's users
-    paired), with a 95% paired bootstrap interval over users (one resample of users serves every
-    seed and both arms). ``few``: the few-events slice only. None when a cell lacks its users file."""
+    """mean recall of arm ``num`` over that of ``den`` on ``slice_``, pooled over ``seeds`` (each
+    seed's users paired), with a 95% paired bootstrap interval over users (one resample of users
+    serves every seed and both arms). None when no seed has both cells' users files."""
     nums, dens = [], []
     for s in seeds:
-        a, b = user_recall(dataset, num, s), user_recall(dataset, den, s)
+        a, b = user_recall(dataset, num, s, slice_), user_recall(dataset, den, s, slice_)
         if a is None or b is None:
             continue
-        j = a.join(b, on="user_id", suffix="_den").drop_nulls(["hir", "hir_den"]).filter(
-            pl.col("hir").is_not_nan() & pl.col("hir_den").is_not_nan()).sort("user_id")
-        if few:
-            j = j.filter(pl.col("few_events"))
+        j = a.join(b, on="user_id", suffix="_den").sort("user_id")
         nums.append(j.select("user_id", pl.col("hir").alias(f"n{s}")))
         dens.append(j.select("user_id", pl.col("hir_den").alias(f"d{s}")))
     if not nums:
@@ -212,24 +243,37 @@ def paired_ratio(dataset: str, num: str, den: str, seeds: list[int], few: bool =
             "seeds": len(nums), "mean_num": float(n.mean()), "mean_den": float(d.mean())}
 
 
-def verdict(dataset: str, full_base: dict[str, Any] | None, few: dict[str, Any] | None) -> dict[str, Any]:
-    """The issue's targets on the paired ratios of the seeds where both arms finished."""
+def slice_means(dataset: str, arm: str, seeds: list[int], slice_: str) -> dict[str, Any]:
+    """Per seed, the arm's mean recall@20 over the slice's users (None: cell missing), and the users."""
+    frames = [user_recall(dataset, arm, s, slice_) for s in seeds]
+    return {"per_seed": [None if f is None or not f.height else float(f["hir"].mean()) for f in frames],
+            "users": next((f.height for f in frames if f is not None), None)}
+
+
+def verdict(dataset: str, paired: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The targets (issue 32) on the paired ratios of the seeds where both arms finished:
+    never worse (all users: full / base >= 1.00, low end >= 0.99), helps overall (>= 1.03, interval
+    above 1), sparse users (<= 5 events: >= 1.20, interval above 1, on SPARSE_DATASETS)."""
+    full_base = paired["all"].get("full/base")
     if full_base is None:
         return {"verdict": "no seed with both arms finished"}
     r, lo, hi = full_base["ratio"], full_base["lo"], full_base["hi"]
     beats = r >= MIN_RATIO and lo > 1
+    never_worse = r >= 1.0 and lo >= NEVER_WORSE_LO
     out: dict[str, Any] = {"ratio": r, "interval": [lo, hi], "seeds": full_base["seeds"],
-                           f"beats_base_{MIN_RATIO}x_interval_above_1": beats, "never_worse": hi >= 1}
+                           f"beats_base_{MIN_RATIO}x_interval_above_1": beats, "never_worse": never_worse}
     words = [f"full/base {r:.3f} [{lo:.3f}, {hi:.3f}]",
-             "beats the base (>= 1.03x, interval above 1)" if beats else "does not beat the base by the target",
-             "never worse" if hi >= 1 else "WORSE than the base (interval below 1)"]
-    if few is not None:
-        out["few_events_ratio"] = few["ratio"]
-        out["few_events_interval"] = [few["lo"], few["hi"]]
-        if dataset in FEW_DATASETS:
-            out[f"few_events_{FEW_RATIO}x"] = few["ratio"] >= FEW_RATIO
-            words.append(f"few-events {few['ratio']:.3f}x [{few['lo']:.3f}, {few['hi']:.3f}] "
-                         f"({'meets' if out[f'few_events_{FEW_RATIO}x'] else 'misses'} >= {FEW_RATIO}x)")
+             "beats the base (>= 1.03x, interval above 1)" if beats else "does not beat the base by 1.03x",
+             "never worse (>= 1.00, low end >= 0.99)" if never_worse else "NOT never-worse (< 1.00 or low end < 0.99)"]
+    sparse = paired["events<=5"].get("full/base")
+    if sparse is not None:
+        out["sparse_ratio"], out["sparse_interval"] = sparse["ratio"], [sparse["lo"], sparse["hi"]]
+        out["sparse_gains"] = sparse["ratio"] > 1 and sparse["lo"] > 1
+        target = dataset in SPARSE_DATASETS
+        if target:
+            out[f"sparse_{SPARSE_RATIO}x"] = sparse["ratio"] >= SPARSE_RATIO and sparse["lo"] > 1
+        words.append(f"users <= 5 events {sparse['ratio']:.3f}x [{sparse['lo']:.3f}, {sparse['hi']:.3f}]"
+                     + (f" ({'meets' if out[f'sparse_{SPARSE_RATIO}x'] else 'misses'} >= {SPARSE_RATIO}x)" if target else ""))
     if full_base["seeds"] < 3:
         words.append(f"only {full_base['seeds']} of 3 seeds")
     return out | {"verdict": "; ".join(words)}
@@ -242,27 +286,25 @@ def collect(dataset: str, seeds: list[int]) -> dict[str, Any]:
         return [(cells[arm][s] or {}).get(key) for s in seeds]
 
     done = [s for s in seeds if all(cells[a][s] for a in ("base", "full"))]
-    ratios = {f"{a}/{b}": paired_ratio(dataset, a, b, seeds) for a, b in
-              (("full", "base"), ("full", "untrained"), ("base", "untrained"), ("forced", "base"))}
-    few = paired_ratio(dataset, "full", "base", seeds, few=True)
+    paired = {sl: {f"{a}/{b}": paired_ratio(dataset, a, b, seeds, sl) for a, b in PAIRS} for sl in SLICES}
+    slices = {sl: {arm: slice_means(dataset, arm, seeds, sl) for arm in ARMS} for sl in SLICES}
     gits = sorted({c["git"] for arm in cells.values() for c in arm.values() if c and c.get("git")})
     dates = sorted(c["created"] for arm in cells.values() for c in arm.values() if c and c.get("created"))
     return {
         "arms": {arm: {"overrides": ARMS[arm], "trains": TRAINS[arm]} for arm in ARMS},
         **{arm: per_seed(arm, "recall@20") for arm in ARMS},
-        "few_events": {**{arm: per_seed(arm, "few_events_recall@20") for arm in ARMS},
-                       "users": next((c["few_events_users"] for a in cells.values() for c in a.values() if c), None),
-                       "max_events": next((c["few_events_max"] for a in cells.values() for c in a.values() if c), None)},
-        "paired": ratios, "paired_few_events_full/base": few,
+        "slices": slices, "paired": paired,
+        "gate": {"fit_on_val": per_seed("full", "gate"), "exported": per_seed("full", "exported_gate")},
         "seeds": seeds, "seeds_done": done,
         "train_s": {arm: per_seed(arm, "train_s") for arm in ARMS},
         "exported_epoch": {arm: per_seed(arm, "exported_epoch") for arm in ARMS},
         "exported_base": {arm: per_seed(arm, "exported_base") for arm in ARMS},
+        "why": per_seed("full", "why"),
         "val": {arm: {"best": per_seed(arm, "val_best"), "base": per_seed(arm, "val_base")} for arm in ARMS},
         "task": per_seed("full", "task"),
         "cell_wall_s": {arm: per_seed(arm, "stage_wall_s") for arm in ARMS},
         "missing": [f"{arm} seed {s}" for arm in ARMS for s in seeds if not cells[arm][s]],
-        "verdict": verdict(dataset, ratios["full/base"], few),
+        "verdict": verdict(dataset, paired),
         "cells": {arm: {str(s): c for s, c in v.items()} for arm, v in cells.items()},
         "git": gits[0] if len(gits) == 1 else gits or None,
         "git_same_code": same_code(gits) if gits else None,
@@ -276,49 +318,58 @@ def _f(x: Any, nd: int = 4) -> str:
 
 
 def _ratio(r: dict[str, Any] | None) -> str:
-    return "–" if not r else f"{r['ratio']:.3f} [{r['lo']:.3f}, {r['hi']:.3f}] ({r['users']} users, {r['seeds']} seeds)"
+    return "–" if not r else f"{r['ratio']:.3f} [{r['lo']:.3f}, {r['hi']:.3f}]"
+
+
+def _gate(g: dict[str, Any] | None) -> str:
+    if not g:
+        return "–"
+    tau = g.get("max_events")
+    return "none" if tau is None else "closed" if tau == 0 else f"<= {tau:g} events"
+
+
+def _mean(xs: list[float | None]) -> float | None:
+    got = [x for x in xs if x is not None]
+    return float(np.mean(got)) if got else None
 
 
 def markdown(doc: dict[str, Any]) -> str:
-    arms = "; ".join(f"`{a}` = `{' '.join(o)}` (trains {TRAINS[a]})" for a, o in ARMS.items())
+    arms = "; ".join(f"`{a}` = `{' '.join(o) or '(no override)'}` (trains {TRAINS[a]})" for a, o in ARMS.items())
     lines = [BEGIN, "## Learner: the full model against its spectral base (`python benchmarks/learner.py`)", "",
-             "Test masked new-to-user recall@20 of hir, per seed, with defaults: " + arms + ". Each cell trains, "
-             "exports and evaluates on the dataset's one shared snapshot. Ratios: the seeds' mean recall of one arm "
-             "over another's, with a 95% paired bootstrap interval over test users; few-events = users whose "
-             "history has at most `eval.retrieval_few_events` events. Exported = the validation point export took "
-             f"(`base` = the step-0 base). Targets (issue 24): full >= {MIN_RATIO} x base with the interval above 1 "
-             f"on three of four datasets; never worse (no interval entirely below 1); few-events >= {FEW_RATIO} x on "
-             f"{' and '.join(FEW_DATASETS)}.", ""]
+             "Test masked new-to-user recall@20 of hir with defaults: " + arms + ". Each cell trains, exports and "
+             "evaluates on the dataset's one shared snapshot. Slices: users by history size (events before the test "
+             "period, as `eval.retrieval_few_events` counts them) and item-cold (held-out entities first seen in the "
+             "test period). Ratios: the seeds' mean recall of one arm over another's on the slice, with a 95% paired "
+             "bootstrap interval over test users, seeds pooled. Gate = the evidence gate of the correction fit on val "
+             "(users with at most that many events get it; hir/model/gate.py). Targets (issue 32): never worse (full / "
+             f"base >= 1.00 with the low end >= {NEVER_WORSE_LO}); helps (>= {MIN_RATIO}, interval above 1); users <= 5 "
+             f"events >= {SPARSE_RATIO} with the interval above 1 on {' and '.join(SPARSE_DATASETS)}.", ""]
     for ds, r in doc.items():
-        if r.get("date") is None or "arms" not in r:
+        if r.get("date") is None or "slices" not in r:
             lines += [f"### {ds}", "", f"Not run (budget): every cell ({', '.join(r.get('missing', []))}).", ""]
             continue
         git = r["git"] if isinstance(r["git"], str) else (
             f"{', '.join(r['git'])} ({'the same code: they differ in benchmarks/ and docs only' if r['git_same_code'] else 'DIFFERENT code'})")
         lines += [f"### {ds}", "", f"Measured {r['date']} on {r['machine']}, git {git}.", "",
-                  "| seed | untrained | base | full | forced | val base → best (full) | exported (full) | train s (full) |",
-                  "|---|---|---|---|---|---|---|---|"]
+                  "| seed | untrained | base | full | forced | val base → best (full) | exported (full) | gate (full) | train s (full) |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for i, s in enumerate(r["seeds"]):
             ep = r["exported_epoch"]["full"][i]
             lines.append(f"| {s} | {_f(r['untrained'][i])} | {_f(r['base'][i])} | {_f(r['full'][i])} | "
-                         f"{_f((r.get('forced') or [None] * len(r['seeds']))[i])} | "
-                         f"{_f(r['val']['full']['base'][i])} → {_f(r['val']['full']['best'][i])} | "
-                         f"{'–' if ep is None else 'base' if ep == -1 else f'epoch {ep}'} | {_f(r['train_s']['full'][i], 0)} |")
-        p = r["paired"]
-        lines += ["", f"- full / base: {_ratio(p['full/base'])}", f"- full / untrained: {_ratio(p['full/untrained'])}",
-                  f"- base / untrained: {_ratio(p['base/untrained'])}",
-                  f"- forced (the correction exported anyway) / base: {_ratio(p.get('forced/base'))}",
-                  f"- few-events full / base: {_ratio(r['paired_few_events_full/base'])}",
-                  f"- **Verdict:** {r['verdict']['verdict']}."]
+                         f"{_f(r['forced'][i])} | {_f(r['val']['full']['base'][i])} → {_f(r['val']['full']['best'][i])} | "
+                         f"{'–' if ep is None else 'base' if ep == -1 else f'epoch {ep}'} | "
+                         f"{_gate(r['gate']['fit_on_val'][i])} | {_f(r['train_s']['full'][i], 0)} |")
+        lines += ["", "| slice | users | untrained | base | full | forced | full / base | forced / base | "
+                  "forced / full | base / untrained |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for sl in SLICES:
+            m, p = r["slices"][sl], r["paired"][sl]
+            users = next((m[a]["users"] for a in ARMS if m[a]["users"]), None)
+            lines.append(f"| {sl} | {_f(users)} | " + " | ".join(_f(_mean(m[a]["per_seed"])) for a in ARMS) + " | "
+                         + " | ".join(_ratio(p[k]) for k in ("full/base", "forced/base", "forced/full", "base/untrained")) + " |")
+        lines += ["", f"- **Verdict:** {r['verdict']['verdict']}."]
         if r["missing"]:
             lines.append(f"- Not run (budget): {', '.join(r['missing'])}.")
         lines.append("")
-    measured = {ds: r["verdict"] for ds, r in doc.items() if "ratio" in r.get("verdict", {})}
-    beats = [ds for ds, v in measured.items() if v.get(f"beats_base_{MIN_RATIO}x_interval_above_1")]
-    worse = [ds for ds, v in measured.items() if not v["never_worse"]]
-    lines += [f"**Across datasets:** the full model beats its base on {len(beats)} of the {len(measured)} datasets "
-              f"measured ({', '.join(beats) or 'none'}; the target is three of four) and is worse than it on "
-              f"{', '.join(worse) or 'none'}.", ""]
     return "\n".join(lines) + END + "\n"
 
 
@@ -326,6 +377,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--datasets", default=",".join(DATASETS))
     ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--arms", default=",".join(ARMS), help="the arms to run (the others are read when they exist)")
     ap.add_argument("--run-name", default="learner", help="the shared snapshot's run name")
     ap.add_argument("--reuse", action="store_true", help="read finished cells only; run nothing")
     ap.add_argument("--budget-min", type=float, default=None,
@@ -349,7 +401,7 @@ def main() -> None:
                 if "error" in res:
                     sys.exit(res["error"])
             for seed in seeds:
-                for arm in ARMS:
+                for arm in [a for a in ARMS if a in args.arms.split(",")]:
                     if read_cell(ds, arm, seed) is not None:
                         continue
                     if args.budget_min is not None and (time.monotonic() - t0) / 60 > args.budget_min:
@@ -358,7 +410,8 @@ def main() -> None:
                     if "error" in run_cell(ds, arm, seed, snapshot, args.with_ranking):
                         failed.append(f"{ds} {arm} seed {seed}")
         doc[ds] = collect(ds, seeds)
-        print(f"{ds}: untrained {doc[ds]['untrained']}, base {doc[ds]['base']}, full {doc[ds]['full']}; "
+        print(f"{ds}: untrained {doc[ds]['untrained']}, base {doc[ds]['base']}, full {doc[ds]['full']}, "
+              f"forced {doc[ds]['forced']}; "
               f"{doc[ds]['verdict']['verdict']}", flush=True)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(doc, indent=2, default=str) + "\n")

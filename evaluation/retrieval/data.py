@@ -53,12 +53,17 @@ class RetrievalData:
             return sp.csr_matrix((self.n_users, self.n_items), dtype=np.float32)
         return interaction_matrix(self.deep_history, self.n_users, self.n_items)
 
-    def few_events(self, max_events: int) -> np.ndarray:
-        """(U,) bool: the test users whose history (the events of ``history``, summed over their
-        pairs) has at most ``max_events`` events; a user without history has 0."""
+    def history_events(self) -> np.ndarray:
+        """(U,) float64: each test user's history size (the events of ``history``, summed over its
+        pairs); a user without history has 0."""
         counts = np.bincount(self.history["user_id"].to_numpy(), weights=self.history["n"].to_numpy(),
                              minlength=self.n_users)
-        return counts[self.users] <= max_events
+        return counts[self.users]
+
+    def few_events(self, max_events: int) -> np.ndarray:
+        """(U,) bool: the test users whose history (:meth:`history_events`) has at most
+        ``max_events`` events."""
+        return self.history_events() <= max_events
 
 
 def history_frame(

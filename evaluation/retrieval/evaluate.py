@@ -109,6 +109,8 @@ def evaluate_retrieval(
         scores[name] = score_arm(ranked, data, ks, few)
         if ranked.masked is not None:
             per_user[name] = recall_per_user(ranked.masked, data.new_to_user, k20)
+            # the masked item-cold slice per user (NaN: no item-cold held-out entity), for paired slices
+            per_user[f"{name}__item_cold@{k20}"] = recall_per_user(ranked.masked, data.item_cold, k20)
         if ranked.deep is not None:
             per_user |= deep_per_user(name, ranked.deep, data, ks)
         seconds[name] = time.perf_counter() - t0
@@ -120,6 +122,7 @@ def evaluate_retrieval(
     if per_user_path is not None and per_user:
         per_user_path.parent.mkdir(parents=True, exist_ok=True)
         pl.DataFrame({"user_id": data.users, "few_events": few if few is not None else np.zeros(len(data.users), bool),
+                      "history_events": data.history_events(),
                       **slice_counts(data), **per_user}).write_parquet(per_user_path)
     metric_names = [f"{m}@{k}" for k in ks for m in ("recall", "ndcg")]
     deep_names = [*metric_names, *[f"hr@{k}" for k in ks]]

@@ -35,14 +35,18 @@ from hir.model import (
     refit_aligned,
 )
 from hir.model.context import topk_edges
+from hir.model.gate import CLOSED, gate_users
 from hir.nn import HierarchicalTokenizer, HirNet
 from hir.nn.buckets import METADATA, SELF
+from hir.nn.net import USER_TYPE
 
 log = logging.getLogger(__name__)
 
 
 def load_checkpoint(path: str | Path) -> tuple[HirNet, dict[str, Any]]:
-    """A ``hir train`` checkpoint -> (the EMA teacher network in eval mode, hyper-parameters).
+    """A ``hir train`` checkpoint -> (the EMA teacher network in eval mode, hyper-parameters with
+    ``gate``: the evidence gate of the correction fit on val, :mod:`hir.model.gate`, or None for a
+    checkpoint without one: every user as the network embeds it).
 
     Loaded with ``weights_only=True``: a checkpoint holds tensors and plain values only.
     """
@@ -54,7 +58,7 @@ def load_checkpoint(path: str | Path) -> tuple[HirNet, dict[str, Any]]:
     net = HirNet(**hp["net_config"])
     state = {k.removeprefix("teacher."): v for k, v in ckpt["state_dict"].items() if k.startswith("teacher.")}
     net.load_state_dict(state)
-    return net.eval(), hp
+    return net.eval(), {**hp, "gate": ckpt.get("hir_gate")}
 
 
 def resolve_checkpoint(choice: str, ckpt_dir: Path) -> Path:
@@ -88,13 +92,22 @@ class Embedder:
             :class:`~hir.data.snapshot.Snapshot`) and enrich's ``content/``.
         visible_splits: engagement the contexts may see (default train + val: everything before
             the test period).
+        user_gate: which users get the transformer's correction: ``checkpoint`` (the evidence
+            gate `hir train` fit on val and saved in the checkpoint: users with at most its
+            ``max_events`` events in ``visible_splits``; the others get their base), ``open``
+            (everybody: the correction as trained) or ``closed`` (nobody).
     """
 
     def __init__(self, checkpoint: str | Path, snapshot: Snapshot | str | Path, content_dir: str | Path,
                  visible_splits: Sequence[str] = ("train", "val"), refit_base: bool = False, n_iter: int = 6,
-                 seed: int = 0) -> None:
+                 seed: int = 0, user_gate: str = "checkpoint") -> None:
         self.checkpoint = Path(checkpoint)
         self.net, self.hp = load_checkpoint(checkpoint)
+        gates = {"checkpoint": (self.hp["gate"] or {}).get("max_events"), "open": None, "closed": CLOSED}
+        if user_gate not in gates:
+            raise InputError(f"export.user_gate={user_gate!r}; expected one of {list(gates)}")
+        # the users' evidence threshold of the correction (None: every user as the network embeds it)
+        self.gate_max_events: float | None = gates[user_gate] if self.net.corrects else None
         data = self.hp.get("data", {})
         self.snapshot = snapshot if isinstance(snapshot, Snapshot) else load_snapshot(snapshot)
         self.store = load_graph(self.snapshot, content_dir, tuple(visible_splits), **data.get("graph", {}))
@@ -192,7 +205,12 @@ class Embedder:
                                     np.flatnonzero(~self.store.warm[ds.nodes[pos:pos + n]])])
             out[pos + order] = z.float().numpy()
             pos += n
-        return out
+        # the evidence gate: a user with more visible events than the gate admits takes its base
+        # (the correction closed); warm entities keep their base and cold ones the knowledge view
+        # either way (the correction refines users only)
+        nodes = np.asarray(nodes, np.int64)
+        return gate_users(out, self.base.vectors[nodes], self.store.node_type[nodes] == USER_TYPE,
+                          self.store.exposure[nodes], self.gate_max_events)
 
     def embed_snapshot(self, batch_size: int = 2048, seed: int = 0) -> np.ndarray:
         """Every node of the snapshot -> (n_nodes, dim), in global-id order."""

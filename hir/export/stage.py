@@ -54,6 +54,9 @@ class ExportConfig:
     kmeans_reference: bool
     refit_base: bool = True
     refit_n_iter: int = 6
+    # which users get the transformer's correction (hir.export.embed.Embedder): the evidence gate
+    # fit on val (``checkpoint``), ``open`` (everybody) or ``closed``
+    user_gate: str = "checkpoint"
 
     def __post_init__(self) -> None:
         from hir.export.hierarchy import HIERARCHY_FITS
@@ -83,6 +86,8 @@ def export_meta(embedder: Any, ckpt: Path, ex: ExportConfig, z: Any, codes: list
         "supergraph_gain": {f"l{s['level']}": s["gain"] for s in sg["levels"]}, "cold_placement": cold_report,
         "spectral": {"rank": embedder.basis.rank, "stage_base": embedder.basis.stage_base,
                      "filter": embedder.basis.filter.label(), "refit": embedder.refit},
+        # the users the transformer's correction reaches (None: no correction, or everybody)
+        "user_gate": {"max_events": embedder.gate_max_events, "corrects": embedder.net.corrects},
         # the users' input distribution here, beside train_metrics.json's task.inputs (training, val)
         "inputs": input_stats(st, embedder.base, embedder.sampler, np.arange(*st.type_range("user")), 0),
         "seconds": seconds,
@@ -154,7 +159,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         remove_stale_tmp(d)
     t0 = time.perf_counter()
     embedder = Embedder(ckpt, cfg.paths.graph_dir, cfg.paths.content_dir, tuple(ex.visible_splits), ex.refit_base,
-                        ex.refit_n_iter, int(cfg.seed))
+                        ex.refit_n_iter, int(cfg.seed), ex.user_gate)
     z, cold_report = embed_snapshot(embedder, ex, int(cfg.seed))
     t_embed = time.perf_counter() - t0
     t_fit = time.perf_counter()

@@ -15,6 +15,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint, TQDMProgressB
 
 from hir.atomic import atomic_path
 from hir.model import INIT_CHECKPOINT
+from hir.model.gate import CLOSED
 from hir.nn.net import close_correction
 
 log = logging.getLogger(__name__)
@@ -62,7 +63,7 @@ class InitialValidation(Callback):
         if trainer.global_step > 0 or not len(trainer.datamodule.val):
             return
         metrics = pl_module.validate_now()
-        pl_module.history.append({"epoch": -1, "step": 0, **metrics})
+        pl_module.history.append({"epoch": -1, "step": 0, **metrics, "gate": dict(pl_module.evidence_gate)})
         self.score = float(metrics[self.monitor])
         log.info("step 0 (spectral base, no correction yet): %s", {k: round(v, 4) for k, v in metrics.items()})
         if trainer.is_global_zero:
@@ -77,6 +78,8 @@ class StopBelowBase(Callback):
     """Stops training when none of its first ``checks`` validations beat the step-0 base (the
     paired gain over the base's per-user recall, ``val/gain_over_base``, is not positive): a
     learner that cannot beat its base early spends no more time (export then takes the base).
+    With a correction the gain is the evidence-gated model's (the correction only for the users
+    it helps on val), so training that helps sparse users is not stopped for the crowd.
 
     Args:
         checks: validations (after step 0) to wait for a gain.
@@ -115,7 +118,11 @@ def best_checkpoint(history: list[dict[str, float]], monitor: str, ckpt_dir: Pat
                     write: bool = True) -> dict[str, Any]:
     """The validation point export should use: the best epoch by ``monitor`` (``best.ckpt``,
     ``best_cb``'s) only when it beats the step-0 base by more than the paired noise (the lower end
-    of its paired-bootstrap 95% interval over val users, ``val/gain_lo``, is above 0).
+    of its paired-bootstrap 95% interval over val users, ``val/gain_lo``, is above 0) and its
+    evidence gate is open for some users. With a correction, ``monitor`` and the gain are the
+    *gated* model's (:meth:`hir.train.module.HirModule.val_metrics`): the correction for the users
+    it helps on val, the base for the others; so a correction that helps sparse users is kept for
+    them rather than rejected for the crowd.
 
     Otherwise the correction is rejected, and only the correction: export takes the best epoch's
     checkpoint with the correction's gate closed (``closed.ckpt``, written here when ``write``,
@@ -134,7 +141,11 @@ def best_checkpoint(history: list[dict[str, float]], monitor: str, ckpt_dir: Pat
     init = next((h for h in points if h["epoch"] == -1), None)
     epochs = [h for h in points if h["epoch"] >= 0]
     top = max(epochs, key=lambda h: (h[monitor], -h["step"])) if epochs else None
-    beats = top is not None and (init is None or top.get("val/gain_lo", -1.0) > 0)
+    # the top epoch's evidence gate (hir.model.gate; absent in an older history: no gate): closed
+    # means the correction helps no val users beyond the noise, so it is rejected
+    top_gate = (top or {}).get("gate") or {}
+    gate_closed = top_gate.get("max_events") == CLOSED
+    beats = top is not None and (init is None or (top.get("val/gain_lo", -1.0) > 0 and not gate_closed))
     pick = top if beats else (init or top)
     trained = Path(best_cb.best_model_path or ckpt_dir / "last.ckpt")
     path = trained if pick is top else ckpt_dir / INIT_CHECKPOINT
@@ -146,6 +157,8 @@ def best_checkpoint(history: list[dict[str, float]], monitor: str, ckpt_dir: Pat
         out["closed_from"] = {"checkpoint": trained.name, "epoch": int(top["epoch"]), "step": int(top["step"])}
     why = ("no step-0 point to compare with" if init is None else
            "beats the base beyond the paired noise" if beats else
+           "the evidence gate is closed: the correction helps no val users beyond the noise; it is closed, "
+           "the rest of the best epoch kept" if gate_closed and "closed_from" in out else
            "no epoch beats the base beyond the paired noise (val/gain_lo <= 0): the correction is closed, "
            "the rest of the best epoch kept" if "closed_from" in out else
            "no epoch beats the base beyond the paired noise (val/gain_lo <= 0)")
@@ -155,6 +168,8 @@ def best_checkpoint(history: list[dict[str, float]], monitor: str, ckpt_dir: Pat
         out["best_epoch"] = {"epoch": int(top["epoch"]), "score": float(top[monitor]),
                              **{k: top[k] for k in ("val/gain_over_base", "val/gain_lo", "val/gain_hi") if k in top}}
     out["gain_over_base"] = float(pick[monitor] - init[monitor]) if init else None
+    # what export applies (it reads the checkpoint's own ``hir_gate``): the users the correction reaches
+    out["gate"] = {k: v for k, v in top_gate.items() if k != "candidates"} if pick is top else {"max_events": CLOSED}
     return out
 
 

@@ -14,6 +14,7 @@ from torch import Tensor, nn
 
 from hir.errors import HirError
 from hir.model import catalogue_vectors, embed_batch, usage_stats, views
+from hir.model.gate import CLOSED, choose_gate, gate_line, gate_users, gated
 from hir.model.metrics import paired_gain, recall_per_user
 from hir.nn import AlignLoss, BalanceLoss, CatalogueLoss, DistillLoss, HirNet
 from hir.nn.net import USER_TYPE
@@ -111,6 +112,9 @@ class HirModule(L.LightningModule):
         # per val user, recall@monitor_k of the step-0 point (the base): what every epoch is
         # compared with, paired over users (kept in checkpoints for a resumed run)
         self.base_recall: np.ndarray | None = None
+        # the evidence gate of the user correction fit by the last validation (hir.model.gate):
+        # saved in every checkpoint (``hir_gate``), export applies it
+        self.evidence_gate: dict[str, Any] = {"max_events": CLOSED}
         # set once the prototypes got their data-dependent init; saved, so a resumed run skips it
         self.register_buffer("prototypes_ready", torch.zeros((), dtype=torch.bool))
         # per-epoch validation metrics (kept in checkpoints, so a resumed run has the full history)
@@ -271,23 +275,46 @@ class HirModule(L.LightningModule):
         z = torch.cat([e for _, e in self._val])
         self._val.clear()
         metrics = self.val_metrics(nodes, z)
-        self.history.append({"epoch": self.current_epoch, "step": self.global_step, **metrics})
+        self.history.append({"epoch": self.current_epoch, "step": self.global_step, **metrics,
+                             "gate": self.evidence_gate})
         # every rank embeds everything, so the values agree across ranks; the mean is logged
         self.log_dict(metrics, prog_bar=False, sync_dist=True)
-        log.info("epoch %d: %s", self.current_epoch, {k: round(v, 4) for k, v in metrics.items()})
+        log.info("epoch %d: %s; evidence gate: %s", self.current_epoch, {k: round(v, 4) for k, v in metrics.items()},
+                 gate_line(self.evidence_gate))
 
     @torch.no_grad()
     def val_metrics(self, nodes: np.ndarray, z: Tensor) -> dict[str, float]:
         """Embedded validation nodes (n,) and their (n, C) embeddings -> recall@K under the
-        datamodule's protocol (:mod:`hir.model.valset`) and per-level prototype usage."""
+        datamodule's protocol (:mod:`hir.model.valset`) and per-level prototype usage.
+
+        With a correction (:attr:`HirNet.corrects`), ``val/recall@K`` is the *gated* model's, the
+        one export ships: the evidence gate (:mod:`hir.model.gate`) is fit here on the monitor's
+        cut-off, from each val user's recall with the correction and with it closed (the same
+        epoch's entities, the user's base direction), and :attr:`evidence_gate` holds it;
+        ``val/full_recall@K`` is the correction given to everybody. The gain over the step-0 base
+        (``val/gain_over_base``, ``val/gain_lo``/``hi``) is the gated model's, so early stopping,
+        :class:`~hir.train.callbacks.StopBelowBase` and the best checkpoint follow what export ships."""
         val = self.trainer.datamodule.val
         index = np.full(int(nodes.max()) + 1 if len(nodes) else 0, -1, np.int64)
         index[nodes] = np.arange(len(nodes))
         zu = z[index[val.users]].numpy()
         zc = z[index[val.cands]].numpy()
+        closed = self._closed_users(zu, val.users) if self.teacher.corrects else None
+        evidence = self.trainer.datamodule.store.exposure[val.users]  # (U,) events in the train split
+        per_k = {k: recall_per_user(zu, zc, val.positives, val.masked, k) for k in self.val_k}
+        closed_k = {k: recall_per_user(closed, zc, val.positives, val.masked, k) for k in self.val_k} if closed is not None else {}
+        # no open correction: at step 0 the gate is closed; without a transformer there is nothing
+        # to gate (None: export leaves every user as the network embeds it, i.e. its base)
+        self.evidence_gate = {"max_events": CLOSED if self.teacher.use_transformer else None}
+        if closed is not None:
+            k = int(self.monitor.rsplit("@", 1)[1])
+            self.evidence_gate = choose_gate(per_k[k], closed_k[k], evidence, seed=self.seed)
         metrics: dict[str, float] = {}
         for k in self.val_k:
-            per_user = recall_per_user(zu, zc, val.positives, val.masked, k)
+            per_user = per_k[k]
+            if closed is not None:
+                metrics[f"val/full_recall@{k}"] = float(np.nanmean(per_user)) if len(per_user) else 0.0
+                per_user = gated(per_user, closed_k[k], evidence, self.evidence_gate["max_events"])
             metrics[f"val/recall@{k}"] = float(np.nanmean(per_user)) if len(per_user) else 0.0
             if f"val/recall@{k}" == self.monitor:
                 if self.base_recall is None or len(self.base_recall) != len(per_user):
@@ -300,6 +327,12 @@ class HirModule(L.LightningModule):
             metrics[f"proto/usage_l{lvl}"] = usage
             metrics[f"proto/entropy_l{lvl}"] = entropy
         return metrics
+
+    def _closed_users(self, zu: np.ndarray, users: np.ndarray) -> np.ndarray:
+        """(U, C) the val users' embeddings with the correction closed: ``[normalize(b_u), 0]``
+        where the user has a base (the train split's), its embedding ``zu`` (U, C) otherwise."""
+        base = self.trainer.datamodule.base.vectors[users]  # (U, K)
+        return gate_users(zu, base, np.ones(len(users), bool), np.full(len(users), np.inf), CLOSED)
 
     @torch.no_grad()
     def validate_now(self) -> dict[str, float]:
@@ -316,11 +349,13 @@ class HirModule(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["hir_history"] = list(self.history)
+        checkpoint["hir_gate"] = {k: v for k, v in self.evidence_gate.items() if k != "candidates"}
         if self.base_recall is not None:
             checkpoint["hir_base_recall"] = torch.from_numpy(self.base_recall)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.history = list(checkpoint.get("hir_history", []))
+        self.evidence_gate = dict(checkpoint.get("hir_gate", {"max_events": CLOSED}))
         if "hir_base_recall" in checkpoint:
             self.base_recall = checkpoint["hir_base_recall"].numpy()
 

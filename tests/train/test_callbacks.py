@@ -71,3 +71,20 @@ def test_without_a_trained_epoch_the_step_zero_point_is_taken(tmp_path: Path):
     cb = SimpleNamespace(best_model_path="")
     out = best_checkpoint(_history(gain_lo=-0.01)[:1], MONITOR, tmp_path, cb)
     assert Path(out["checkpoint"]).name == "init.ckpt" and "closed_from" not in out
+
+
+def test_a_correction_whose_evidence_gate_is_closed_is_rejected_and_an_open_one_is_recorded(tmp_path: Path):
+    """The best epoch's gain can come from the trained knowledge view alone (its evidence gate
+    closed: the correction helps no val users): export then takes the closed checkpoint. With the
+    gate open for sparse users, the epoch is exported and its gate recorded for export."""
+    _save(tmp_path / "init.ckpt", _net(0, gate=0.0))
+    best = _save(tmp_path / "best.ckpt", _net(1, gate=0.7))
+    cb = SimpleNamespace(best_model_path=str(best))
+    history = _history(gain_lo=0.001)
+    history[1]["gate"] = {"max_events": 0.0}
+    out = best_checkpoint(history, MONITOR, tmp_path, cb)
+    assert Path(out["checkpoint"]).name == CLOSED_CHECKPOINT and out["gate"] == {"max_events": 0.0}
+    assert "evidence gate is closed" in out["why"]
+    history[1]["gate"] = {"max_events": 5, "users_reached": 40, "candidates": [{"max_events": 5}]}
+    out = best_checkpoint(history, MONITOR, tmp_path, cb)
+    assert out["checkpoint"] == str(best) and out["gate"] == {"max_events": 5, "users_reached": 40}
