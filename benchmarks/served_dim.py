@@ -141,8 +141,12 @@ def bench_dataset(data: str, dims: list[str], run_name: str, seed: int, with_ne:
         rows[dim] = {"dim": meta["dim"], "rank": meta["spectral"]["rank"], "projection": meta.get("projection"),
                      "export_seconds": round(secs, 1), "embeddings_bytes": dir_bytes(out / "embeddings"),
                      "masked_new_recall@20": round(float(np.nanmean(recalls[dim])), 5)}
-        if with_ne:
+        # a served dimension at or above the rank projects nothing: the export is the full one
+        if with_ne and (dim == "full" or meta.get("projection")):
             rows[dim] |= ne_lift(data, run_name, out, log, extra)
+    for r in rows.values():
+        if with_ne and "ne_lift" not in r and "ne_lift" in rows.get("full", {}):
+            r |= {k: rows["full"][k] for k in ("ne_lift", "ne_lift_ci")}
     full = recalls.get("full")
     for dim in dims:
         if full is None or dim == "full":
@@ -171,13 +175,16 @@ def table(result: dict[str, Any]) -> str:
         for dim, r in ds["dims"].items():
             vs = r.get("vs_full_%")
             p = r.get("projection") or {}
-            cap = f"{p['captured_user']:.3f} / {p['captured_entity']:.3f}" if p else "1 / 1"
+            cap = f"{p['captured_user']:.3f} / {p['captured_entity']:.3f}" if p else \
+                ("1 / 1" if dim == "full" else f"1 / 1 (d >= rank {r['rank']}: the full export)")
             row = (f"| {name} | {dim} | {r['dim']} | {r['masked_new_recall@20']:.4f} | "
-                   + (f"{vs['gain']:+.2f} [{vs['lo']:+.2f}, {vs['hi']:+.2f}]" if vs else "") + " | "
+                   + (f"{vs['gain']:+.2f} [{vs['lo']:+.2f}, {vs['hi']:+.2f}]" if vs and p else "") + " | "
                    + (f"{r['truncated_masked_new_recall@20']:.4f}" if "truncated_masked_new_recall@20" in r else "")
                    + f" | {cap} | {r['embeddings_bytes'] / 1e6:.0f} |")
             if ne:
-                row += f" {r.get('ne_lift')} {r.get('ne_lift_ci') or ''} |"
+                lift, ci = r.get("ne_lift"), r.get("ne_lift_ci") or [None, None]
+                row += (f" {100 * lift:+.2f} [{100 * ci[0]:+.2f}, {100 * ci[1]:+.2f}] |" if lift is not None
+                        and None not in ci else " |")
             lines.append(row)
     lines += ["", end, ""]
     return "\n".join(lines)
