@@ -30,6 +30,13 @@ knowledge-view guesses that the export then places by their content neighbours i
 (:mod:`hir.export.cold`). When the two moments share eigenvectors (the spectral base's
 coordinates are the SVD's, close to that), those are exactly the optimum's directions.
 
+The weighting was checked on online_retail's val split (masked new-to-user recall@20 of the
+full-rank export projected afterwards, 1,125 val users, rank 256, full rank 0.1108;
+w C_u + (1 - w) C_e): at d = 64 users alone (w = 1) 0.1127, the equal sum 0.1107, entities alone
+0.1057, the first 64 coordinates 0.0961; at d = 128 0.1113 / 0.1118 / 0.1131, the first 128
+coordinates 0.1051. No weighting wins at both sizes; the equal sum is never far from the best,
+and every fitted basis beats truncation by far.
+
 ``hir refresh`` embeds new entities at K + 1 and projects them with the P the export saved
 (``embeddings/projection.npz``, stamped with the model version), so a refreshed row is the row
 the export would have written.
