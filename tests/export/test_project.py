@@ -90,6 +90,39 @@ def test_projection_keeps_dot_products_better_than_truncation():
     assert (np.argsort(-cos, axis=1)[:, :20] == np.argsort(-raw["fitted"], axis=1)[:, :20]).mean() > 0.999
 
 
+def test_served_tokenizer_is_the_tree_in_the_served_space():
+    """``export.hierarchy_fit=checkpoint`` at a served dimension: the checkpoint's prototypes
+    projected. At d = K the projection is a rotation, so every code of every level is the one the
+    original tokenizer gives the unprojected direction; at d < K it still yields a valid tree."""
+    import torch
+
+    from hir.export.project import Projection, served_tokenizer
+    from hir.nn import HierarchicalTokenizer
+
+    rng = np.random.default_rng(2)
+    torch.manual_seed(0)
+    k = 12
+    z, is_user = universal(rng.normal(size=(30, k)), rng.normal(size=(90, k)), rng.uniform(0.2, 0.9, 90))
+    tok = HierarchicalTokenizer(k, (2, 4, 8), 2, 0.1, 0.2).eval()
+    s = z[:, :-1] / np.linalg.norm(z[:, :-1], axis=1, keepdims=True)
+    tok.init_from_data(torch.from_numpy(s))
+    for d in (k, 5):
+        basis, _ = fit_basis(z[is_user, :-1], z[~is_user, :-1], d)
+        proj = Projection(basis, "v", {})
+        served = served_tokenizer(tok, proj)
+        assert served.dim == d and served.levels == tok.levels
+        zp = proj.apply(z, is_user)
+        sp = zp[:, :-1] / np.linalg.norm(zp[:, :-1], axis=1, keepdims=True)
+        with torch.no_grad():
+            codes, weights, _ = served(torch.from_numpy(sp))
+            ref, _, _ = tok(torch.from_numpy(s))
+        for lvl, size in enumerate((2, 4, 8)):
+            assert ((codes[lvl] >= 0) & (codes[lvl] < size)).all()
+            torch.testing.assert_close(weights[lvl].sum(1), torch.ones(len(z)))
+            if d == k:
+                assert torch.equal(codes[lvl], ref[lvl]), lvl
+
+
 @pytest.fixture(scope="module")
 def served(trained_run: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The tiny model (rank 16) exported twice from one checkpoint: at full rank and at 8 served
