@@ -68,12 +68,14 @@ def text_vectors(store: Any, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
 
 def neighbour_placement(own: np.ndarray, text_q: np.ndarray, ref_z: np.ndarray, ref_text: np.ndarray, k: int,
                         beta: float, chunk: int = 2048) -> tuple[np.ndarray, np.ndarray]:
-    """Directions (C, K) and mean neighbour scales (C,) of C cold entities.
+    """Directions (C, w - 1) and mean neighbour scales (C,) of C cold entities, in the exported
+    space of width w (K + 1, or the served d + 1 of ``export.dim``: placement runs after the
+    projection, so `hir refresh` can repeat it against the exported rows).
 
     Args:
-        own: (C, K + 1) their knowledge-view embeddings ``[a s, slack]``.
-        text_q: (C, d) their unit text vectors.
-        ref_z, ref_text: (W, K + 1) embeddings and (W, d) unit text vectors of the warm entities.
+        own: (C, w) their knowledge-view embeddings ``[a s, slack]`` (projected like the export).
+        text_q: (C, t) their unit text vectors.
+        ref_z, ref_text: (W, w) embeddings and (W, t) unit text vectors of the warm entities.
         k: neighbours per cold entity.
         beta: weight of the entity's own (knowledge-view) direction.
     """
@@ -96,7 +98,7 @@ def neighbour_placement(own: np.ndarray, text_q: np.ndarray, ref_z: np.ndarray, 
 
 
 def placed(z: np.ndarray, rows: np.ndarray, dirs: np.ndarray, mean_a: np.ndarray, boost: float) -> np.ndarray:
-    """A copy of ``z`` (n, K + 1) whose ``rows`` are ``[a s, sqrt(1 - a^2)]`` with s = ``dirs``
+    """A copy of ``z`` (n, w) whose ``rows`` are ``[a s, sqrt(1 - a^2)]`` with s = ``dirs``
     and a = min(1, ``boost`` x ``mean_a``)."""
     out = z.copy()
     a = np.minimum(mean_a * boost, 1.0)
@@ -109,7 +111,7 @@ def place_cold(z: np.ndarray, store: Any, valset: Any, cfg: ColdPlacement) -> tu
     """Every non-user type's cold entities with text placed by their neighbours (module doc).
 
     Args:
-        z: (n_nodes, K + 1) exported embeddings (global ids).
+        z: (n_nodes, w) exported embeddings (global ids; w = K + 1 or the served d + 1).
         store: the export's :class:`hir.model.GraphStore` (``warm``, ``type_range``).
         valset: :func:`hir.model.validation_set` of the store (masked new-to-user), or None.
         cfg: the placement (:class:`ColdPlacement`).
@@ -166,7 +168,8 @@ def place_cold(z: np.ndarray, store: Any, valset: Any, cfg: ColdPlacement) -> tu
 
 def place_like_export(emb_dir: str | Path, store: Any, etype: str, z_new: np.ndarray, text_new: np.ndarray,
                       has_text: np.ndarray) -> np.ndarray:
-    """New entities (not in the snapshot; ``z_new`` (n, K + 1) from the knowledge view) placed as
+    """New entities (not in the snapshot; ``z_new`` (n, w) from the knowledge view, projected with
+    the export's basis when it served a smaller dimension, :mod:`hir.export.project`) placed as
     the export placed its cold ones (its ``cold_placement`` in meta.json: method, k, beta, boost),
     against that export's warm entities of ``etype`` (text from ``store``, the snapshot the
     export embedded). Rows without text, or an export that kept the knowledge view, come back

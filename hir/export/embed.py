@@ -83,6 +83,13 @@ def checkpoint_version(path: str | Path) -> str:
     return f"{h.hexdigest()[:10]}-{stamp}"
 
 
+def direction(z: torch.Tensor) -> torch.Tensor:
+    """(..., w) universal embeddings -> (..., w - 1) their unit direction: every coordinate but the
+    last (the slack), normalised. :meth:`HirNet.semantic` at w = K + 1, and the same for served
+    embeddings of width d + 1 (``export.dim``)."""
+    return torch.nn.functional.normalize(z[..., :-1], dim=-1)
+
+
 class Embedder:
     """Embeds entities with a trained checkpoint against the snapshot it was trained on.
 
@@ -167,11 +174,12 @@ class Embedder:
         return self.tokenizer.levels
 
     def use_tokenizer(self, tokenizer: HierarchicalTokenizer) -> None:
-        """Tokenise with ``tokenizer`` (the same levels and width as the checkpoint's) from now on."""
+        """Tokenise with ``tokenizer`` (the same levels as the checkpoint's; its width that of the
+        directions it will see: the rank K, or the served d of ``export.dim``) from now on."""
         own = self.net.tokenizer
-        if (tokenizer.levels, tokenizer.dim) != (own.levels, own.dim):
+        if tokenizer.levels != own.levels or not 1 <= tokenizer.dim <= own.dim:
             raise InputError(f"tokenizer with levels {tokenizer.levels} and width {tokenizer.dim} does not fit "
-                             f"checkpoint {self.checkpoint} (levels {own.levels}, width {own.dim})")
+                             f"checkpoint {self.checkpoint} (levels {own.levels}, width at most {own.dim})")
         self.tokenizer = tokenizer.eval()
 
     def save_tokenizer(self, path: str | Path) -> None:
@@ -184,7 +192,10 @@ class Embedder:
         if saved["model_version"] != self.version:
             raise InputError(f"{path} was saved by the export of model {saved['model_version']!r}, not "
                              f"{self.version!r} ({self.checkpoint}); use the hierarchy/ of the run that exported it")
-        tokenizer = copy.deepcopy(self.net.tokenizer)
+        own = self.net.tokenizer
+        width = int(saved["state_dict"]["root"].shape[1])  # the served d when the export projected
+        tokenizer = copy.deepcopy(own) if width == own.dim else \
+            HierarchicalTokenizer(width, own.levels, own.top_k, own.tau, own.radius)
         tokenizer.load_state_dict(saved["state_dict"])
         self.use_tokenizer(tokenizer)
 
@@ -218,17 +229,18 @@ class Embedder:
 
     @torch.inference_mode()
     def semantic(self, z: np.ndarray) -> np.ndarray:
-        """(n, dim) universal embeddings -> (n, dim - 1) their unit direction, the tokenizer's space
-        (see :class:`hir.nn.HirNet`)."""
-        return self.net.semantic(torch.from_numpy(np.ascontiguousarray(z, np.float32))).numpy()
+        """(n, w) universal embeddings -> (n, w - 1) their unit direction, the tokenizer's space
+        (see :class:`hir.nn.HirNet`); w is K + 1, or d + 1 for served ones (:mod:`hir.export.project`)."""
+        return direction(torch.from_numpy(np.ascontiguousarray(z, np.float32))).numpy()
 
     @torch.inference_mode()
     def tokens(self, z: np.ndarray, batch_size: int = 8192) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        """(n, dim) embeddings -> per level: codes (n, k) int32 and weights (n, k) float32 summing to 1."""
+        """(n, w) embeddings (w = K + 1, or the served d + 1) -> per level: codes (n, k) int32 and
+        weights (n, k) float32 summing to 1."""
         codes: list[list[np.ndarray]] = [[] for _ in self.levels]
         weights: list[list[np.ndarray]] = [[] for _ in self.levels]
         for lo in range(0, len(z), batch_size):
-            c, w, _ = self.tokenizer(self.net.semantic(torch.from_numpy(z[lo:lo + batch_size])))
+            c, w, _ = self.tokenizer(direction(torch.from_numpy(np.ascontiguousarray(z[lo:lo + batch_size], np.float32))))
             for lvl in range(len(self.levels)):
                 codes[lvl].append(c[lvl].numpy().astype(np.int32))
                 weights[lvl].append(w[lvl].numpy().astype(np.float32))

@@ -22,6 +22,7 @@ from omegaconf import DictConfig
 
 from hir.atomic import remove_stale_tmp, write_text_atomic
 from hir.export.cold import ColdPlacement
+from hir.export.project import PROJECTION_FILE
 
 # sleeping OpenMP threads, as in the train stage (set before torch loads)
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -42,7 +43,9 @@ class ExportConfig:
     cold entities with text; hierarchy_fit: the prototypes the tokens come from (``checkpoint``:
     as trained; ``entities``: the checkpoint's tree refitted on the exported directions of the warm
     entities, :func:`hir.export.hierarchy.refit_tokenizer`); kmeans_reference: also report the
-    hierarchy figures of a plain k-means on the exported vectors.
+    hierarchy figures of a plain k-means on the exported vectors; dim: the served directions d
+    (the embedding has d + 1 coordinates; null/``full`` = the spectral rank K), see
+    :mod:`hir.export.project`.
     """
 
     checkpoint: str
@@ -57,17 +60,20 @@ class ExportConfig:
     # which users get the transformer's correction (hir.export.embed.Embedder): the evidence gate
     # fit on val (``checkpoint``), ``open`` (everybody) or ``closed``
     user_gate: str = "checkpoint"
+    dim: int | str | None = None
 
     def __post_init__(self) -> None:
         from hir.export.hierarchy import HIERARCHY_FITS
+        from hir.export.project import served_rank
 
+        self.dim = served_rank(self.dim)  # raises on a bad value before any work
         if self.hierarchy_fit not in HIERARCHY_FITS:
             raise ValueError(f"export.hierarchy_fit={self.hierarchy_fit!r}; expected one of {list(HIERARCHY_FITS)}")
 
 
 def export_meta(embedder: Any, ckpt: Path, ex: ExportConfig, z: Any, codes: list[Any], keys: dict[str, list[str]],
                 event_ts: datetime, created: datetime, sg: dict[str, Any], planted: dict[str, Any] | None,
-                cold_report: dict[str, Any], seconds: dict[str, float]) -> dict[str, Any]:
+                cold_report: dict[str, Any], seconds: dict[str, float], projection: Any = None) -> dict[str, Any]:
     """``embeddings/meta.json`` (docs/contracts.md): the model version, sizes, counts, cut-off
     and what the export measured."""
     import numpy as np
@@ -77,7 +83,9 @@ def export_meta(embedder: Any, ckpt: Path, ex: ExportConfig, z: Any, codes: list
     st = embedder.store
     norms = np.linalg.norm(z, axis=1)
     meta = {
-        "model_version": embedder.version, "checkpoint": str(ckpt), "dim": embedder.dim,
+        # dim: the served width (validate and publish take it from here); export_dim: as configured
+        "model_version": embedder.version, "checkpoint": str(ckpt), "dim": int(z.shape[1]), "export_dim": ex.dim,
+        "projection": projection.report if projection is not None else None,
         "levels": list(embedder.levels), "top_k": [int(c.shape[1]) for c in codes],
         "counts": {t: len(k) for t, k in keys.items()},
         "cold_start": {t: int((~st.warm[slice(*st.type_range(t))]).sum()) for t in keys},
@@ -95,21 +103,22 @@ def export_meta(embedder: Any, ckpt: Path, ex: ExportConfig, z: Any, codes: list
     return meta | ({"planted_hierarchy": planted} if planted else {})
 
 
-def reusable(meta_path: Path, ckpt: Path, force: bool) -> dict[str, Any] | None:
-    """The existing export's meta.json when it is of checkpoint ``ckpt`` (and not ``force``), else None."""
+def reusable(meta_path: Path, ckpt: Path, force: bool, dim: int | None = None) -> dict[str, Any] | None:
+    """The existing export's meta.json when it is of checkpoint ``ckpt`` at served dimension ``dim``
+    (export.dim) (and not ``force``), else None."""
     from hir.export.embed import checkpoint_version
 
     if meta_path.exists() and not force and ckpt.exists():
         meta = json.loads(meta_path.read_text())
-        if meta.get("model_version") == checkpoint_version(ckpt):
+        if meta.get("model_version") == checkpoint_version(ckpt) and meta.get("export_dim") == dim:
             return meta
     return None
 
 
-def embed_snapshot(embedder: Any, ex: ExportConfig, seed: int) -> tuple[Any, dict[str, Any]]:
-    """Every snapshot node's embedding (n_nodes, dim), cold entities with text placed by their
-    content neighbours (:mod:`hir.export.cold`; the boost chosen on the val split), and the
-    placement's report."""
+def embed_snapshot(embedder: Any, ex: ExportConfig, seed: int) -> tuple[Any, dict[str, Any], Any]:
+    """Every snapshot node's embedding (n_nodes, d + 1) at the served dimension, cold entities
+    with text placed by their content neighbours there (:mod:`hir.export.cold`; the boost chosen
+    on the val split), the placement's report and the projection (None at full rank)."""
     import numpy as np
 
     from hir.export.cold import place_cold
@@ -120,8 +129,26 @@ def embed_snapshot(embedder: Any, ex: ExportConfig, seed: int) -> tuple[Any, dic
     if not np.isfinite(z).all():
         raise RuntimeError(f"non-finite embeddings from {embedder.checkpoint}: the checkpoint is corrupt or "
                            "training diverged")
+    z, projection = serve_dim(embedder, z, ex.dim)
     valset = validation_set(st, None, seed, "masked_new") if len(st.val_pairs) else None
-    return place_cold(z, st, valset, ex.cold)
+    return *place_cold(z, st, valset, ex.cold), projection
+
+
+def serve_dim(embedder: Any, z: Any, dim: int | None) -> tuple[Any, Any]:
+    """``export.dim``: the network's (n_nodes, K + 1) embeddings projected onto d served
+    directions (:mod:`hir.export.project`), and the tokenizer moved into that space, or both as
+    they are at full rank. Before cold placement, so `hir refresh` (knowledge view, then the saved
+    projection, then placement) writes what the export would."""
+    from hir.export.project import describe, fit_projection, served_tokenizer
+
+    st = embedder.store
+    is_user = st.node_type == st.types.index("user")
+    projection = fit_projection(z, is_user, st.warm, dim, embedder.version)
+    if projection is not None:
+        z = projection.apply(z, is_user)
+        embedder.use_tokenizer(served_tokenizer(embedder.tokenizer, projection))
+    log.info("served dimension: %s%s", describe(projection), f" {projection.report}" if projection else "")
+    return z, projection
 
 
 def refit_hierarchy(embedder: Any, z: Any, seed: int) -> None:
@@ -150,7 +177,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     ex: ExportConfig = instantiate(cfg.export)
     emb_dir, hier_dir = Path(cfg.paths.embeddings_dir), Path(cfg.paths.hierarchy_dir)
     ckpt = resolve_checkpoint(ex.checkpoint, Path(cfg.paths.checkpoint_dir))
-    if (meta := reusable(emb_dir / META_FILE, ckpt, bool(cfg.force))) is not None:
+    if (meta := reusable(emb_dir / META_FILE, ckpt, bool(cfg.force), ex.dim)) is not None:
         log.info("embeddings of model %s exist at %s; reusing them (force=true re-exports)", meta["model_version"], emb_dir)
         return meta
     # a re-export invalidates the old one first: a kill below must not leave old meta.json over new files
@@ -160,7 +187,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     t0 = time.perf_counter()
     embedder = Embedder(ckpt, cfg.paths.graph_dir, cfg.paths.content_dir, tuple(ex.visible_splits), ex.refit_base,
                         ex.refit_n_iter, int(cfg.seed), ex.user_gate)
-    z, cold_report = embed_snapshot(embedder, ex, int(cfg.seed))
+    z, cold_report, projection = embed_snapshot(embedder, ex, int(cfg.seed))
     t_embed = time.perf_counter() - t0
     t_fit = time.perf_counter()
     if ex.hierarchy_fit == "entities":
@@ -173,6 +200,10 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     hier_dir.mkdir(parents=True, exist_ok=True)
     keys, texts = keys_and_texts(embedder.snapshot, embedder.store)
     write_embeddings(emb_dir, embedder, keys, z, codes, weights, event_ts, created)
+    if projection is not None:  # `hir refresh` projects new entities with it
+        projection.save(emb_dir / PROJECTION_FILE)
+    else:
+        (emb_dir / PROJECTION_FILE).unlink(missing_ok=True)
     write_prototypes(hier_dir / "prototypes.parquet", embedder, z, top1, texts, ex.label_members)
     embedder.save_tokenizer(hier_dir / TOKENIZER_FILE)
     sg, planted = hierarchy_diagnostics(embedder.snapshot, embedder.store.offsets, embedder.store.node_type, keys,
@@ -181,7 +212,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     write_text_atomic(hier_dir / "supergraph.json", json.dumps(sg, indent=2))
     meta = export_meta(embedder, ckpt, ex, z, codes, keys, event_ts, created, sg, planted, cold_report,
                        {"embed": round(t_embed, 2), "hierarchy_fit": round(t_fit, 2),
-                        "total": round(time.perf_counter() - t0, 2)})
+                        "total": round(time.perf_counter() - t0, 2)}, projection)
     # meta.json last and atomic: its presence marks a complete export (what `reusable` checks)
     write_text_atomic(emb_dir / META_FILE, json.dumps(meta, indent=2))
     log.info("exported %s (cold start %s) as model %s in %.1fs; super-graph density gain %s%s",

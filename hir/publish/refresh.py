@@ -360,11 +360,12 @@ def embed(cfg: DictConfig, source: dict[str, Path], snapshot: Snapshot, delta: D
     from hir.enrich.content import encode_new_entities
     from hir.export.cold import place_like_export
     from hir.export.embed import Embedder
+    from hir.export.project import load_projection
     from hir.export.stage import TOKENIZER_FILE
 
     emb_meta_path = Path(manifest.get("source", {}).get("embeddings_dir", "")) / "meta.json"
-    visible = tuple(json.loads(emb_meta_path.read_text()).get("visible_splits") or cfg.export.visible_splits) \
-        if emb_meta_path.exists() else tuple(cfg.export.visible_splits)
+    emb_meta = json.loads(emb_meta_path.read_text()) if emb_meta_path.exists() else {}
+    visible = tuple(emb_meta.get("visible_splits") or cfg.export.visible_splits)
     embedder = Embedder(source["checkpoint"], snapshot, source["content_dir"], visible)
     if embedder.version != manifest["version"]:
         raise HirError(
@@ -376,6 +377,8 @@ def embed(cfg: DictConfig, source: dict[str, Path], snapshot: Snapshot, delta: D
     tokenizer_path = emb_meta_path.parent.parent / "hierarchy" / TOKENIZER_FILE
     if emb_meta_path.exists() and tokenizer_path.exists():
         embedder.load_tokenizer(tokenizer_path)
+    # the served dimension of the live version: its export's projection (export.dim), None at full rank
+    projection = load_projection(emb_meta_path.parent, emb_meta, embedder.version) if emb_meta else None
     now = datetime.now(UTC).replace(microsecond=0)
     frames = {}
     store_dir = Path(cfg.publish.store_dir).resolve()
@@ -387,6 +390,8 @@ def embed(cfg: DictConfig, source: dict[str, Path], snapshot: Snapshot, delta: D
         links = [delta.links.get(etype, {}).get(k, []) for k in keys]
         z = embedder.embed_new(etype, mat["text_vec"], mat.get("attr_vec"), content["has_text"].to_numpy(),
                                links, mat.get("image_vec"), seed=int(cfg.seed))
+        if projection is not None:  # as the export projected before placing its cold entities
+            z = projection.apply(z, np.full(len(z), etype == "user"))
         if emb_meta_path.exists():
             # as the export placed its own cold entities: by their content neighbours (hir.export.cold)
             z = place_like_export(emb_meta_path.parent, embedder.store, etype, z, mat["text_vec"],
