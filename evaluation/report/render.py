@@ -333,6 +333,35 @@ def diagnostics_md(d: Mapping[str, Any]) -> str:
                      + (", the same for a plain k-means per level on the exported vectors" if ref else "")
                      + (", and the NMI of products' top-1 token against the taxonomy" if deepest else "")
                      + f".{fit}\n\n" + _md_table(header, rows))
+    held = sg.get("heldout") or {}
+    if held.get("tokens"):
+        ref = {e["level"]: e for e in held.get("kmeans_reference") or []}
+        rows = []
+        for e in held["tokens"]:
+            km = ref.get(e["level"]) or {}
+            rows.append([str(e["level"]), fmt(e["concentration"], 3), fmt(km.get("concentration"), 3),
+                         fmt(e["log_loss"], 3), fmt(km.get("log_loss"), 3), fmt(e["log_loss_popularity"], 3),
+                         fmt(e["recall@5"], 3), fmt(km.get("recall@5"), 3), fmt(e["recall@5_popularity"], 3),
+                         fmt(e["coverage"], 3), fmt(km.get("coverage"), 3)])
+        parts.append(
+            f"Held out (the test period's {held.get('test_pairs')} user-entity pairs, which neither the model nor the "
+            "prototypes saw): concentration against a popularity-matched random assignment of the same token sizes "
+            "(below 1 = a user's new entities share tokens); a user's history tokens predicting the tokens of their "
+            "new test entities (log-loss, recall@5; the tokens' popularity alone beside them); and the share of test "
+            f"user-token edges the history already holds (raw user-entity edges: {fmt(held.get('raw_coverage'), 3)}). "
+            "Beside each, a plain k-means per level on the same vectors.\n\n" + _md_table(
+                ["level", "concentration", "k-means", "log-loss", "k-means", "popularity", "recall@5", "k-means",
+                 "popularity", "coverage", "k-means"], rows))
+    if d.get("level0_tokens"):
+        has_purity = any("purity" in t for t in d["level0_tokens"])
+        parts.append("Level-0 tokens: label (class-based TF-IDF over all members' text), the most probable members"
+                     + (", and purity: the share of members in the token's most frequent top-level category" if has_purity
+                        else "") + ".\n\n" + _md_table(
+            ["token", "usage", "label", "top members", *(["purity", "category"] if has_purity else [])],
+            [[str(t["token"]), fmt(t["usage"], 3), str(t["label"]),
+              " / ".join(m.replace("|", "/") for m in t.get("members") or []),
+              *([fmt(t.get("purity"), 3), str(t.get("category", ""))] if has_purity else [])]
+             for t in d["level0_tokens"]]))
     if d.get("stability"):
         parts.append("Token stability vs the comparison export:\n\n" + _md_table(
             ["level", "entities", "Jaccard", "top-1 agreement", "NMI"],

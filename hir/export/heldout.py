@@ -66,25 +66,32 @@ def heldout_concentration(users: np.ndarray, entities: np.ndarray, top1: Sequenc
     return out
 
 
-def _counts(users: np.ndarray, tokens: np.ndarray, n_users: int, k: int) -> np.ndarray:
-    """(n_users, k) how many of each user's pairs fall on each token."""
-    c = np.zeros((n_users, k), np.float64)
-    np.add.at(c, (users, tokens), 1.0)
-    return c
+def _predict(hist_users: np.ndarray, hist_tokens: np.ndarray, pop: np.ndarray, alpha: float, users: np.ndarray,
+             tokens: np.ndarray, tops: Sequence[int], chunk: int = 16384) -> dict[str, float]:
+    """Log-loss and recall@m of p_u = (counts_u + alpha pop) / (n_u + alpha) on (user, token) pairs.
 
-
-def _predict(hist: np.ndarray, pop: np.ndarray, alpha: float, users: np.ndarray, tokens: np.ndarray,
-             tops: Sequence[int]) -> dict[str, float]:
-    """Log-loss and recall@m of p_u = (hist_u + alpha pop) / (n_u + alpha) on (user, token) pairs.
-
-    hist: (n_users, k) history counts; pop: (k,) token popularity (sums to 1)."""
-    p = (hist + alpha * pop[None, :]) / (hist.sum(1, keepdims=True) + alpha)  # (n_users, k)
-    out = {"log_loss": float(-np.log(p[users, tokens]).mean())}
-    # rank of the true token among the user's tokens (0 = the most probable); ties count against it
-    rank = (p[users] > p[users, tokens][:, None]).sum(1) + (p[users] == p[users, tokens][:, None]).sum(1) - 1
-    for m in tops:
-        out[f"recall@{m}"] = float((rank < m).mean())
-    return out
+    Args:
+        hist_users, hist_tokens: (H,) the history pairs' users and tokens.
+        pop: (k,) token popularity (sums to 1); alpha: pseudo-events of popularity per user.
+        users, tokens: (E,) the pairs to predict.
+    """
+    if not len(users):
+        return {"log_loss": float("nan"), **{f"recall@{m}": float("nan") for m in tops}}
+    # only the users to predict get a row: (U, k) stays small on datasets with many users
+    ids, row = np.unique(users, return_inverse=True)
+    keep = np.isin(hist_users, ids)
+    counts = np.zeros((len(ids), len(pop)), np.float64)
+    np.add.at(counts, (np.searchsorted(ids, hist_users[keep]), hist_tokens[keep]), 1.0)
+    p = (counts + alpha * pop[None, :]) / (counts.sum(1, keepdims=True) + alpha)  # (U, k)
+    loss, hits = 0.0, np.zeros(len(tops))
+    for lo in range(0, len(users), chunk):
+        r, t = row[lo:lo + chunk], tokens[lo:lo + chunk]
+        pu, pt = p[r], p[r, t]  # (c, k), (c,)
+        loss -= np.log(pt).sum()
+        # rank of the true token among the user's tokens (0 = the most probable); ties count against it
+        rank = (pu > pt[:, None]).sum(1) + (pu == pt[:, None]).sum(1) - 1
+        hits += [(rank < m).sum() for m in tops]
+    return {"log_loss": float(loss / len(users)), **{f"recall@{m}": float(h / len(users)) for m, h in zip(tops, hits)}}
 
 
 def token_prediction(history: tuple[np.ndarray, np.ndarray], val: tuple[np.ndarray, np.ndarray],
@@ -105,13 +112,10 @@ def token_prediction(history: tuple[np.ndarray, np.ndarray], val: tuple[np.ndarr
         per level ``{level, pairs, users, alpha, hir: {log_loss, recall@m}, popularity: {...}}``
         (``hir`` = this tokenization's user-history predictor).
     """
-    n_users = int(max((a.max(initial=-1) for a in (*history, *val, *val_history, *test)[::2]), default=-1)) + 1
-
     def new_pairs(hist: tuple[np.ndarray, np.ndarray], pairs: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         width = int(max(hist[1].max(initial=0), pairs[1].max(initial=0))) + 1
         seen = np.isin(pairs[0] * width + pairs[1], hist[0] * width + hist[1])
-        has_hist = np.isin(pairs[0], hist[0])
-        keep = ~seen & has_hist
+        keep = ~seen & np.isin(pairs[0], hist[0])
         return pairs[0][keep], pairs[1][keep]
 
     val_u, val_e = new_pairs(val_history, val)
@@ -120,17 +124,17 @@ def token_prediction(history: tuple[np.ndarray, np.ndarray], val: tuple[np.ndarr
     for lvl, k in enumerate(levels):
         t = top1[lvl]
         row: dict[str, Any] = {"level": lvl, "prototypes": int(k), "pairs": len(test_u), "users": len(np.unique(test_u))}
+        row["alpha"] = 1.0
         if len(val_u):
-            vh = _counts(val_history[0], t[val_history[1]], n_users, k)
-            vpop = (vh.sum(0) + 1) / (vh.sum() + k)
-            losses = [_predict(vh, vpop, a, val_u, t[val_e], ())["log_loss"] for a in ALPHAS]
+            vpop = (np.bincount(t[val_history[1]], minlength=k) + 1) / (len(val_history[1]) + k)
+            losses = [_predict(val_history[0], t[val_history[1]], vpop, a, val_u, t[val_e], ())["log_loss"]
+                      for a in ALPHAS]
             row["alpha"] = ALPHAS[int(np.argmin(losses))]
-        else:
-            row["alpha"] = 1.0
-        hist = _counts(history[0], t[history[1]], n_users, k)
-        pop = (hist.sum(0) + 1) / (hist.sum() + k)  # Laplace: a token unseen in history keeps a chance
-        row["hir"] = _predict(hist, pop, row["alpha"], test_u, t[test_e], tops)
-        row["popularity"] = _predict(np.zeros_like(hist), pop, 1.0, test_u, t[test_e], tops)
+        # Laplace: a token unseen in the history keeps a chance
+        pop = (np.bincount(t[history[1]], minlength=k) + 1) / (len(history[1]) + k)
+        row["hir"] = _predict(history[0], t[history[1]], pop, row["alpha"], test_u, t[test_e], tops)
+        none = np.zeros(0, np.int64)
+        row["popularity"] = _predict(none, none, pop, 1.0, test_u, t[test_e], tops)
         out.append(row)
     return out
 

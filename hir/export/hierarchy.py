@@ -24,6 +24,7 @@ from sklearn.metrics import normalized_mutual_info_score
 
 from hir.data.schema import ENTITY_TYPES
 from hir.data.snapshot import Snapshot
+from hir.export.heldout import heldout_concentration, token_coverage, token_prediction
 from hir.export.supergraph import engagement_pairs, planted_recovery, supergraph_stats
 from hir.nn.hierarchy import HierarchicalTokenizer
 
@@ -176,7 +177,37 @@ def hierarchy_diagnostics(snapshot: Snapshot, offsets: np.ndarray, node_type: np
     labels = {k: v for k, v in labels.items() if k.startswith("taxonomy_")}
     for entry, nmi in zip(sg["levels"], taxonomy_nmi(labels, int(offsets[pi]), top1)):
         entry["taxonomy_nmi"] = nmi
+    km_top1 = None
     if z is not None and len(ents):
-        sg["kmeans_reference"], _ = kmeans_reference(z, np.flatnonzero(np.isin(node_type, engaged)), users, ents,
-                                                     n_users, levels, seed, labels, int(offsets[pi]))
+        sg["kmeans_reference"], km_top1 = kmeans_reference(z, np.flatnonzero(np.isin(node_type, engaged)), users, ents,
+                                                           n_users, levels, seed, labels, int(offsets[pi]))
+    sg["heldout"] = heldout_figures(snapshot, offsets, top1, levels, km_top1)
     return sg, planted_recovery(snapshot, keys, offsets, top1)
+
+
+def heldout_figures(snapshot: Snapshot, offsets: np.ndarray, top1: list[np.ndarray], levels: tuple[int, ...],
+                    km_top1: list[np.ndarray] | None) -> dict[str, Any] | None:
+    """The tokens judged on the test period's engagement, which neither the model nor the
+    prototypes saw (hir/export/heldout.py; issue 34): per level the popularity-matched
+    concentration, next-period token prediction (against the tokens' popularity) and the
+    history's coverage of the test user-token edges, for the exported tokens and (``km_top1``,
+    per level (n_nodes,)) the k-means reference. None without test-period engagement."""
+    test = engagement_pairs(snapshot, offsets, ("test",))
+    if not len(test[0]):
+        return None
+    train, val = engagement_pairs(snapshot, offsets, ("train",)), engagement_pairs(snapshot, offsets, ("val",))
+    history = (np.concatenate([train[0], val[0]]), np.concatenate([train[1], val[1]]))
+    out: dict[str, Any] = {"test_pairs": len(test[0])}
+    for name, tokens in (("tokens", top1), ("kmeans_reference", km_top1)):
+        if tokens is None:
+            continue
+        conc = heldout_concentration(*test, tokens, levels)
+        pred = token_prediction(history, val, train, test, tokens, levels)
+        cov = token_coverage(history, test, tokens, levels)
+        out["raw_coverage"] = cov["raw_coverage"]
+        out[name] = [{"level": c["level"], "concentration": c["concentration"], "random_sd": c["random_sd"],
+                      "log_loss": p["hir"]["log_loss"], "log_loss_popularity": p["popularity"]["log_loss"],
+                      "recall@5": p["hir"]["recall@5"], "recall@5_popularity": p["popularity"]["recall@5"],
+                      "coverage": v["coverage"], "random_coverage": v["random_coverage"]}
+                     for c, p, v in zip(conc, pred, cov["levels"])]
+    return out
