@@ -123,33 +123,44 @@ def hir_refits(run: Path, space: Space, seeds: tuple[int, ...]) -> dict[int, lis
 
 def coengage_refine(tokens: list[np.ndarray], levels: tuple[int, ...], pairs: tuple[np.ndarray, np.ndarray],
                     n_users: int, n_entities: int, iters: int = 5, alpha: float = 5.0) -> list[np.ndarray]:
-    """Each level's tokens refined by co-engagement on ``pairs`` (the history only).
+    """The tree's tokens refined by co-engagement on ``pairs`` (the history only), top down.
 
     An entity with history users U moves to the token t maximising sum_{u in U} log(p_u(t) / q(t)),
     p_u the user's smoothed token distribution ((counts + alpha q) / (n_u + alpha)) and q the
     tokens' share of pairs: the token its users over-engage relative to its size, so a big token
-    does not pull everything. Entities without history keep their token. ``iters`` rounds.
+    does not pull everything. Level 0 chooses among all its tokens; a finer level only among the
+    children of the entity's (refined) parent (children of p are p*b .. p*b + b - 1), so the tree
+    holds. Entities without history keep their tokens. ``iters`` rounds per level.
     """
     users, ents = pairs
     inc = sp.csr_matrix((np.ones(len(users), np.float32), (ents, users)), shape=(n_entities, n_users))
-    has = np.asarray(inc.sum(1)).ravel() > 0
-    out = []
+    rows = np.flatnonzero(np.asarray(inc.sum(1)).ravel() > 0)
+    out: list[np.ndarray] = []
     for lvl, k in enumerate(levels):
         t = tokens[lvl].copy()
+        branch = k // levels[lvl - 1] if lvl else k
+        parent = out[-1] if lvl else None
         for _ in range(iters):
             c = np.zeros((n_users, k), np.float32)
             np.add.at(c, (users, t[ents]), 1.0)
             q = (c.sum(0) + 1) / (c.sum() + k)
             lift = np.log((c + alpha * q) / (c.sum(1, keepdims=True) + alpha) / q)  # (n_users, k)
             new = t.copy()
-            rows = np.flatnonzero(has)
-            for lo in range(0, len(rows), 8192):
-                r = rows[lo:lo + 8192]
-                new[r] = np.asarray(inc[r] @ lift).argmax(1)  # (chunk, k) -> best token
+            for lo in range(0, len(rows), 4096):
+                r = rows[lo:lo + 4096]
+                score = np.asarray(inc[r] @ lift)  # (chunk, k)
+                if parent is not None:
+                    first = parent[r] * branch  # the entity may only take a child of its parent
+                    score = np.take_along_axis(score, first[:, None] + np.arange(branch)[None, :], 1)
+                    new[r] = first + score.argmax(1)
+                else:
+                    new[r] = score.argmax(1)
             moved = int((new != t).sum())
             t = new
             if moved == 0:
                 break
+        if parent is not None:  # entities without history: their token under the parent they have
+            t = np.where(t // branch == parent, t, parent * branch + t % branch)
         out.append(t)
     return out
 
@@ -171,6 +182,9 @@ def measure(space: Space, tokens: list[np.ndarray], tax: dict[str, np.ndarray]) 
         row = {"level": lvl, "prototypes": space.levels[lvl], "concentration": conc[lvl]["concentration"],
                "random_sd": conc[lvl]["random_sd"], "log_loss": pred[lvl]["hir"]["log_loss"],
                "log_loss_popularity": pred[lvl]["popularity"]["log_loss"],
+               # nats a user's history adds over the tokens' popularity: comparable across
+               # tokenizations whose token sizes (and so popularity log-loss) differ
+               "gain_nats": pred[lvl]["popularity"]["log_loss"] - pred[lvl]["hir"]["log_loss"],
                "recall@1": pred[lvl]["hir"]["recall@1"], "recall@5": pred[lvl]["hir"]["recall@5"],
                "recall@1_popularity": pred[lvl]["popularity"]["recall@1"],
                "recall@5_popularity": pred[lvl]["popularity"]["recall@5"], "alpha": pred[lvl]["alpha"],
@@ -199,8 +213,8 @@ def agreement(space: Space, a: list[np.ndarray], b: list[np.ndarray], x: np.ndar
 
 def summary(runs: dict[int, dict[str, Any]], levels: int) -> list[dict[str, Any]]:
     """Per level, the mean and spread (sd) over seeds of each figure."""
-    keys = ["concentration", "log_loss", "log_loss_popularity", "recall@1", "recall@5", "recall@1_popularity",
-            "coverage", "random_coverage", "taxonomy_purity", "taxonomy_nmi"]
+    keys = ["concentration", "log_loss", "log_loss_popularity", "gain_nats", "recall@1", "recall@5", "recall@1_popularity",
+            "recall@5_popularity", "coverage", "random_coverage", "taxonomy_purity", "taxonomy_nmi"]
     out = []
     for lvl in range(levels):
         row: dict[str, Any] = {"level": lvl}
@@ -219,6 +233,7 @@ def main() -> None:
     ap.add_argument("--row", default="today", help="the row's name in hierarchy.json")
     ap.add_argument("--methods", default="hir,kmeans,kmeans_dir,coengage")
     ap.add_argument("--seed", type=int, default=42, help="the seed the run's export used (cfg.seed)")
+    ap.add_argument("--out", type=Path, default=RESULTS, help="the results file (a row is added or replaced)")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     t0 = time.perf_counter()
@@ -264,11 +279,11 @@ def main() -> None:
                  [round(r["log_loss_popularity"], 3) for r in s],
                  [round(a, 3) for a in result["methods"][name]["two_seed_agreement"]])
     result["seconds"] = round(time.perf_counter() - t0, 1)
-    store = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    store = json.loads(args.out.read_text()) if args.out.exists() else {}
     store[f"{space.snap.dataset}/{args.row}"] = result
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(store, indent=1) + "\n")
-    print(f"wrote {RESULTS.relative_to(ROOT)} [{space.snap.dataset}/{args.row}] in {result['seconds']} s")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(store, indent=1) + "\n")
+    print(f"wrote {args.out} [{space.snap.dataset}/{args.row}] in {result['seconds']} s")
 
 
 if __name__ == "__main__":
