@@ -41,7 +41,6 @@ from typing import Any
 
 import numpy as np
 import polars as pl
-import scipy.sparse as sp
 from sklearn.metrics import normalized_mutual_info_score
 
 from hir.data.snapshot import load_snapshot
@@ -53,7 +52,7 @@ from hir.export.heldout import (
     token_coverage,
     token_prediction,
 )
-from hir.export.hierarchy import taxonomy_labels
+from hir.export.hierarchy import coengage_refine, taxonomy_labels
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "hierarchy.json"
@@ -118,50 +117,6 @@ def hir_refits(run: Path, space: Space, seeds: tuple[int, ...]) -> dict[int, lis
         with torch.no_grad():
             codes, _, _ = tok(torch.from_numpy(d))
         out[seed] = [c[:, 0].numpy().astype(np.int64) for c in codes]
-    return out
-
-
-def coengage_refine(tokens: list[np.ndarray], levels: tuple[int, ...], pairs: tuple[np.ndarray, np.ndarray],
-                    n_users: int, n_entities: int, iters: int = 5, alpha: float = 5.0) -> list[np.ndarray]:
-    """The tree's tokens refined by co-engagement on ``pairs`` (the history only), top down.
-
-    An entity with history users U moves to the token t maximising sum_{u in U} log(p_u(t) / q(t)),
-    p_u the user's smoothed token distribution ((counts + alpha q) / (n_u + alpha)) and q the
-    tokens' share of pairs: the token its users over-engage relative to its size, so a big token
-    does not pull everything. Level 0 chooses among all its tokens; a finer level only among the
-    children of the entity's (refined) parent (children of p are p*b .. p*b + b - 1), so the tree
-    holds. Entities without history keep their tokens. ``iters`` rounds per level.
-    """
-    users, ents = pairs
-    inc = sp.csr_matrix((np.ones(len(users), np.float32), (ents, users)), shape=(n_entities, n_users))
-    rows = np.flatnonzero(np.asarray(inc.sum(1)).ravel() > 0)
-    out: list[np.ndarray] = []
-    for lvl, k in enumerate(levels):
-        t = tokens[lvl].copy()
-        branch = k // levels[lvl - 1] if lvl else k
-        parent = out[-1] if lvl else None
-        for _ in range(iters):
-            c = np.zeros((n_users, k), np.float32)
-            np.add.at(c, (users, t[ents]), 1.0)
-            q = (c.sum(0) + 1) / (c.sum() + k)
-            lift = np.log((c + alpha * q) / (c.sum(1, keepdims=True) + alpha) / q)  # (n_users, k)
-            new = t.copy()
-            for lo in range(0, len(rows), 4096):
-                r = rows[lo:lo + 4096]
-                score = np.asarray(inc[r] @ lift)  # (chunk, k)
-                if parent is not None:
-                    first = parent[r] * branch  # the entity may only take a child of its parent
-                    score = np.take_along_axis(score, first[:, None] + np.arange(branch)[None, :], 1)
-                    new[r] = first + score.argmax(1)
-                else:
-                    new[r] = score.argmax(1)
-            moved = int((new != t).sum())
-            t = new
-            if moved == 0:
-                break
-        if parent is not None:  # entities without history: their token under the parent they have
-            t = np.where(t // branch == parent, t, parent * branch + t % branch)
-        out.append(t)
     return out
 
 

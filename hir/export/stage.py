@@ -41,7 +41,9 @@ class ExportConfig:
     see; label_members: member entities whose text labels a prototype; cold: the placement of
     cold entities with text; hierarchy_fit: the prototypes the tokens come from (``checkpoint``:
     as trained; ``entities``: the checkpoint's tree refitted on the exported directions of the warm
-    entities, :func:`hir.export.hierarchy.refit_tokenizer`); kmeans_reference: also report the
+    entities, :func:`hir.export.hierarchy.refit_tokenizer`; ``coengage``: that refit with each
+    engaged entity's tokens refined top down by co-engagement on the visible pairs,
+    :func:`coengage_hierarchy`); kmeans_reference: also report the
     hierarchy figures of a plain k-means on the exported vectors.
     """
 
@@ -134,6 +136,31 @@ def refit_hierarchy(embedder: Any, z: Any, seed: int) -> None:
     log.info("hierarchy refitted on the directions of %d warm entities in %.1fs", len(rows), time.perf_counter() - t0)
 
 
+def coengage_hierarchy(embedder: Any, z: Any, visible_splits: list[str]) -> tuple[list[Any], Any]:
+    """``export.hierarchy_fit=coengage``: the refit tree's top-1 tokens refined top down by
+    co-engagement on the visible pairs (:func:`hir.export.hierarchy.coengage_refine`), the
+    prototypes moved to their refined members' mean (what labels and `hir refresh` use).
+    Returns (per level (n_nodes,) the refined top-1 tokens, (r,) the node ids they hold for: the
+    entities with visible engagement)."""
+    import numpy as np
+
+    from hir.export.hierarchy import coengage_refine, follow_tokens
+    from hir.export.supergraph import engagement_pairs
+
+    st = embedder.store
+    t0 = time.perf_counter()
+    top1 = [c[:, 0].astype(np.int64) for c in embedder.tokens(z)[0]]
+    users, ents = engagement_pairs(embedder.snapshot, st.offsets, tuple(visible_splits))
+    n_users = int(st.offsets[1] - st.offsets[0])
+    refined = coengage_refine(top1, embedder.levels, (users, ents), n_users, st.n_nodes)
+    rows = np.unique(ents)
+    follow_tokens(embedder.tokenizer, embedder.semantic(z[rows]), [t[rows] for t in refined])
+    log.info("hierarchy refined by co-engagement on %d visible pairs of %d entities in %.1fs (top-1 moved: %s)",
+             len(users), len(rows), time.perf_counter() - t0,
+             [round(float((a[rows] != b[rows]).mean()), 3) for a, b in zip(top1, refined)])
+    return refined, rows
+
+
 def run(cfg: DictConfig) -> dict[str, Any]:
     """Export embeddings + tokens for every snapshot entity; returns counts, version, stats."""
     from hydra.utils import instantiate
@@ -158,10 +185,15 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     z, cold_report = embed_snapshot(embedder, ex, int(cfg.seed))
     t_embed = time.perf_counter() - t0
     t_fit = time.perf_counter()
-    if ex.hierarchy_fit == "entities":
+    if ex.hierarchy_fit in ("entities", "coengage"):
         refit_hierarchy(embedder, z, int(cfg.seed))
+    refined = coengage_hierarchy(embedder, z, ex.visible_splits) if ex.hierarchy_fit == "coengage" else None
     t_fit = time.perf_counter() - t_fit
     codes, weights = embedder.tokens(z)
+    if refined is not None:
+        from hir.export.hierarchy import force_top1
+
+        codes = force_top1(codes, *refined)
     top1 = [c[:, 0].astype("int64") for c in codes]
     created, event_ts = datetime.now(UTC), datetime.fromisoformat(embedder.store.visible_end)
     emb_dir.mkdir(parents=True, exist_ok=True)
