@@ -182,6 +182,23 @@ def summary(runs: dict[int, dict[str, Any]], levels: int) -> list[dict[str, Any]
     return out
 
 
+def markdown(row: dict[str, Any]) -> str:
+    """One results row as a markdown table: per method and level the mean over seeds (± sd of
+    the concentration) of every figure, popularity's beside prediction's."""
+    head = ["method", "level", "concentration (± seeds)", "log-loss", "popularity", "gain (nats)", "recall@5",
+            "popularity", "coverage", "random", "two-seed agreement", "taxonomy purity"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, m in row["methods"].items():
+        for s, agree in zip(m["summary"], m["two_seed_agreement"]):
+            cells = [name, str(s["level"]), f"{s['concentration']:.3f} ± {s['concentration_sd']:.3f}",
+                     f"{s['log_loss']:.3f}", f"{s['log_loss_popularity']:.3f}", f"{s['gain_nats']:+.3f}",
+                     f"{s['recall@5']:.3f}", f"{s['recall@5_popularity']:.3f}", f"{s['coverage']:.3f}",
+                     f"{s['random_coverage']:.3f}", f"{agree:.3f}",
+                     f"{s['taxonomy_purity']:.3f}" if "taxonomy_purity" in s else "–"]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run", type=Path, required=True, help="a run dir with graph/, embeddings/, checkpoints/")
@@ -238,6 +255,7 @@ def main() -> None:
     store[f"{space.snap.dataset}/{args.row}"] = result
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(store, indent=1) + "\n")
+    print(markdown(result))
     print(f"wrote {args.out} [{space.snap.dataset}/{args.row}] in {result['seconds']} s")
 
 

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
-ALPHAS = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0)  # smoothing grid of token_prediction (pseudo-events)
+ALPHAS = (1.0, 3.0, 10.0, 30.0, 100.0, 300.0, 1000.0)  # smoothing grid of token_prediction (pseudo-events)
 
 
 def degree_matched_permutation(entities: np.ndarray, degree: np.ndarray, rng: np.random.Generator,
