@@ -21,8 +21,8 @@ computes per tokenization and level (hir/export/heldout.py):
 Tokenizations (``--methods``): ``hir`` the export's own tokens and the tokenizer refitted with two
 more seeds (export.hierarchy_fit=entities); ``kmeans`` MiniBatchKMeans per level on the exported
 vectors, 3 seeds (the reference); ``kmeans_dir`` the same on their unit directions (the
-tokenizer's space); ``coengage`` hir's tokens refined by co-engagement on the history pairs
-(see :func:`coengage_refine`).
+tokenizer's space); ``coengage`` hir's tokens refined by co-engagement on the train pairs
+(:func:`hir.export.hierarchy.coengage_refine`, export.hierarchy_fit=coengage).
 
 Appends one row to benchmarks/results/hierarchy.json, keyed ``<dataset>/<row>``.
 """
@@ -233,8 +233,11 @@ def main() -> None:
     if "kmeans_dir" in methods:
         tokenizations["kmeans_dir"] = {s: kmeans_tokens(dirs, space.levels, s) for s in SEEDS}
     if "coengage" in methods:
-        hist = space.pairs["history"]
-        tokenizations["coengage"] = {s: coengage_refine(t, space.levels, hist, space.n_users, n_ent)
+        # the train pairs alone: what `hir export` sees (export.visible_splits: [train]) and what
+        # the vectors were fit on; val pairs would hand it the most recent interests the
+        # tokenizations it is compared with never saw
+        train = space.pairs["train"]
+        tokenizations["coengage"] = {s: coengage_refine(t, space.levels, train, space.n_users, n_ent)
                                      for s, t in tokenizations["hir"].items()}
     for name, by_seed in tokenizations.items():
         t1 = time.perf_counter()

@@ -67,25 +67,31 @@ def heldout_concentration(users: np.ndarray, entities: np.ndarray, top1: Sequenc
 
 
 def _predict(hist_users: np.ndarray, hist_tokens: np.ndarray, pop: np.ndarray, alpha: float, users: np.ndarray,
-             tokens: np.ndarray, tops: Sequence[int], chunk: int = 16384) -> dict[str, float]:
+             tokens: np.ndarray, tops: Sequence[int], block: int = 4096) -> dict[str, float]:
     """Log-loss and recall@m of p_u = (counts_u + alpha pop) / (n_u + alpha) on (user, token) pairs.
 
     Args:
         hist_users, hist_tokens: (H,) the history pairs' users and tokens.
         pop: (k,) token popularity (sums to 1); alpha: pseudo-events of popularity per user.
         users, tokens: (E,) the pairs to predict.
+        block: users whose (block, k) distributions are held at once (memory stays bounded on
+            datasets with many users).
     """
     if not len(users):
         return {"log_loss": float("nan"), **{f"recall@{m}": float("nan") for m in tops}}
-    # only the users to predict get a row: (U, k) stays small on datasets with many users
     ids, row = np.unique(users, return_inverse=True)
-    keep = np.isin(hist_users, ids)
-    counts = np.zeros((len(ids), len(pop)), np.float64)
-    np.add.at(counts, (np.searchsorted(ids, hist_users[keep]), hist_tokens[keep]), 1.0)
-    p = (counts + alpha * pop[None, :]) / (counts.sum(1, keepdims=True) + alpha)  # (U, k)
+    hrow = np.searchsorted(ids, hist_users)
+    known = (hrow < len(ids)) & (ids[np.minimum(hrow, len(ids) - 1)] == hist_users)
+    hrow, htok = hrow[known], hist_tokens[known]
     loss, hits = 0.0, np.zeros(len(tops))
-    for lo in range(0, len(users), chunk):
-        r, t = row[lo:lo + chunk], tokens[lo:lo + chunk]
+    for lo in range(0, len(ids), block):
+        hi = min(lo + block, len(ids))
+        counts = np.zeros((hi - lo, len(pop)), np.float64)
+        sel = (hrow >= lo) & (hrow < hi)
+        np.add.at(counts, (hrow[sel] - lo, htok[sel]), 1.0)
+        p = (counts + alpha * pop[None, :]) / (counts.sum(1, keepdims=True) + alpha)  # (block, k)
+        at = (row >= lo) & (row < hi)
+        r, t = row[at] - lo, tokens[at]
         pu, pt = p[r], p[r, t]  # (c, k), (c,)
         loss -= np.log(pt).sum()
         # rank of the true token among the user's tokens (0 = the most probable); ties count against it

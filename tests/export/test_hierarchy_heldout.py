@@ -83,3 +83,14 @@ def test_purity_and_aligned_agreement() -> None:
     assert aligned_agreement(a, b, prototypes_of(x, a, 3), prototypes_of(x, b, 3)) == 1.0
     b2 = np.array([2, 2, 0, 1, 0])
     assert aligned_agreement(a, b2, prototypes_of(x, a, 3), prototypes_of(x, b2, 3)) == pytest.approx(0.8)
+
+
+def test_prediction_does_not_depend_on_the_user_block_size() -> None:
+    from hir.export.heldout import _predict
+
+    rng = np.random.default_rng(3)
+    hu, ht = rng.integers(0, 50, 400), rng.integers(0, 6, 400)
+    u, t = rng.integers(0, 60, 300), rng.integers(0, 6, 300)  # users 50-59 have no history
+    pop = np.full(6, 1 / 6)
+    whole = _predict(hu, ht, pop, 2.0, u, t, (1, 3), block=1000)
+    assert _predict(hu, ht, pop, 2.0, u, t, (1, 3), block=7) == pytest.approx(whole)
