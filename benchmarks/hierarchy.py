@@ -22,7 +22,10 @@ Tokenizations (``--methods``): ``hir`` the export's own tokens and the tokenizer
 more seeds (export.hierarchy_fit=entities); ``kmeans`` MiniBatchKMeans per level on the exported
 vectors, 3 seeds (the reference); ``kmeans_dir`` the same on their unit directions (the
 tokenizer's space); ``coengage`` hir's tokens refined by co-engagement on the train pairs
-(:func:`hir.export.hierarchy.coengage_refine`, export.hierarchy_fit=coengage).
+(:func:`hir.export.fits.coengage_refine`, export.hierarchy_fit=coengage); ``bottomup`` the tree
+built from a flat k-means at level 1, grouped by co-engagement on the train pairs into level 0
+(:func:`hir.export.fits.bottomup_tokens`, export.hierarchy_fit=bottomup), fit on the warm
+entities' directions as the export fits it (cold entities take their nearest member mean).
 
 Appends one row to benchmarks/results/hierarchy.json, keyed ``<dataset>/<row>``.
 """
@@ -44,6 +47,7 @@ import polars as pl
 from sklearn.metrics import normalized_mutual_info_score
 
 from hir.data.snapshot import load_snapshot
+from hir.export.fits import bottomup_tokens, coengage_refine
 from hir.export.heldout import (
     aligned_agreement,
     heldout_concentration,
@@ -52,7 +56,7 @@ from hir.export.heldout import (
     token_coverage,
     token_prediction,
 )
-from hir.export.hierarchy import coengage_refine, taxonomy_labels
+from hir.export.hierarchy import taxonomy_labels
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "hierarchy.json"
@@ -117,6 +121,31 @@ def hir_refits(run: Path, space: Space, seeds: tuple[int, ...]) -> dict[int, lis
         with torch.no_grad():
             codes, _, _ = tok(torch.from_numpy(d))
         out[seed] = [c[:, 0].numpy().astype(np.int64) for c in codes]
+    return out
+
+
+def bottomup(space: Space, dirs: np.ndarray, seed: int) -> list[np.ndarray]:
+    """export.hierarchy_fit=bottomup's tokens: fit on the warm entities' directions and the train
+    pairs; a cold entity takes the token whose members' mean direction is nearest, level by level
+    under its parent (as the tokenizer places it once its prototypes follow the tokens)."""
+    warm = np.flatnonzero(~space.cold)
+    pos = np.searchsorted(warm, space.pairs["train"][1])
+    seen = warm[np.minimum(pos, len(warm) - 1)] == space.pairs["train"][1]
+    fitted = bottomup_tokens(dirs[warm], space.levels, (space.pairs["train"][0][seen], pos[seen]), space.n_users, seed)
+    out = []
+    for lvl, k in enumerate(space.levels):
+        t = np.full(len(dirs), -1, np.int64)
+        t[warm] = fitted[lvl]
+        cold = np.flatnonzero(space.cold)
+        if len(cold):
+            protos = prototypes_of(dirs[warm], fitted[lvl], k)
+            sim = dirs[cold] @ protos.T  # (c, k)
+            if lvl:  # only the children of the parent it took
+                b = k // space.levels[lvl - 1]
+                allowed = (np.arange(k)[None, :] // b) == out[-1][cold][:, None]
+                sim = np.where(allowed, sim, -np.inf)
+            t[cold] = sim.argmax(1)
+        out.append(t)
     return out
 
 
@@ -203,7 +232,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run", type=Path, required=True, help="a run dir with graph/, embeddings/, checkpoints/")
     ap.add_argument("--row", default="today", help="the row's name in hierarchy.json")
-    ap.add_argument("--methods", default="hir,kmeans,kmeans_dir,coengage")
+    ap.add_argument("--methods", default="hir,kmeans,kmeans_dir,coengage,bottomup")
     ap.add_argument("--seed", type=int, default=42, help="the seed the run's export used (cfg.seed)")
     ap.add_argument("--out", type=Path, default=RESULTS, help="the results file (a row is added or replaced)")
     args = ap.parse_args()
@@ -239,6 +268,8 @@ def main() -> None:
         train = space.pairs["train"]
         tokenizations["coengage"] = {s: coengage_refine(t, space.levels, train, space.n_users, n_ent)
                                      for s, t in tokenizations["hir"].items()}
+    if "bottomup" in methods:
+        tokenizations["bottomup"] = {s: bottomup(space, dirs, s) for s in (args.seed, args.seed + 1, args.seed + 2)}
     for name, by_seed in tokenizations.items():
         t1 = time.perf_counter()
         runs = {s: measure(space, toks, tax) for s, toks in by_seed.items()}

@@ -19,7 +19,6 @@ from typing import Any
 
 import numpy as np
 import polars as pl
-import scipy.sparse as sp
 import torch
 from sklearn.metrics import normalized_mutual_info_score
 
@@ -31,7 +30,7 @@ from hir.nn.hierarchy import HierarchicalTokenizer
 
 log = logging.getLogger(__name__)
 
-HIERARCHY_FITS = ("checkpoint", "entities", "coengage")
+HIERARCHY_FITS = ("checkpoint", "entities", "coengage", "bottomup")
 
 
 def taxonomy_labels(snap: Snapshot, entity_type: str) -> dict[str, np.ndarray]:
@@ -214,83 +213,3 @@ def heldout_figures(snapshot: Snapshot, offsets: np.ndarray, top1: list[np.ndarr
                       "coverage": v["coverage"], "random_coverage": v["random_coverage"]}
                      for c, p, v in zip(conc, pred, cov["levels"])]
     return out
-
-
-def coengage_refine(tokens: list[np.ndarray], levels: tuple[int, ...], pairs: tuple[np.ndarray, np.ndarray],
-                    n_users: int, n_entities: int, iters: int = 5, alpha: float = 5.0) -> list[np.ndarray]:
-    """The tree's tokens refined by co-engagement on ``pairs`` (the history only), top down.
-
-    An entity with history users U moves to the token t maximising sum_{u in U} log(p_u(t) / q(t)),
-    p_u the user's smoothed token distribution ((counts + alpha q) / (n_u + alpha)) and q the
-    tokens' share of pairs: the token its users over-engage relative to its size, so a big token
-    does not pull everything. Level 0 chooses among all its tokens; a finer level only among the
-    children of the entity's (refined) parent (children of p are p*b .. p*b + b - 1), so the tree
-    holds. Entities without history keep their tokens. ``iters`` rounds per level.
-    """
-    users, ents = pairs
-    inc = sp.csr_matrix((np.ones(len(users), np.float32), (ents, users)), shape=(n_entities, n_users))
-    rows = np.flatnonzero(np.asarray(inc.sum(1)).ravel() > 0)
-    out: list[np.ndarray] = []
-    for lvl, k in enumerate(levels):
-        t = tokens[lvl].copy()
-        branch = k // levels[lvl - 1] if lvl else k
-        parent = out[-1] if lvl else None
-        for _ in range(iters):
-            c = np.zeros((n_users, k), np.float32)
-            np.add.at(c, (users, t[ents]), 1.0)
-            q = (c.sum(0) + 1) / (c.sum() + k)
-            lift = np.log((c + alpha * q) / (c.sum(1, keepdims=True) + alpha) / q)  # (n_users, k)
-            new = t.copy()
-            for lo in range(0, len(rows), 4096):
-                r = rows[lo:lo + 4096]
-                score = np.asarray(inc[r] @ lift)  # (chunk, k)
-                if parent is not None:
-                    first = parent[r] * branch  # the entity may only take a child of its parent
-                    score = np.take_along_axis(score, first[:, None] + np.arange(branch)[None, :], 1)
-                    new[r] = first + score.argmax(1)
-                else:
-                    new[r] = score.argmax(1)
-            moved = int((new != t).sum())
-            t = new
-            if moved == 0:
-                break
-        if parent is not None:  # entities without history: their token under the parent they have
-            t = np.where(t // branch == parent, t, parent * branch + t % branch)
-        out.append(t)
-    return out
-
-
-def force_top1(codes: list[np.ndarray], top1: list[np.ndarray], rows: np.ndarray) -> list[np.ndarray]:
-    """Per level, the (n, k) ``codes`` with ``top1[lvl][rows]`` first in ``rows``: the tokens
-    before it (or, when the row lacks it, all but the last) shift one place right. The weights
-    stay by position (the first is the largest)."""
-    out = []
-    for c, t in zip(codes, top1):
-        c = c.copy()
-        sub, want = c[rows], t[rows].astype(c.dtype)
-        hit = sub == want[:, None]  # (r, k)
-        pos = np.where(hit.any(1), hit.argmax(1), sub.shape[1] - 1)
-        # shift the tokens before pos one place right and put the wanted one first
-        idx = np.arange(sub.shape[1])[None, :]
-        src = np.where((idx > 0) & (idx <= pos[:, None]), idx - 1, idx)
-        sub = np.take_along_axis(sub, src, 1)
-        sub[:, 0] = want
-        c[rows] = sub
-        out.append(c)
-    return out
-
-
-@torch.no_grad()
-def follow_tokens(tokenizer: HierarchicalTokenizer, directions: np.ndarray, top1: list[np.ndarray]) -> None:
-    """Move each prototype to the unit mean of its members' ``directions`` (n, dim) under ``top1``
-    (per level (n,)), coarse first and within the residual bound, in place: the labels and the
-    tokens of entities placed later (`hir refresh`) then follow the refined tokens. A prototype
-    without members keeps its vector."""
-    x = torch.from_numpy(np.ascontiguousarray(directions, np.float32))
-    for lvl, k in enumerate(tokenizer.levels):
-        vecs = tokenizer.vectors()
-        t = torch.from_numpy(top1[lvl].astype(np.int64))
-        sums = torch.zeros(k, x.shape[1]).index_add_(0, t, x)
-        counts = torch.bincount(t, minlength=k)[:, None]
-        new = torch.where(counts > 0, torch.nn.functional.normalize(sums, dim=-1), vecs[lvl].detach())
-        tokenizer._set_level(lvl, new, [v.detach() for v in vecs])

@@ -42,8 +42,9 @@ class ExportConfig:
     cold entities with text; hierarchy_fit: the prototypes the tokens come from (``checkpoint``:
     as trained; ``entities``: the checkpoint's tree refitted on the exported directions of the warm
     entities, :func:`hir.export.hierarchy.refit_tokenizer`; ``coengage``: that refit with each
-    engaged entity's tokens refined top down by co-engagement on the visible pairs,
-    :func:`coengage_hierarchy`); kmeans_reference: also report the
+    engaged entity's tokens refined top down by co-engagement on the visible pairs; ``bottomup``:
+    a flat k-means at level 1 grouped by co-engagement into level 0, :func:`fitted_hierarchy`);
+    kmeans_reference: also report the
     hierarchy figures of a plain k-means on the exported vectors.
     """
 
@@ -136,15 +137,16 @@ def refit_hierarchy(embedder: Any, z: Any, seed: int) -> None:
     log.info("hierarchy refitted on the directions of %d warm entities in %.1fs", len(rows), time.perf_counter() - t0)
 
 
-def coengage_hierarchy(embedder: Any, z: Any, visible_splits: list[str]) -> tuple[list[Any], Any]:
-    """``export.hierarchy_fit=coengage``: the refit tree's top-1 tokens refined top down by
-    co-engagement on the visible pairs (:func:`hir.export.hierarchy.coengage_refine`), the
-    prototypes moved to their refined members' mean (what labels and `hir refresh` use).
-    Returns (per level (n_nodes,) the refined top-1 tokens, (r,) the node ids they hold for: the
-    entities with visible engagement)."""
+def fitted_hierarchy(embedder: Any, z: Any, fit: str, visible_splits: list[str], seed: int) -> tuple[list[Any], Any]:
+    """``export.hierarchy_fit`` ``coengage`` or ``bottomup`` (hir/export/fits.py) on the warm
+    entities of the engaged types and the visible pairs, after the refit: ``coengage`` refines the
+    refit tree's top-1 tokens top down by co-engagement; ``bottomup`` builds the tree from a flat
+    k-means at level 1, grouped by co-engagement at level 0. The tokenizer's prototypes move to
+    their members' mean (what labels and `hir refresh` use).
+    Returns (per level (n_nodes,) the fitted top-1 tokens, (r,) the node ids they hold for)."""
     import numpy as np
 
-    from hir.export.hierarchy import coengage_refine, follow_tokens
+    from hir.export.fits import bottomup_tokens, coengage_refine, follow_tokens
     from hir.export.supergraph import engagement_pairs
 
     st = embedder.store
@@ -152,13 +154,23 @@ def coengage_hierarchy(embedder: Any, z: Any, visible_splits: list[str]) -> tupl
     top1 = [c[:, 0].astype(np.int64) for c in embedder.tokens(z)[0]]
     users, ents = engagement_pairs(embedder.snapshot, st.offsets, tuple(visible_splits))
     n_users = int(st.offsets[1] - st.offsets[0])
-    refined = coengage_refine(top1, embedder.levels, (users, ents), n_users, st.n_nodes)
-    rows = np.unique(ents)
-    follow_tokens(embedder.tokenizer, embedder.semantic(z[rows]), [t[rows] for t in refined])
-    log.info("hierarchy refined by co-engagement on %d visible pairs of %d entities in %.1fs (top-1 moved: %s)",
-             len(users), len(rows), time.perf_counter() - t0,
-             [round(float((a[rows] != b[rows]).mean()), 3) for a, b in zip(top1, refined)])
-    return refined, rows
+    engaged = [st.types.index(t) for t in embedder.snapshot.engaged_types()]
+    rows = np.flatnonzero(np.isin(st.node_type, engaged) & st.warm)
+    directions = embedder.semantic(z[rows])
+    if fit == "coengage":
+        fitted = coengage_refine(top1, embedder.levels, (users, ents), n_users, st.n_nodes)
+    else:
+        pos = np.minimum(np.searchsorted(rows, ents), len(rows) - 1)
+        seen = rows[pos] == ents  # pairs of entities outside the fitted rows (cold by definition) drop out
+        tokens = bottomup_tokens(directions, embedder.levels, (users[seen], pos[seen]), n_users, seed)
+        fitted = [t.copy() for t in top1]
+        for f, t in zip(fitted, tokens):
+            f[rows] = t
+    follow_tokens(embedder.tokenizer, directions, [t[rows] for t in fitted])
+    log.info("hierarchy fit %s on %d visible pairs of %d entities in %.1fs (top-1 differs from the refit's: %s)",
+             fit, len(users), len(rows), time.perf_counter() - t0,
+             [round(float((a[rows] != b[rows]).mean()), 3) for a, b in zip(top1, fitted)])
+    return fitted, rows
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
@@ -185,13 +197,14 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     z, cold_report = embed_snapshot(embedder, ex, int(cfg.seed))
     t_embed = time.perf_counter() - t0
     t_fit = time.perf_counter()
-    if ex.hierarchy_fit in ("entities", "coengage"):
+    if ex.hierarchy_fit != "checkpoint":
         refit_hierarchy(embedder, z, int(cfg.seed))
-    refined = coengage_hierarchy(embedder, z, ex.visible_splits) if ex.hierarchy_fit == "coengage" else None
+    refined = fitted_hierarchy(embedder, z, ex.hierarchy_fit, ex.visible_splits, int(cfg.seed)) \
+        if ex.hierarchy_fit in ("coengage", "bottomup") else None
     t_fit = time.perf_counter() - t_fit
     codes, weights = embedder.tokens(z)
     if refined is not None:
-        from hir.export.hierarchy import force_top1
+        from hir.export.fits import force_top1
 
         codes = force_top1(codes, *refined)
     top1 = [c[:, 0].astype("int64") for c in codes]
