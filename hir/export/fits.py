@@ -140,6 +140,9 @@ def bottomup_tokens(directions: np.ndarray, levels: tuple[int, ...], pairs: tupl
     """
     from sklearn.cluster import KMeans
 
+    if len(directions) < levels[min(1, len(levels) - 1)]:
+        raise ValueError(f"hierarchy_fit=bottomup: {len(directions)} warm entities for {levels[min(1, len(levels) - 1)]} "
+                         "level-1 tokens; set export.hierarchy_fit=entities or lower model.net.hierarchy.levels")
     if len(levels) < 2:
         return [KMeans(levels[0], n_init=3, random_state=seed).fit_predict(directions).astype(np.int64)]
     l1 = KMeans(levels[1], n_init=3, random_state=seed).fit_predict(directions).astype(np.int64)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
+import pytest
 
 from hir.export.fits import bottomup_tokens, coengage_refine, force_top1, group_balanced
 from hir.export.stage import run
@@ -71,3 +72,8 @@ def check_export(trained_run: Path, tmp_path: Path, fit: str) -> None:
     warm = ~products["cold_start"].to_numpy()
     for lvl in (1, 2):  # levels (2, 4, 8): each token's parent is token // 2
         assert (top[lvl][warm] // 2 == top[lvl - 1][warm]).all()
+
+
+def test_bottomup_refuses_fewer_entities_than_level_one_tokens() -> None:
+    with pytest.raises(ValueError, match=r"3 warm entities for 4 level-1 tokens; set export.hierarchy_fit=entities"):
+        bottomup_tokens(np.eye(3), (2, 4), (np.zeros(0, np.int64), np.zeros(0, np.int64)), 1, seed=0)
