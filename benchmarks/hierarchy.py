@@ -22,10 +22,10 @@ Tokenizations (``--methods``): ``hir`` the export's own tokens and the tokenizer
 more seeds (export.hierarchy_fit=entities); ``kmeans`` MiniBatchKMeans per level on the exported
 vectors, 3 seeds (the reference); ``kmeans_dir`` the same on their unit directions (the
 tokenizer's space); ``coengage`` hir's tokens refined by co-engagement on the train pairs
-(:func:`hir.export.fits.coengage_refine`, export.hierarchy_fit=coengage); ``bottomup`` the tree
-built from a flat k-means at level 1, grouped by co-engagement on the train pairs into level 0
-(:func:`hir.export.fits.bottomup_tokens`, export.hierarchy_fit=bottomup), fit on the warm
-entities' directions as the export fits it (cold entities take their nearest member mean).
+(export.hierarchy_fit=coengage); ``bottomup`` the tree built from a flat k-means at level 1,
+grouped by co-engagement on the train pairs into level 0 (export.hierarchy_fit=bottomup); both
+fit on the refit as the export fits them (:func:`hir.export.fits.fit_tree`: settled into the
+tokenizer, whose nearest prototypes give every entity's tokens).
 
 Appends one row to benchmarks/results/hierarchy.json, keyed ``<dataset>/<row>``.
 """
@@ -47,7 +47,7 @@ import polars as pl
 from sklearn.metrics import normalized_mutual_info_score
 
 from hir.data.snapshot import load_snapshot
-from hir.export.fits import bottomup_tokens, coengage_refine
+from hir.export.fits import fit_tree, top1_of
 from hir.export.heldout import (
     aligned_agreement,
     heldout_concentration,
@@ -104,9 +104,13 @@ def kmeans_tokens(x: np.ndarray, levels: tuple[int, ...], seed: int) -> list[np.
     return out
 
 
-def hir_refits(run: Path, space: Space, seeds: tuple[int, ...]) -> dict[int, list[np.ndarray]]:
+def hir_refits(run: Path, space: Space, seeds: tuple[int, ...], fits: tuple[str, ...] = ()) -> dict[str, dict[int, list[np.ndarray]]]:
     """Tokens of the checkpoint's tree refitted (export.hierarchy_fit=entities) with each seed on
-    the directions of the warm engaged entities, as `hir export` does with cfg.seed."""
+    the directions of the warm engaged entities, as `hir export` does with cfg.seed, and of each
+    of ``fits`` (coengage, bottomup: :func:`hir.export.fits.fit_tree` on that refit and the train
+    pairs, what the export sees). Returns {fit name ("hir" for the refit): {seed: per level (n,)}}."""
+    import copy
+
     import torch
 
     from hir.export.embed import load_checkpoint, resolve_checkpoint
@@ -115,37 +119,18 @@ def hir_refits(run: Path, space: Space, seeds: tuple[int, ...]) -> dict[int, lis
     net, _ = load_checkpoint(resolve_checkpoint("best", run / "checkpoints"))
     with torch.no_grad():
         d = net.semantic(torch.from_numpy(space.z)).numpy()
-    out = {}
-    for seed in seeds:
-        tok = refit_tokenizer(net.tokenizer, d[~space.cold], seed).eval()
-        with torch.no_grad():
-            codes, _, _ = tok(torch.from_numpy(d))
-        out[seed] = [c[:, 0].numpy().astype(np.int64) for c in codes]
-    return out
-
-
-def bottomup(space: Space, dirs: np.ndarray, seed: int) -> list[np.ndarray]:
-    """export.hierarchy_fit=bottomup's tokens: fit on the warm entities' directions and the train
-    pairs; a cold entity takes the token whose members' mean direction is nearest, level by level
-    under its parent (as the tokenizer places it once its prototypes follow the tokens)."""
     warm = np.flatnonzero(~space.cold)
-    pos = np.searchsorted(warm, space.pairs["train"][1])
-    seen = warm[np.minimum(pos, len(warm) - 1)] == space.pairs["train"][1]
-    fitted = bottomup_tokens(dirs[warm], space.levels, (space.pairs["train"][0][seen], pos[seen]), space.n_users, seed)
-    out = []
-    for lvl, k in enumerate(space.levels):
-        t = np.full(len(dirs), -1, np.int64)
-        t[warm] = fitted[lvl]
-        cold = np.flatnonzero(space.cold)
-        if len(cold):
-            protos = prototypes_of(dirs[warm], fitted[lvl], k)
-            sim = dirs[cold] @ protos.T  # (c, k)
-            if lvl:  # only the children of the parent it took
-                b = k // space.levels[lvl - 1]
-                allowed = (np.arange(k)[None, :] // b) == out[-1][cold][:, None]
-                sim = np.where(allowed, sim, -np.inf)
-            t[cold] = sim.argmax(1)
-        out.append(t)
+    users, ents = space.pairs["train"]
+    pos = np.minimum(np.searchsorted(warm, ents), len(warm) - 1)
+    seen = warm[pos] == ents
+    out: dict[str, dict[int, list[np.ndarray]]] = {name: {} for name in ("hir", *fits)}
+    for seed in seeds:
+        tok = refit_tokenizer(net.tokenizer, d[warm], seed).eval()
+        out["hir"][seed] = top1_of(tok, d)
+        for fit in fits:
+            fitted = copy.deepcopy(tok)
+            fit_tree(fitted, d[warm], fit, (users[seen], pos[seen]), space.n_users, seed)
+            out[fit][seed] = top1_of(fitted, d)
     return out
 
 
@@ -251,25 +236,17 @@ def main() -> None:
                               "entities": n_ent, "users": space.n_users,
                               "pairs": {s: len(p[0]) for s, p in space.pairs.items()}, "methods": {}}
     tokenizations: dict[str, dict[int, list[np.ndarray]]] = {}
-    if "hir" in methods or "coengage" in methods:
-        refits = hir_refits(args.run, space, tuple(s for s in (args.seed, args.seed + 1, args.seed + 2)))
-        same = [float((refits[args.seed][lvl] == space.tokens[lvl]).mean()) for lvl in range(len(space.levels))]
+    fits = tuple(f for f in ("coengage", "bottomup") if f in methods)
+    if "hir" in methods or fits:
+        refits = hir_refits(args.run, space, (args.seed, args.seed + 1, args.seed + 2), fits)
+        same = [float((refits["hir"][args.seed][lvl] == space.tokens[lvl]).mean()) for lvl in range(len(space.levels))]
         log.info("hir refit with the export's seed reproduces its tokens on %s of entities", same)
         result["hir_refit_reproduces_export"] = same
-        tokenizations["hir"] = refits
+        tokenizations.update(refits)
     if "kmeans" in methods:
         tokenizations["kmeans"] = {s: kmeans_tokens(space.z, space.levels, s) for s in SEEDS}
     if "kmeans_dir" in methods:
         tokenizations["kmeans_dir"] = {s: kmeans_tokens(dirs, space.levels, s) for s in SEEDS}
-    if "coengage" in methods:
-        # the train pairs alone: what `hir export` sees (export.visible_splits: [train]) and what
-        # the vectors were fit on; val pairs would hand it the most recent interests the
-        # tokenizations it is compared with never saw
-        train = space.pairs["train"]
-        tokenizations["coengage"] = {s: coengage_refine(t, space.levels, train, space.n_users, n_ent)
-                                     for s, t in tokenizations["hir"].items()}
-    if "bottomup" in methods:
-        tokenizations["bottomup"] = {s: bottomup(space, dirs, s) for s in (args.seed, args.seed + 1, args.seed + 2)}
     for name, by_seed in tokenizations.items():
         t1 = time.perf_counter()
         runs = {s: measure(space, toks, tax) for s, toks in by_seed.items()}

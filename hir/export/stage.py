@@ -137,40 +137,26 @@ def refit_hierarchy(embedder: Any, z: Any, seed: int) -> None:
     log.info("hierarchy refitted on the directions of %d warm entities in %.1fs", len(rows), time.perf_counter() - t0)
 
 
-def fitted_hierarchy(embedder: Any, z: Any, fit: str, visible_splits: list[str], seed: int) -> tuple[list[Any], Any]:
-    """``export.hierarchy_fit`` ``coengage`` or ``bottomup`` (hir/export/fits.py) on the warm
-    entities of the engaged types and the visible pairs, after the refit: ``coengage`` refines the
-    refit tree's top-1 tokens top down by co-engagement; ``bottomup`` builds the tree from a flat
-    k-means at level 1, grouped by co-engagement at level 0. The tokenizer's prototypes move to
-    their members' mean (what labels and `hir refresh` use).
-    Returns (per level (n_nodes,) the fitted top-1 tokens, (r,) the node ids they hold for)."""
+def fitted_hierarchy(embedder: Any, z: Any, fit: str, visible_splits: list[str], seed: int) -> None:
+    """``export.hierarchy_fit`` ``coengage`` or ``bottomup`` (:func:`hir.export.fits.fit_tree`) on
+    the warm entities of the engaged types and their visible pairs, after the refit: the
+    tokenizer in use is fitted in place, so the tokens and ``hierarchy/tokenizer.pt`` agree."""
     import numpy as np
 
-    from hir.export.fits import bottomup_tokens, coengage_refine, follow_tokens
+    from hir.export.fits import fit_tree
     from hir.export.supergraph import engagement_pairs
 
     st = embedder.store
     t0 = time.perf_counter()
-    top1 = [c[:, 0].astype(np.int64) for c in embedder.tokens(z)[0]]
-    users, ents = engagement_pairs(embedder.snapshot, st.offsets, tuple(visible_splits))
-    n_users = int(st.offsets[1] - st.offsets[0])
     engaged = [st.types.index(t) for t in embedder.snapshot.engaged_types()]
     rows = np.flatnonzero(np.isin(st.node_type, engaged) & st.warm)
     directions = embedder.semantic(z[rows])
-    if fit == "coengage":
-        fitted = coengage_refine(top1, embedder.levels, (users, ents), n_users, st.n_nodes)
-    else:
-        pos = np.minimum(np.searchsorted(rows, ents), len(rows) - 1)
-        seen = rows[pos] == ents  # pairs of entities outside the fitted rows (cold by definition) drop out
-        tokens = bottomup_tokens(directions, embedder.levels, (users[seen], pos[seen]), n_users, seed)
-        fitted = [t.copy() for t in top1]
-        for f, t in zip(fitted, tokens):
-            f[rows] = t
-    follow_tokens(embedder.tokenizer, directions, [t[rows] for t in fitted])
-    log.info("hierarchy fit %s on %d visible pairs of %d entities in %.1fs (top-1 differs from the refit's: %s)",
-             fit, len(users), len(rows), time.perf_counter() - t0,
-             [round(float((a[rows] != b[rows]).mean()), 3) for a, b in zip(top1, fitted)])
-    return fitted, rows
+    users, ents = engagement_pairs(embedder.snapshot, st.offsets, tuple(visible_splits))
+    pos = np.minimum(np.searchsorted(rows, ents), len(rows) - 1)
+    seen = rows[pos] == ents  # pairs of entities outside the fitted rows (cold by definition) drop out
+    fit_tree(embedder.tokenizer, directions, fit, (users[seen], pos[seen]), int(st.offsets[1] - st.offsets[0]), seed)
+    log.info("hierarchy fit %s on %d visible pairs of %d entities in %.1fs", fit, int(seen.sum()), len(rows),
+             time.perf_counter() - t0)
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
@@ -199,14 +185,10 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     t_fit = time.perf_counter()
     if ex.hierarchy_fit != "checkpoint":
         refit_hierarchy(embedder, z, int(cfg.seed))
-    refined = fitted_hierarchy(embedder, z, ex.hierarchy_fit, ex.visible_splits, int(cfg.seed)) \
-        if ex.hierarchy_fit in ("coengage", "bottomup") else None
+    if ex.hierarchy_fit in ("coengage", "bottomup"):
+        fitted_hierarchy(embedder, z, ex.hierarchy_fit, ex.visible_splits, int(cfg.seed))
     t_fit = time.perf_counter() - t_fit
     codes, weights = embedder.tokens(z)
-    if refined is not None:
-        from hir.export.fits import force_top1
-
-        codes = force_top1(codes, *refined)
     top1 = [c[:, 0].astype("int64") for c in codes]
     created, event_ts = datetime.now(UTC), datetime.fromisoformat(embedder.store.visible_end)
     emb_dir.mkdir(parents=True, exist_ok=True)

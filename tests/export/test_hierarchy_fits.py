@@ -9,7 +9,8 @@ import numpy as np
 import polars as pl
 import pytest
 
-from hir.export.fits import bottomup_tokens, coengage_refine, force_top1, group_balanced
+from hir.export.embed import Embedder
+from hir.export.fits import bottomup_tokens, coengage_refine, group_balanced
 from hir.export.stage import run
 from tests.train.fixtures import TINY_DATA, TINY_MODEL, compose
 
@@ -25,12 +26,6 @@ def test_refinement_moves_an_entity_to_its_users_token_within_its_parent() -> No
     assert out[0][3] == 0 and out[0][8] == 1  # moved to its users' token; no history: kept
     assert (out[1] // 2 == out[0]).all()  # the tree holds
     assert out[1][3] in (0, 1)
-
-
-def test_force_top1_puts_the_refined_token_first() -> None:
-    codes = [np.array([[5, 6, 7], [5, 6, 7], [5, 6, 7]])]
-    got = force_top1(codes, [np.array([7, 9, 5])], np.array([0, 1]))[0]
-    assert got.tolist() == [[7, 5, 6], [9, 5, 6], [5, 6, 7]]
 
 
 def test_balanced_groups_are_equal_and_follow_the_points() -> None:
@@ -56,7 +51,7 @@ def test_bottomup_tree_groups_fine_tokens_its_users_engage_together() -> None:
     assert len(set(t1[:10])) == 1 and t1[0] != t1[10]  # level 1 is the four directions
 
 
-def test_export_with_a_fitted_tree_keeps_its_tokens_first_and_a_tree(trained_run: Path, tmp_path: Path) -> None:
+def test_export_with_a_fitted_tree_gives_the_saved_tokenizers_tokens(trained_run: Path, tmp_path: Path) -> None:
     for fit in ("coengage", "bottomup"):
         check_export(trained_run, tmp_path / fit, fit)
 
@@ -68,10 +63,13 @@ def check_export(trained_run: Path, tmp_path: Path, fit: str) -> None:
     sg = json.loads((tmp_path / "hierarchy" / "supergraph.json").read_text())
     assert sg["hierarchy_fit"] == fit and sg["heldout"]["tokens"]
     products = pl.read_parquet(tmp_path / "embeddings" / "product.parquet")
-    top = [products[f"tokens_l{lvl}"].list.first().to_numpy() for lvl in range(3)]
-    warm = ~products["cold_start"].to_numpy()
-    for lvl in (1, 2):  # levels (2, 4, 8): each token's parent is token // 2
-        assert (top[lvl][warm] // 2 == top[lvl - 1][warm]).all()
+    # the saved tokenizer gives exactly the exported tokens (what `hir refresh` relies on)
+    meta = json.loads((tmp_path / "embeddings" / "meta.json").read_text())
+    emb = Embedder(meta["checkpoint"], trained_run / "graph", trained_run / "content")
+    emb.load_tokenizer(tmp_path / "hierarchy" / "tokenizer.pt")
+    codes, _ = emb.tokens(np.stack(products["embedding"].to_numpy()))
+    for lvl in range(3):
+        assert (codes[lvl] == np.stack(products[f"tokens_l{lvl}"].to_numpy())).all()
 
 
 def test_bottomup_refuses_fewer_entities_than_level_one_tokens() -> None:
