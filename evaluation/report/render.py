@@ -339,19 +339,24 @@ def diagnostics_md(d: Mapping[str, Any]) -> str:
         rows = []
         for e in held["tokens"]:
             km = ref.get(e["level"]) or {}
+            # nats the history adds over the tokens' popularity: comparable across tokenizations,
+            # whose token sizes (and so raw log-losses) differ
+            gain = e["log_loss_popularity"] - e["log_loss"]
+            km_gain = km["log_loss_popularity"] - km["log_loss"] if km.get("log_loss") is not None else None
             rows.append([str(e["level"]), fmt(e["concentration"], 3), fmt(km.get("concentration"), 3),
-                         fmt(e["log_loss"], 3), fmt(km.get("log_loss"), 3), fmt(e["log_loss_popularity"], 3),
-                         fmt(e["recall@5"], 3), fmt(km.get("recall@5"), 3), fmt(e["recall@5_popularity"], 3),
+                         fmt(gain, 3), fmt(km_gain, 3), fmt(e["recall@5"], 3), fmt(e["recall@5_popularity"], 3),
+                         fmt(km.get("recall@5"), 3), fmt(km.get("recall@5_popularity"), 3),
                          fmt(e["coverage"], 3), fmt(km.get("coverage"), 3)])
         parts.append(
             f"Held out (the test period's {held.get('test_pairs')} user-entity pairs, which neither the model nor the "
             "prototypes saw): concentration against a popularity-matched random assignment of the same token sizes "
             "(below 1 = a user's new entities share tokens); a user's history tokens predicting the tokens of their "
-            "new test entities (log-loss, recall@5; the tokens' popularity alone beside them); and the share of test "
+            "new test entities (the nats their history adds over the tokens' popularity, and recall@5 beside "
+            "popularity's); and the share of test "
             f"user-token edges the history already holds (raw user-entity edges: {fmt(held.get('raw_coverage'), 3)}). "
             "Beside each, a plain k-means per level on the same vectors.\n\n" + _md_table(
-                ["level", "concentration", "k-means", "log-loss", "k-means", "popularity", "recall@5", "k-means",
-                 "popularity", "coverage", "k-means"], rows))
+                ["level", "concentration", "k-means", "gain (nats)", "k-means", "recall@5", "popularity",
+                 "k-means recall@5", "k-means popularity", "coverage", "k-means"], rows))
     if d.get("level0_tokens"):
         has_purity = any("purity" in t for t in d["level0_tokens"])
         parts.append("Level-0 tokens: label (class-based TF-IDF over all members' text), the most probable members"

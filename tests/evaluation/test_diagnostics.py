@@ -117,5 +117,5 @@ def test_heldout_table_sets_kmeans_and_popularity_beside_the_tokens() -> None:
     held = {"test_pairs": 100, "raw_coverage": 0.1, "tokens": [row],
             "kmeans_reference": [{**row, "concentration": 0.95, "log_loss": 1.6, "recall@5": 0.75, "coverage": 0.65}]}
     md = diagnostics_md({"supergraph": {"levels": [], "heldout": held}})
-    assert "| 0 | 0.900 | 0.950 | 1.500 | 1.600 | 2.000 | 0.800 | 0.750 | 0.600 | 0.700 | 0.650 |" in md
+    assert "| 0 | 0.900 | 0.950 | 0.500 | 0.400 | 0.800 | 0.600 | 0.750 | 0.600 | 0.700 | 0.650 |" in md
     assert "test period's 100 user-entity pairs" in md
