@@ -314,6 +314,11 @@ def diagnostics_md(d: Mapping[str, Any]) -> str:
             header.append("k-means concentration")
         if deepest:
             header += [f"NMI {deepest}", *([f"k-means NMI {deepest}"] if ref else [])]
+        # purity: each level against the taxonomy depth it stands for (coarsest = depth 1, finest =
+        # the deepest), beside the k-means reference's
+        has_purity = bool(tax) and any(e.get("taxonomy_purity") for e in sg["levels"])
+        if has_purity:
+            header += ["purity (depth)", *(["k-means purity"] if ref else [])]
         rows = []
         for e in sg["levels"]:
             km = ref.get(e.get("level")) or {}
@@ -324,6 +329,11 @@ def diagnostics_md(d: Mapping[str, Any]) -> str:
             if deepest:
                 row += [fmt((e.get("taxonomy_nmi") or {}).get(deepest), 3),
                         *([fmt((km.get("taxonomy_nmi") or {}).get(deepest), 3)] if ref else [])]
+            if has_purity:
+                lvl = int(e.get("level") or 0)
+                depth = tax[-1] if lvl == len(sg["levels"]) - 1 else tax[min(lvl, len(tax) - 1)]
+                row += [f"{fmt((e.get('taxonomy_purity') or {}).get(depth), 3)} ({depth.removeprefix('taxonomy_')})",
+                        *([fmt((km.get("taxonomy_purity") or {}).get(depth), 3)] if ref else [])]
             rows.append(row)
         fit = f" Tokens from the {sg['hierarchy_fit']} prototypes (export.hierarchy_fit)." if sg.get("hierarchy_fit") else ""
         parts.append(f"Super-graph density (raw user->entity graph: {fmt(sg.get('raw_density'), 6)}). The gain "

@@ -2,7 +2,8 @@
 
 - :func:`taxonomy_labels`: every entity's category ancestor per taxonomy depth (and, for the
   synthetic data, its planted interests).
-- :func:`taxonomy_nmi`: NMI of each level's top-1 token against those labels.
+- :func:`taxonomy_nmi`, :func:`taxonomy_purity_table`: NMI and purity of each level's top-1 token
+  against those labels.
 - :func:`kmeans_reference`: tokens from one plain k-means per level (the level's size) on the
   exported vectors, with the same concentration and taxonomy NMI: the reference the learned
   hierarchy has to beat (issue 19).
@@ -24,7 +25,7 @@ from sklearn.metrics import normalized_mutual_info_score
 
 from hir.data.schema import ENTITY_TYPES
 from hir.data.snapshot import Snapshot
-from hir.export.heldout import heldout_concentration, token_coverage, token_prediction
+from hir.export.heldout import heldout_concentration, taxonomy_purity, token_coverage, token_prediction
 from hir.export.supergraph import engagement_pairs, planted_recovery, supergraph_stats
 from hir.nn.hierarchy import HierarchicalTokenizer
 
@@ -92,6 +93,20 @@ def taxonomy_nmi(labels: dict[str, np.ndarray], offset: int, top1: list[np.ndarr
     return out
 
 
+def taxonomy_purity_table(labels: dict[str, np.ndarray], offset: int, top1: list[np.ndarray]) -> list[dict[str, float]]:
+    """Per level, ``{labelling: purity}``: the share of labelled entities in their token's most
+    frequent class (:func:`hir.export.heldout.taxonomy_purity`), against each ``taxonomy_d<k>``.
+    Arguments as :func:`taxonomy_nmi`."""
+    out: list[dict[str, float]] = [{} for _ in top1]
+    for name, lab in labels.items():
+        if not name.startswith("taxonomy_"):
+            continue
+        rows = np.flatnonzero(lab >= 0)
+        for lvl, t1 in enumerate(top1):
+            out[lvl][name] = taxonomy_purity(lab[rows], t1[offset + rows])
+    return out
+
+
 def kmeans_reference(z: np.ndarray, fit_rows: np.ndarray, users: np.ndarray, entities: np.ndarray, n_users: int,
                      levels: tuple[int, ...], seed: int, labels: dict[str, np.ndarray] | None = None,
                      offset: int = 0) -> tuple[dict[str, Any], list[np.ndarray]]:
@@ -131,13 +146,14 @@ def kmeans_reference(z: np.ndarray, fit_rows: np.ndarray, users: np.ndarray, ent
     # the same random baseline (shuffle seed 0) as the learned tokens' figures
     sg = supergraph_stats(users, entities, n_users, 1, top1, levels)
     nmi = taxonomy_nmi(labels, offset, top1) if labels else [{} for _ in levels]
+    purity = taxonomy_purity_table(labels, offset, top1) if labels else [{} for _ in levels]
     out = {
         "method": "sklearn MiniBatchKMeans per level (k-means++, batch 4096, 100 epochs max), "
                   "on the exported embeddings of the engaged types' entities",
         "entities": len(fit_rows), "seed": int(seed), "seconds": round(time.perf_counter() - t0, 2),
         "levels": [{"level": s["level"], "prototypes": s["prototypes"], "edges": s["edges"],
                     "random_edges": s["random_edges"], "concentration": s["concentration"],
-                    "taxonomy_nmi": nmi[s["level"]]} for s in sg["levels"]],
+                    "taxonomy_nmi": nmi[s["level"]], "taxonomy_purity": purity[s["level"]]} for s in sg["levels"]],
     }
     return out, top1
 
@@ -177,8 +193,9 @@ def hierarchy_diagnostics(snapshot: Snapshot, offsets: np.ndarray, node_type: np
     pi = ENTITY_TYPES.index("product")
     labels = taxonomy_labels(snapshot, "product") if "product" in keys else {}
     labels = {k: v for k, v in labels.items() if k.startswith("taxonomy_")}
-    for entry, nmi in zip(sg["levels"], taxonomy_nmi(labels, int(offsets[pi]), top1)):
-        entry["taxonomy_nmi"] = nmi
+    for entry, nmi, purity in zip(sg["levels"], taxonomy_nmi(labels, int(offsets[pi]), top1),
+                                  taxonomy_purity_table(labels, int(offsets[pi]), top1)):
+        entry["taxonomy_nmi"], entry["taxonomy_purity"] = nmi, purity
     km_top1 = None
     if z is not None and len(ents):
         sg["kmeans_reference"], km_top1 = kmeans_reference(z, np.flatnonzero(np.isin(node_type, engaged)), users, ents,

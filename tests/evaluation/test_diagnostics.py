@@ -119,3 +119,19 @@ def test_heldout_table_sets_kmeans_and_popularity_beside_the_tokens() -> None:
     md = diagnostics_md({"supergraph": {"levels": [], "heldout": held}})
     assert "| 0 | 0.900 | 0.950 | 0.500 | 0.400 | 0.800 | 0.600 | 0.750 | 0.600 | 0.700 | 0.650 |" in md
     assert "test period's 100 user-entity pairs" in md
+
+
+def test_supergraph_table_sets_purity_per_level_against_its_depth():
+    from evaluation.report.render import diagnostics_md
+
+    def level(lvl: int, purity: float) -> dict:
+        return {"level": lvl, "prototypes": 8, "density": 0.5, "gain": 2.0, "random_gain": 2.1, "concentration": 0.9,
+                "taxonomy_nmi": {"taxonomy_d1": 0.1, "taxonomy_d2": 0.2},
+                "taxonomy_purity": {"taxonomy_d1": purity, "taxonomy_d2": purity / 2}}
+    ref = {"levels": [{**level(0, 0.7), "concentration": 0.95}, {**level(1, 0.6), "concentration": 0.95}]}
+    md = diagnostics_md({"supergraph": {"raw_density": 0.25, "levels": [level(0, 0.8), level(1, 0.5)],
+                                        "kmeans_reference": ref}})
+    assert "| purity (depth) | k-means purity |" in md
+    assert "| 0.800 (d1) | 0.700 |" in md  # the coarsest level against depth 1
+    assert "| 0.250 (d2) | 0.300 |" in md  # the finest against the deepest
+

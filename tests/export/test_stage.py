@@ -93,6 +93,8 @@ def test_hierarchy_files(exported):
         assert km["concentration"] == pytest.approx(km["edges"] / km["random_edges"]) and 0 < km["concentration"] < 2
         assert set(km["taxonomy_nmi"]) == set(learned["taxonomy_nmi"]) and learned["taxonomy_nmi"]
         assert all(0 <= v <= 1 for v in (*km["taxonomy_nmi"].values(), *learned["taxonomy_nmi"].values()))
+        assert set(learned["taxonomy_purity"]) == set(km["taxonomy_purity"]) == set(learned["taxonomy_nmi"])
+        assert all(0 < v <= 1 for v in (*km["taxonomy_purity"].values(), *learned["taxonomy_purity"].values()))
     assert sg["hierarchy_fit"] in ("checkpoint", "entities", "coengage", "bottomup")
     # judged on the test period's pairs, beside the k-means reference (hir/export/heldout.py)
     held = sg["heldout"]
