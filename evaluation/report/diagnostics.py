@@ -133,6 +133,35 @@ def top_prototypes(hierarchy_dir: Path, per_level: int) -> list[dict[str, Any]]:
     return top.to_dicts()
 
 
+def level0_tokens(hierarchy_dir: Path, frame: pl.DataFrame, labels: dict[str, np.ndarray],
+                  snap: Snapshot, entity_type: str) -> list[dict[str, Any]]:
+    """Per level-0 token, what a person checks its label against: its label, usage and top
+    members (``hierarchy/prototypes.parquet``) and, where ``entity_type`` has a taxonomy
+    (``labels``: :func:`taxonomy_labels`), its purity at depth 1: the share of its labelled
+    members in its most frequent top-level category, and that category's key."""
+    path = Path(hierarchy_dir) / "prototypes.parquet"
+    if not path.exists():
+        return []
+    protos = pl.read_parquet(path).filter(pl.col("level") == 0).sort("proto_id")
+    members = protos["members"].to_list() if "members" in protos.columns else [[] for _ in range(protos.height)]
+    out = [{"token": int(t), "label": lab, "usage": float(u), "members": list(m or [])[:3]}
+           for t, lab, u, m in zip(protos["proto_id"], protos["label"], protos["usage"], members)]
+    dept = labels.get("taxonomy_d1")
+    if dept is None or "tokens_l0" not in frame.columns:
+        return out
+    ids = frame["node_id"].to_numpy()
+    tok, cls = top1(frame, 0), dept[ids]
+    names = snap.keys("category").cast(pl.String).to_list() if snap.has_nodes("category") else []
+    for row in out:
+        c = cls[(tok == row["token"]) & (cls >= 0)]
+        if len(c):
+            vals, counts = np.unique(c, return_counts=True)
+            best = int(np.argmax(counts))
+            row["purity"] = float(counts[best] / len(c))
+            row["category"] = names[vals[best]] if vals[best] < len(names) else str(vals[best])
+    return out
+
+
 def embedding_map(frame: pl.DataFrame, points: int, seed: int) -> dict[str, list]:
     """2-D map (UMAP when the package is installed, else PCA) of up to ``points`` embeddings,
     coloured by their coarsest top-1 token."""
@@ -166,11 +195,14 @@ def diagnostics_section(
     frames = {t: read_embeddings(emb_dir, t) for t in types}
     out: dict[str, Any] = {"token_usage": token_usage(frames, embeddings_meta(emb_dir).get("levels"))}
     out["nmi"] = {}
+    labels: dict[str, np.ndarray] = {}
     if entity_type in frames:
         labels = taxonomy_labels(snap, entity_type)
         out["nmi"][entity_type] = nmi_table(frames[entity_type], labels) if labels else {}
     out["supergraph"] = supergraph_gain(hier_dir)
     out["top_prototypes"] = top_prototypes(hier_dir, top)
+    out["level0_tokens"] = level0_tokens(hier_dir, frames[entity_type], labels, snap, entity_type) \
+        if entity_type in frames else []
     out["stability"] = None
     if compare_dir:
         other_path = Path(compare_dir) / f"{entity_type}.parquet"

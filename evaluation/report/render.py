@@ -314,6 +314,11 @@ def diagnostics_md(d: Mapping[str, Any]) -> str:
             header.append("k-means concentration")
         if deepest:
             header += [f"NMI {deepest}", *([f"k-means NMI {deepest}"] if ref else [])]
+        # purity: each level against the taxonomy depth it stands for (coarsest = depth 1, finest =
+        # the deepest), beside the k-means reference's
+        has_purity = bool(tax) and any(e.get("taxonomy_purity") for e in sg["levels"])
+        if has_purity:
+            header += ["purity (depth)", *(["k-means purity"] if ref else [])]
         rows = []
         for e in sg["levels"]:
             km = ref.get(e.get("level")) or {}
@@ -324,6 +329,11 @@ def diagnostics_md(d: Mapping[str, Any]) -> str:
             if deepest:
                 row += [fmt((e.get("taxonomy_nmi") or {}).get(deepest), 3),
                         *([fmt((km.get("taxonomy_nmi") or {}).get(deepest), 3)] if ref else [])]
+            if has_purity:
+                lvl = int(e.get("level") or 0)
+                depth = tax[-1] if lvl == len(sg["levels"]) - 1 else tax[min(lvl, len(tax) - 1)]
+                row += [f"{fmt((e.get('taxonomy_purity') or {}).get(depth), 3)} ({depth.removeprefix('taxonomy_')})",
+                        *([fmt((km.get("taxonomy_purity") or {}).get(depth), 3)] if ref else [])]
             rows.append(row)
         fit = f" Tokens from the {sg['hierarchy_fit']} prototypes (export.hierarchy_fit)." if sg.get("hierarchy_fit") else ""
         parts.append(f"Super-graph density (raw user->entity graph: {fmt(sg.get('raw_density'), 6)}). The gain "
@@ -333,6 +343,40 @@ def diagnostics_md(d: Mapping[str, Any]) -> str:
                      + (", the same for a plain k-means per level on the exported vectors" if ref else "")
                      + (", and the NMI of products' top-1 token against the taxonomy" if deepest else "")
                      + f".{fit}\n\n" + _md_table(header, rows))
+    held = sg.get("heldout") or {}
+    if held.get("tokens"):
+        ref = {e["level"]: e for e in held.get("kmeans_reference") or []}
+        rows = []
+        for e in held["tokens"]:
+            km = ref.get(e["level"]) or {}
+            # nats the history adds over the tokens' popularity: comparable across tokenizations,
+            # whose token sizes (and so raw log-losses) differ
+            gain = e["log_loss_popularity"] - e["log_loss"]
+            km_gain = km["log_loss_popularity"] - km["log_loss"] if km.get("log_loss") is not None else None
+            rows.append([str(e["level"]), fmt(e["concentration"], 3), fmt(km.get("concentration"), 3),
+                         fmt(gain, 3), fmt(km_gain, 3), fmt(e["recall@5"], 3), fmt(e["recall@5_popularity"], 3),
+                         fmt(km.get("recall@5"), 3), fmt(km.get("recall@5_popularity"), 3),
+                         fmt(e["coverage"], 3), fmt(km.get("coverage"), 3)])
+        parts.append(
+            f"Held out (the test period's {held.get('test_pairs')} user-entity pairs, which neither the model nor the "
+            "prototypes saw): concentration against a popularity-matched random assignment of the same token sizes "
+            "(below 1 = a user's new entities share tokens); a user's history tokens predicting the tokens of their "
+            "new test entities (the nats their history adds over the tokens' popularity, and recall@5 beside "
+            "popularity's); and the share of test "
+            f"user-token edges the history already holds (raw user-entity edges: {fmt(held.get('raw_coverage'), 3)}). "
+            "Beside each, a plain k-means per level on the same vectors.\n\n" + _md_table(
+                ["level", "concentration", "k-means", "gain (nats)", "k-means", "recall@5", "popularity",
+                 "k-means recall@5", "k-means popularity", "coverage", "k-means"], rows))
+    if d.get("level0_tokens"):
+        has_purity = any("purity" in t for t in d["level0_tokens"])
+        parts.append("Level-0 tokens: label (class-based TF-IDF over all members' text), the most probable members"
+                     + (", and purity: the share of members in the token's most frequent top-level category" if has_purity
+                        else "") + ".\n\n" + _md_table(
+            ["token", "usage", "label", "top members", *(["purity", "category"] if has_purity else [])],
+            [[str(t["token"]), fmt(t["usage"], 3), str(t["label"]),
+              " / ".join(m.replace("|", "/") for m in t.get("members") or []),
+              *([fmt(t.get("purity"), 3), str(t.get("category", ""))] if has_purity else [])]
+             for t in d["level0_tokens"]]))
     if d.get("stability"):
         parts.append("Token stability vs the comparison export:\n\n" + _md_table(
             ["level", "entities", "Jaccard", "top-1 agreement", "NMI"],

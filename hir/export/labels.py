@@ -1,10 +1,9 @@
-"""Readable prototype labels from the text of each prototype's highest-weight member entities."""
+"""Readable prototype labels: class-based TF-IDF over the text of every member of a token, and the
+texts of its most probable members (what a person checks the label against)."""
 
 from __future__ import annotations
 
-import math
 import re
-from collections import Counter
 from collections.abc import Sequence
 
 import numpy as np
@@ -47,23 +46,48 @@ def top_members(tokenizer: HierarchicalTokenizer, z: np.ndarray, candidates: np.
     return [b.numpy() if b is not None else np.zeros((k, 0), np.int64) for b, k in zip(best_i, tokenizer.levels)]
 
 
-def label_prototypes(members: np.ndarray, texts: Sequence[str | None], n_words: int = 3) -> list[str]:
-    """(K, m) member rows -> one label per prototype: its members' most distinctive words.
+def class_tfidf_labels(tokens: np.ndarray, k: int, texts: Sequence[str | None], n_words: int = 3,
+                       max_share: float = 0.5) -> list[str]:
+    """One label per token: the words of its members' text by class-based TF-IDF.
 
-    A word scores ``count among the members x log(N / document frequency)`` over all N texts, so
-    words every entity shares sink; the label lists the top ``n_words`` (or, with no informative
-    word, the best member's text).
+    Every entity with text whose top-1 token is t is a member of class t (not only the few
+    nearest the prototype, which are often odd ones). With ``tf[t, w]`` the share of t's members
+    whose text carries w and ``f[w]`` the members carrying w over all classes,
+    ``score = tf[t, w] * log(1 + A / f[w])`` (A = the mean number of word occurrences per class,
+    as BERTopic's c-TF-IDF). A word carried by more than ``max_share`` of all entities with text
+    never leads: it says nothing about one interest (e.g. a department every product names).
+
+    Args:
+        tokens: (n,) every row's top-1 token (-1 = none), rows aligned with ``texts``.
+        k: tokens of the level.
+    Returns:
+        k labels, the top ``n_words`` joined by `` · `` (``(no text)`` for a token without
+        members with text).
     """
-    docs = [set(words(t)) for t in texts]
-    df = Counter(w for d in docs for w in d)
-    n = max(len([d for d in docs if d]), 1)
+    rows = [i for i, t in enumerate(texts) if t and 0 <= tokens[i] < k]
+    docs = [sorted(set(words(texts[i]))) for i in rows]
+    vocab = {w: j for j, w in enumerate(sorted({w for d in docs for w in d}))}
+    if not vocab:
+        return ["(no text)"] * k
+    cls = np.repeat(np.asarray(tokens)[rows], [len(d) for d in docs])
+    col = np.array([vocab[w] for d in docs for w in d], np.int64)
+    counts = np.zeros((k, len(vocab)), np.float64)
+    np.add.at(counts, (cls, col), 1.0)
+    members = np.bincount(np.asarray(tokens)[rows], minlength=k).astype(np.float64)
+    df = counts.sum(0)  # (V,) entities carrying the word, over all classes
+    tf = counts / np.maximum(members[:, None], 1.0)
+    used = (members > 0).sum()
+    idf = np.log1p(df.sum() / max(used, 1) / np.maximum(df, 1.0))
+    score = tf * idf[None, :]
+    score[:, df > max_share * len(rows)] = 0.0
+    names = np.array(sorted(vocab, key=vocab.get))
     labels = []
-    for row in members:
-        counts = Counter(w for r in row for w in docs[r])
-        scored = sorted(counts, key=lambda w: (-counts[w] * math.log(1 + n / df[w]), w))
-        if scored:
-            labels.append(" · ".join(scored[:n_words]))
-        else:
-            first = next((texts[r] for r in row if texts[r]), None)
-            labels.append((first or "(no text)")[:60])
+    for t in range(k):
+        best = [j for j in np.argsort(-score[t], kind="stable")[:n_words] if score[t, j] > 0]
+        labels.append(" · ".join(names[best]) if best else ("(no text)" if not members[t] else "(common words only)"))
     return labels
+
+
+def member_texts(members: np.ndarray, texts: Sequence[str | None], n: int = 5, width: int = 40) -> list[list[str]]:
+    """(K, m) member rows, best first -> per prototype the first ``n`` member texts (cut at ``width``)."""
+    return [[texts[r][:width] for r in row if texts[r]][:n] for row in members]

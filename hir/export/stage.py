@@ -42,10 +42,12 @@ class ExportConfig:
     see; label_members: member entities whose text labels a prototype; cold: the placement of
     cold entities with text; hierarchy_fit: the prototypes the tokens come from (``checkpoint``:
     as trained; ``entities``: the checkpoint's tree refitted on the exported directions of the warm
-    entities, :func:`hir.export.hierarchy.refit_tokenizer`); kmeans_reference: also report the
-    hierarchy figures of a plain k-means on the exported vectors; dim: the served directions d
-    (the embedding has d + 1 coordinates; null/``full`` = the spectral rank K), see
-    :mod:`hir.export.project`.
+    entities, :func:`hir.export.hierarchy.refit_tokenizer`; ``coengage``: that refit with each
+    engaged entity's tokens refined top down by co-engagement on the visible pairs; ``bottomup``:
+    a flat k-means at level 1 grouped by co-engagement into level 0, :func:`fitted_hierarchy`);
+    kmeans_reference: also report the hierarchy figures of a plain k-means on the exported
+    vectors; dim: the served directions d (the embedding has d + 1 coordinates; null/``full`` =
+    the spectral rank K), see :mod:`hir.export.project`.
     """
 
     checkpoint: str
@@ -166,6 +168,28 @@ def refit_hierarchy(embedder: Any, z: Any, seed: int) -> None:
     log.info("hierarchy refitted on the directions of %d warm entities in %.1fs", len(rows), time.perf_counter() - t0)
 
 
+def fitted_hierarchy(embedder: Any, z: Any, fit: str, visible_splits: list[str], seed: int) -> None:
+    """``export.hierarchy_fit`` ``coengage`` or ``bottomup`` (:func:`hir.export.fits.fit_tree`) on
+    the warm entities of the engaged types and their visible pairs, after the refit: the
+    tokenizer in use is fitted in place, so the tokens and ``hierarchy/tokenizer.pt`` agree."""
+    import numpy as np
+
+    from hir.export.fits import fit_tree
+    from hir.export.supergraph import engagement_pairs
+
+    st = embedder.store
+    t0 = time.perf_counter()
+    engaged = [st.types.index(t) for t in embedder.snapshot.engaged_types()]
+    rows = np.flatnonzero(np.isin(st.node_type, engaged) & st.warm)
+    directions = embedder.semantic(z[rows])
+    users, ents = engagement_pairs(embedder.snapshot, st.offsets, tuple(visible_splits))
+    pos = np.minimum(np.searchsorted(rows, ents), len(rows) - 1)
+    seen = rows[pos] == ents  # pairs of entities outside the fitted rows (cold by definition) drop out
+    fit_tree(embedder.tokenizer, directions, fit, (users[seen], pos[seen]), int(st.offsets[1] - st.offsets[0]), seed)
+    log.info("hierarchy fit %s on %d visible pairs of %d entities in %.1fs", fit, int(seen.sum()), len(rows),
+             time.perf_counter() - t0)
+
+
 def run(cfg: DictConfig) -> dict[str, Any]:
     """Export embeddings + tokens for every snapshot entity; returns counts, version, stats."""
     from hydra.utils import instantiate
@@ -190,8 +214,10 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     z, cold_report, projection = embed_snapshot(embedder, ex, int(cfg.seed))
     t_embed = time.perf_counter() - t0
     t_fit = time.perf_counter()
-    if ex.hierarchy_fit == "entities":
+    if ex.hierarchy_fit != "checkpoint":
         refit_hierarchy(embedder, z, int(cfg.seed))
+    if ex.hierarchy_fit in ("coengage", "bottomup"):
+        fitted_hierarchy(embedder, z, ex.hierarchy_fit, ex.visible_splits, int(cfg.seed))
     t_fit = time.perf_counter() - t_fit
     codes, weights = embedder.tokens(z)
     top1 = [c[:, 0].astype("int64") for c in codes]

@@ -16,12 +16,16 @@ from hir.data.snapshot import Snapshot
 log = logging.getLogger(__name__)
 
 
-def engagement_pairs(snapshot: Snapshot, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Distinct (user, entity) pairs over every split and stage: (user ids, global entity ids)."""
+def engagement_pairs(snapshot: Snapshot, offsets: np.ndarray,
+                     splits: tuple[str, ...] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct (user, entity) pairs over every stage of ``splits`` (default every split):
+    (user ids, global entity ids)."""
     users, ents = [], []
     for ti, t in enumerate(ENTITY_TYPES):
         scan = snapshot.engagement(t)
         if scan is not None:
+            if splits is not None:
+                scan = scan.filter(pl.col("split").is_in(list(splits)))
             e = scan.select("src_id", "dst_id").unique().collect()
             users.append(e["src_id"].to_numpy())
             ents.append(e["dst_id"].to_numpy() + offsets[ti])

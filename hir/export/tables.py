@@ -12,7 +12,7 @@ import polars as pl
 from hir.atomic import write_parquet_atomic
 from hir.data.snapshot import Snapshot
 from hir.export.embed import Embedder
-from hir.export.labels import label_prototypes, top_members
+from hir.export.labels import class_tfidf_labels, member_texts, top_members
 from hir.model import GraphStore
 
 
@@ -59,9 +59,10 @@ def write_embeddings(emb_dir: Path, embedder: Embedder, keys: dict[str, list[str
 
 def write_prototypes(path: Path, embedder: Embedder, z: np.ndarray, top1: list[np.ndarray],
                      texts: list[str | None], label_members: int) -> None:
-    """``hierarchy/prototypes.parquet``: per level and prototype its parent, vector, a label from
-    the text of its ``label_members`` most probable members (entities with text) and its usage
-    (share of nodes whose top-1 token it is; top1: per level (n_nodes,))."""
+    """``hierarchy/prototypes.parquet``: per level and prototype its parent, vector, a label by
+    class-based TF-IDF over the text of all its members (:func:`class_tfidf_labels`), the texts
+    of its most probable members (of ``label_members`` entities with text) and its usage (share
+    of nodes whose top-1 token it is; top1: per level (n_nodes,))."""
     tokenizer = embedder.tokenizer
     with_text = np.array([i for i, t in enumerate(texts) if t], dtype=np.int64)
     # prototypes live in the direction part of the embedding (without the scale slack)
@@ -69,12 +70,14 @@ def write_prototypes(path: Path, embedder: Embedder, z: np.ndarray, top1: list[n
     vectors = [v.detach().numpy() for v in tokenizer.vectors()]
     rows = []
     for lvl, k in enumerate(embedder.levels):
-        labels = label_prototypes(members[lvl], texts) if len(with_text) else ["(no text)"] * k
+        labels = class_tfidf_labels(top1[lvl], k, texts) if len(with_text) else ["(no text)"] * k
         usage = np.bincount(top1[lvl], minlength=k) / max(len(top1[lvl]), 1)
         rows.append(pl.DataFrame({
             "level": pl.Series([lvl] * k, dtype=pl.Int8), "proto_id": pl.Series(np.arange(k), dtype=pl.Int32),
             "parent_id": pl.Series(tokenizer.parents(lvl).numpy(), dtype=pl.Int32),
             "vector": pl.Series(vectors[lvl]).cast(pl.List(pl.Float32)),
-            "label": pl.Series(labels, dtype=pl.String), "usage": pl.Series(usage, dtype=pl.Float64),
+            "label": pl.Series(labels, dtype=pl.String),
+            "members": pl.Series(member_texts(members[lvl], texts), dtype=pl.List(pl.String)),
+            "usage": pl.Series(usage, dtype=pl.Float64),
         }))
     write_parquet_atomic(pl.concat(rows), path)

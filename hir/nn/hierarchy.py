@@ -53,8 +53,13 @@ def mean_entropy_gap(log_probs: list[Tensor]) -> Tensor:
     return torch.stack(gaps).mean()
 
 
-def kmeans(x: Tensor, k: int, iters: int = 25, generator: torch.Generator | None = None) -> Tensor:
-    """Plain k-means with k-means++ seeding: (n, d) points -> (k, d) centroids (n >= k)."""
+def kmeans(x: Tensor, k: int, iters: int = 25, generator: torch.Generator | None = None, n_init: int = 1) -> Tensor:
+    """Plain k-means with k-means++ seeding: (n, d) points -> (k, d) centroids (n >= k); with
+    ``n_init`` > 1 the best of that many seedings (lowest sum of squared distances), so two
+    generators land on the same solution far more often."""
+    if n_init > 1:
+        runs = [kmeans(x, k, iters, generator) for _ in range(n_init)]
+        return min(runs, key=lambda c: float(torch.cdist(x, c).min(dim=1).values.pow(2).sum()))
     n = x.shape[0]
     cents = [x[torch.randint(n, (1,), generator=generator)]]
     for _ in range(1, k):
@@ -165,14 +170,16 @@ class HierarchicalTokenizer(nn.Module):
         return (weights[..., None] * v[codes]).sum(dim=1)
 
     @torch.no_grad()
-    def init_from_data(self, x: Tensor, iters: int = 25, generator: torch.Generator | None = None) -> None:
+    def init_from_data(self, x: Tensor, iters: int = 25, generator: torch.Generator | None = None,
+                       n_init: int = 1) -> None:
         """Data-dependent initialisation by hierarchical k-means on embeddings x (n, dim).
 
-        Level 0 gets the k-means centroids; each finer prototype starts in the direction of a
-        k-means centroid of its parent's members (clipped to the residual bound). Avoids dead
-        prototypes and gives training a sensible start.
+        Level 0 gets the k-means centroids (the best of ``n_init`` seedings: every finer token
+        inherits this split, so its stability across seeds bounds theirs); each finer prototype
+        starts in the direction of a k-means centroid of its parent's members (clipped to the
+        residual bound). Avoids dead prototypes and gives training a sensible start.
         """
-        self.root.copy_(kmeans(x, self.levels[0], iters, generator))
+        self.root.copy_(kmeans(x, self.levels[0], iters, generator, n_init))
         for lvl, r in enumerate(self.residuals, start=1):
             prev = self.vectors()[lvl - 1]
             assign = torch.cdist(x, prev).argmin(dim=1)  # (n,)

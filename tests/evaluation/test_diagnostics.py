@@ -90,3 +90,48 @@ def test_supergraph_table_sets_the_kmeans_reference_beside_the_learned_tokens():
     # an export without the reference (older runs) keeps the old table
     plain = diagnostics_md({"supergraph": {"raw_density": 0.25, "levels": [{**level, "taxonomy_nmi": {}}]}})
     assert "| level | prototypes | density | gain over raw | random gain | concentration |\n" in plain
+
+
+def test_level0_tokens_carry_label_members_and_taxonomy_purity(tiny_graph: Path, tmp_path: Path) -> None:
+    from evaluation.report.render import diagnostics_md
+
+    snap = load_snapshot(tiny_graph)
+    labels = diag.taxonomy_labels(snap, "product")
+    labels["taxonomy_d1"] = labels["taxonomy_d2"]  # two top-level classes, 1 1 1 2 2 2
+    pl.DataFrame({"level": [0, 0], "proto_id": [0, 1], "parent_id": [-1, -1], "label": ["milk · white", "tea"],
+                  "members": [["whole milk", "skim | milk"], ["green tea"]], "usage": [0.5, 0.5]},
+                 schema_overrides={"level": pl.Int8}).write_parquet(tmp_path / "prototypes.parquet")
+    frame = _frame([[0], [0], [0], [0], [1], [1]])  # token 0 holds 3 of class 1 and one of class 2
+    rows = diag.level0_tokens(tmp_path, frame, labels, snap, "product")
+    assert [r["label"] for r in rows] == ["milk · white", "tea"]
+    assert rows[0]["purity"] == pytest.approx(0.75) and rows[1]["purity"] == 1.0
+    md = diagnostics_md({"level0_tokens": rows})
+    assert "| 0 | 0.500 | milk · white | whole milk / skim / milk | 0.750 |" in md
+
+
+def test_heldout_table_sets_kmeans_and_popularity_beside_the_tokens() -> None:
+    from evaluation.report.render import diagnostics_md
+
+    row = {"level": 0, "concentration": 0.9, "random_sd": 0.01, "log_loss": 1.5, "log_loss_popularity": 2.0,
+           "recall@5": 0.8, "recall@5_popularity": 0.6, "coverage": 0.7, "random_coverage": 0.6}
+    held = {"test_pairs": 100, "raw_coverage": 0.1, "tokens": [row],
+            "kmeans_reference": [{**row, "concentration": 0.95, "log_loss": 1.6, "recall@5": 0.75, "coverage": 0.65}]}
+    md = diagnostics_md({"supergraph": {"levels": [], "heldout": held}})
+    assert "| 0 | 0.900 | 0.950 | 0.500 | 0.400 | 0.800 | 0.600 | 0.750 | 0.600 | 0.700 | 0.650 |" in md
+    assert "test period's 100 user-entity pairs" in md
+
+
+def test_supergraph_table_sets_purity_per_level_against_its_depth():
+    from evaluation.report.render import diagnostics_md
+
+    def level(lvl: int, purity: float) -> dict:
+        return {"level": lvl, "prototypes": 8, "density": 0.5, "gain": 2.0, "random_gain": 2.1, "concentration": 0.9,
+                "taxonomy_nmi": {"taxonomy_d1": 0.1, "taxonomy_d2": 0.2},
+                "taxonomy_purity": {"taxonomy_d1": purity, "taxonomy_d2": purity / 2}}
+    ref = {"levels": [{**level(0, 0.7), "concentration": 0.95}, {**level(1, 0.6), "concentration": 0.95}]}
+    md = diagnostics_md({"supergraph": {"raw_density": 0.25, "levels": [level(0, 0.8), level(1, 0.5)],
+                                        "kmeans_reference": ref}})
+    assert "| purity (depth) | k-means purity |" in md
+    assert "| 0.800 (d1) | 0.700 |" in md  # the coarsest level against depth 1
+    assert "| 0.250 (d2) | 0.300 |" in md  # the finest against the deepest
+

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from hir.export.labels import label_prototypes, top_members, words
+from hir.export.labels import class_tfidf_labels, member_texts, top_members, words
 from hir.export.supergraph import supergraph_stats
 from hir.nn.hierarchy import HierarchicalTokenizer
 from tests.nn.config import tokenizer_kwargs
@@ -14,11 +14,26 @@ from tests.nn.config import tokenizer_kwargs
 
 def test_labels_pick_distinctive_member_words():
     texts = ["red running shoe", "blue running shoe", "green tea pot", "black tea cup", "new shoe", None]
-    members = np.array([[0, 1, 4], [2, 3, 5]])
-    labels = label_prototypes(members, texts, n_words=2)
+    tokens = np.array([0, 0, 1, 1, 0, 1])
+    labels = class_tfidf_labels(tokens, 2, texts, n_words=2, max_share=1.0)
     assert labels[0] == "shoe · running"
     assert labels[1].startswith("tea")
     assert words("The NEW pack of Green Tea") == ["green", "tea"]  # stopwords and filler dropped
+
+
+def test_a_word_most_entities_carry_never_leads_a_label():
+    # "grocery" is on 5 of 6 texts and the most frequent word of both tokens
+    texts = ["grocery milk white", "grocery milk skim", "grocery milk whole", "grocery cookie", "grocery cookie oat",
+             "chocolate cookie"]
+    tokens = np.array([0, 0, 0, 1, 1, 1])
+    labels = class_tfidf_labels(tokens, 3, texts, n_words=1)
+    assert labels == ["milk", "cookie", "(no text)"]
+    assert "grocery" in class_tfidf_labels(tokens, 3, texts, n_words=3, max_share=1.0)[0]
+
+
+def test_member_texts_keep_the_best_members_with_text():
+    texts = ["a very long product title that goes on", None, "short"]
+    assert member_texts(np.array([[1, 0, 2]]), texts, n=2, width=10) == [["a very lon", "short"]]
 
 
 def test_top_members_are_the_most_probable_per_prototype():

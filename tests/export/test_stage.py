@@ -68,7 +68,8 @@ def test_hierarchy_files(exported):
     out, meta = exported
     protos = pl.read_parquet(out / "hierarchy" / "prototypes.parquet")
     assert dict(protos.schema) == {"level": pl.Int8, "proto_id": pl.Int32, "parent_id": pl.Int32,
-                                   "vector": pl.List(pl.Float32), "label": pl.String, "usage": pl.Float64}
+                                   "vector": pl.List(pl.Float32), "label": pl.String,
+                                   "members": pl.List(pl.String), "usage": pl.Float64}
     assert protos.group_by("level").len().sort("level")["len"].to_list() == LEVELS
     assert (protos.filter(pl.col("level") == 0)["parent_id"] == -1).all()
     fine = protos.filter(pl.col("level") == 2)
@@ -92,7 +93,16 @@ def test_hierarchy_files(exported):
         assert km["concentration"] == pytest.approx(km["edges"] / km["random_edges"]) and 0 < km["concentration"] < 2
         assert set(km["taxonomy_nmi"]) == set(learned["taxonomy_nmi"]) and learned["taxonomy_nmi"]
         assert all(0 <= v <= 1 for v in (*km["taxonomy_nmi"].values(), *learned["taxonomy_nmi"].values()))
-    assert sg["hierarchy_fit"] in ("checkpoint", "entities")
+        assert set(learned["taxonomy_purity"]) == set(km["taxonomy_purity"]) == set(learned["taxonomy_nmi"])
+        assert all(0 < v <= 1 for v in (*km["taxonomy_purity"].values(), *learned["taxonomy_purity"].values()))
+    assert sg["hierarchy_fit"] in ("checkpoint", "entities", "coengage", "bottomup")
+    # judged on the test period's pairs, beside the k-means reference (hir/export/heldout.py)
+    held = sg["heldout"]
+    assert held["test_pairs"] > 0 and 0 <= held["raw_coverage"] <= 1
+    for name in ("tokens", "kmeans_reference"):
+        assert [lv["level"] for lv in held[name]] == [0, 1, 2]
+        for lv in held[name]:
+            assert 0 < lv["concentration"] < 2 and 0 <= lv["coverage"] <= 1 and lv["log_loss_popularity"] > 0
 
 
 def test_saved_tokenizer_gives_the_exported_tokens(exported):

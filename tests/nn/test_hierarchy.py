@@ -81,3 +81,16 @@ def test_bad_levels_are_rejected():
         HierarchicalTokenizer(8, **tokenizer_kwargs(levels=(4, 4)))
     with pytest.raises(ValueError, match="radius"):
         HierarchicalTokenizer(8, **tokenizer_kwargs(levels=(4, 8), radius=0.3))
+
+
+def test_kmeans_best_of_n_init_is_no_worse_than_its_first_seeding():
+    from hir.nn.hierarchy import kmeans
+
+    x = torch.randn(300, 4, generator=torch.Generator().manual_seed(0))
+
+    def inertia(c: torch.Tensor) -> float:
+        return float(torch.cdist(x, c).min(dim=1).values.pow(2).sum())
+
+    one = kmeans(x, 6, 10, torch.Generator().manual_seed(1))
+    best = kmeans(x, 6, 10, torch.Generator().manual_seed(1), n_init=5)  # the first of its 5 runs is `one`
+    assert best.shape == (6, 4) and inertia(best) <= inertia(one) + 1e-6

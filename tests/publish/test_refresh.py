@@ -164,3 +164,42 @@ def test_new_rows_are_served_online_offline_and_by_milvus(live) -> None:
     # the run's own manifest (what published v1) carries the refresh too
     run_manifest = json.loads((live.run / "publish" / "manifest.json").read_text())
     assert run_manifest["refreshes"][-1]["rows"] == {"product": 3} and run_manifest["status"] == "live"
+
+
+def test_refresh_never_changes_an_existing_entitys_tokens(live, tmp_path: Path) -> None:
+    """Issue 34: ids stay put. A delta that names a served product beside a new one skips the
+    served one, and refreshing the new one leaves every served product's tokens as they were,
+    offline (the Feast parquet) and online."""
+    from feast import FeatureStore
+
+    manifest = read_state(live.store_dir)["versions"]["v1"]["manifest"]
+    offline = Path(manifest["feast"]["offline_files"]["product"])
+    token_cols = [c for c in pl.read_parquet_schema(offline) if c.startswith("tokens_l")]
+    assert token_cols, f"{offline} has no tokens_l<k> columns"
+    before = pl.read_parquet(offline, columns=["product_id", *token_cols])
+    known = before["product_id"].head(25).to_list()
+    store = FeatureStore(repo_path=manifest["feast"]["repo_path"])
+    service = store.get_feature_service(manifest["feast"]["live_feature_service"])
+
+    def online_tokens() -> dict[str, list]:
+        got = store.get_online_features(features=service, full_feature_names=True,
+                                        entity_rows=[{"user_id": "nobody", "product_id": p} for p in known]).to_dict()
+        return {c: got[f"product__{c}"] for c in token_cols}
+
+    online_before = online_tokens()
+    new_key = "990000031"
+    delta = _write(tmp_path / "mixed.csv", [{"entity_id": new_key, "text": "acme garden > hose"},
+                                            {"entity_id": known[0], "text": "a served product, renamed"}])
+    new, skipped = refresh.new_entities(read_delta(delta, "product", live.served, live.snap), manifest, live.store_dir)
+    assert new["product"]["key"].to_list() == [new_key] and skipped == {"product": 1}
+
+    rows = contract_rows(pl.Series([new_key]), pl.Series([20_000]), pl.Series([True]), "product", dim=manifest["dim"],
+                         levels=manifest["levels"], top_k=manifest["top_k"], version="v1", seed=[31],
+                         created=datetime.now(UTC))
+    refresh.refresh_rows(live.cfg, {"product": rows}, str(delta), read_state(live.store_dir))
+
+    after = pl.read_parquet(offline, columns=["product_id", *token_cols])
+    assert after.height == before.height + 1 and after["product_id"].to_list().count(new_key) == 1
+    kept = after.filter(pl.col("product_id") != new_key)
+    assert kept.sort("product_id").equals(before.sort("product_id"))
+    assert online_tokens() == online_before
