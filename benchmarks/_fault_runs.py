@@ -119,7 +119,10 @@ class Tmpfs:
         return shutil.disk_usage(self.path).used
 
     def close(self) -> None:
-        subprocess.run(["umount", str(self.path)], check=False, capture_output=True)
+        """Unmount; when this process still holds a file there (a Feast SQLite connection the
+        checks opened), detach it lazily so no mount outlives the run."""
+        if subprocess.run(["umount", str(self.path)], check=False, capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(self.path)], check=False, capture_output=True)
 
     def __enter__(self) -> Tmpfs:
         return self
