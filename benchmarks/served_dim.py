@@ -197,7 +197,13 @@ def table(result: dict[str, Any]) -> str:
              "one export per served dimension d (the embedding has d + 1 coordinates); masked new-to-user recall@20 "
              "on test by the harness's exact search over the export files, the history masked as `hir evaluate` "
              "masks it (the periods the export saw); change against the full rank with its 95% "
-             "paired bootstrap interval over users; *truncated*: the full export cut to its first d directions.", ""]
+             "paired bootstrap interval over users; *truncated*: the full export cut to its first d directions; "
+             "*captured*: the share of the users' and entities' second moments the served basis keeps"
+             + ("; NE lift: the hir ranking arm over the baseline by `hir evaluate` on the export files, 95% interval"
+                if any("ne_lift" in r for d in result["datasets"].values() for r in d["dims"].values()) else "")
+             + (" (taken from an earlier `--ne-lift` run's `hir evaluate` report of the same export)"
+                if any("ne_from" in r for d in result["datasets"].values() for r in d["dims"].values()) else "")
+             + ".", ""]
     ne = any("ne_lift" in r for d in result["datasets"].values() for r in d["dims"].values())
     head = "| dataset | d | width | recall@20 | vs full (%) | truncated | captured user / entity | MB |"
     lines += [head + (" NE lift (%) |" if ne else ""), "|" + "---|" * (8 + ne)]
