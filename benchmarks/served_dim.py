@@ -13,7 +13,10 @@ held-out entities new to the user), recall@20 per user, its mean and a paired bo
 change against the full rank. Beside each projected row: plain truncation of the full export to
 its first d directions (the same layout re-formed, :func:`hir.export.project.project` with the
 identity's first d columns), the reference the fitted basis has to beat. With ``--ne-lift``,
-``hir evaluate`` (files, retrieval off) gives the NE lift of the hir ranking arm per dimension.
+``hir evaluate`` (the export files, the hir arms only) gives the NE lift of the hir ranking arm per
+dimension, and its own masked recall cross-checks this one. ``--score-only`` rescores the exports
+that exist (no `hir` command) and takes the NE lift from an earlier ``--ne-lift`` report of the
+same export.
 
 Writes ``benchmarks/results/served_dim.json`` and the served_dim section of docs/results.md.
 """
@@ -60,8 +63,10 @@ def dir_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-def retrieval(run: Path, data: str, seed: int) -> tuple[Any, Any, Any]:
-    """The dataset's test retrieval data (the harness's), its snapshot and task."""
+def retrieval(run: Path, data: str, seed: int, as_of: str) -> tuple[Any, Any, Any, list[str]]:
+    """The dataset's test retrieval data as `hir evaluate` builds it, its snapshot and task: the
+    history (what is masked) is the periods the export saw, train alone when the export is valid
+    from before the test period (hir_evaluation.sources.selection.Sources.history_splits)."""
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
@@ -70,7 +75,8 @@ def retrieval(run: Path, data: str, seed: int) -> tuple[Any, Any, Any]:
 
     task = instantiate(OmegaConf.load(ROOT / "conf" / "eval" / "task" / f"{data}.yaml").retrieval)
     snap = load_snapshot(run / "graph")
-    return retrieval_data(snap, task, "test", seed), snap, task
+    history = ["train"] if datetime.fromisoformat(as_of) < snap.test_start else ["train", "val"]
+    return retrieval_data(snap, task, "test", seed, history), snap, task, history
 
 
 def masked_recall(ranked: Any, rdata: Any) -> np.ndarray:
@@ -115,37 +121,61 @@ def ne_lift(data: str, run_name: str, dim_dir: Path, log: Path, extra: list[str]
         "~eval.ranking.hir_tokens", "~eval.ranking.hir_rare", "~eval.ranking.content", "eval.explain.arm=hir",
         f"paths.embeddings_dir={dim_dir / 'embeddings'}", f"paths.hierarchy_dir={dim_dir / 'hierarchy'}",
         f"paths.report_dir={report}", "force=true", *extra, log=log)
-    metrics = json.loads((report / "metrics.json").read_text())
+    return from_report(report / "metrics.json")
+
+
+def from_report(path: Path) -> dict[str, Any]:
+    """The hir ranking arm's NE lift and the harness's own masked new-to-user recall@20 of the hir
+    search from a `hir evaluate` metrics.json (the latter cross-checks this benchmark's)."""
+    metrics = json.loads(path.read_text())
     lift = (metrics.get("ranking") or {}).get("ne_lift") or {}
-    return {"ne_lift": lift.get("value"), "ne_lift_ci": lift.get("ci")}
+    harness = (((metrics.get("retrieval") or {}).get("masked_new_to_user") or {}).get("hir") or {}).get("recall@20")
+    return {"ne_lift": lift.get("value"), "ne_lift_ci": lift.get("ci"), "harness_masked_new_recall@20": harness}
+
+
+def earlier_report(out: Path, meta: dict[str, Any]) -> dict[str, Any]:
+    """What an earlier ``--ne-lift`` run's `hir evaluate` of this very export measured (same model
+    version, same embeddings dir), or nothing."""
+    path = out / "report" / "metrics.json"
+    if not path.exists():
+        return {}
+    metrics = json.loads(path.read_text())
+    same = metrics.get("model_version") == meta["model_version"] and \
+        Path((metrics.get("outputs") or {}).get("embeddings", "")).resolve() == (out / "embeddings").resolve()
+    return from_report(path) | {"ne_from": "an earlier --ne-lift run's report of this export"} if same else {}
 
 
 def bench_dataset(data: str, dims: list[str], run_name: str, seed: int, with_ne: bool, log: Path,
-                  extra: list[str]) -> dict[str, Any]:
+                  extra: list[str], score_only: bool) -> dict[str, Any]:
+    from hir_evaluation.retrieval.hir_search import files_topk
+
     run = ROOT / "outputs" / data / run_name
-    t_train = hir("pipeline", f"data={data}", f"run_name={run_name}", "pipeline.stages=[prepare,enrich,train]", *extra,
-                  log=log)
-    rdata, snap, task = retrieval(run, data, seed)
+    if not score_only:
+        hir("pipeline", f"data={data}", f"run_name={run_name}", "pipeline.stages=[prepare,enrich,train]", *extra, log=log)
+    rdata = snap = task = history = None
     rows: dict[str, dict[str, Any]] = {}
     recalls: dict[str, np.ndarray] = {}
     for dim in dims:
         out = run / "served_dim" / dim
         value = "null" if dim == "full" else dim
-        secs = hir("export", f"data={data}", f"run_name={run_name}", f"export.dim={value}",
-                   f"paths.embeddings_dir={out / 'embeddings'}", f"paths.hierarchy_dir={out / 'hierarchy'}", *extra,
-                   log=log)
+        if not score_only:
+            hir("export", f"data={data}", f"run_name={run_name}", f"export.dim={value}",
+                f"paths.embeddings_dir={out / 'embeddings'}", f"paths.hierarchy_dir={out / 'hierarchy'}", *extra, log=log)
         meta = json.loads((out / "embeddings" / "meta.json").read_text())
-        from hir_evaluation.retrieval.hir_search import files_topk
-
+        if rdata is None:
+            rdata, snap, task, history = retrieval(run, data, seed, meta["event_timestamp"])
         recalls[dim] = masked_recall(files_topk(out / "embeddings", snap, task.entity_type)(rdata, K), rdata)
         rows[dim] = {"dim": meta["dim"], "rank": meta["spectral"]["rank"], "projection": meta.get("projection"),
-                     "export_seconds": round(secs, 1), "embeddings_bytes": dir_bytes(out / "embeddings"),
+                     "model_version": meta["model_version"], "export_seconds": meta["seconds"]["total"],
+                     "embeddings_bytes": dir_bytes(out / "embeddings"),
                      "masked_new_recall@20": round(float(np.nanmean(recalls[dim])), 5)}
         # a served dimension at or above the rank projects nothing: the export is the full one
         if with_ne and (dim == "full" or meta.get("projection")):
             rows[dim] |= ne_lift(data, run_name, out, log, extra)
+        elif not with_ne:
+            rows[dim] |= earlier_report(out, meta)
     for r in rows.values():
-        if with_ne and "ne_lift" not in r and "ne_lift" in rows.get("full", {}):
+        if "ne_lift" not in r and "ne_lift" in rows.get("full", {}) and not r.get("projection"):
             r |= {k: rows["full"][k] for k in ("ne_lift", "ne_lift_ci")}
     full = recalls.get("full")
     for dim in dims:
@@ -157,8 +187,7 @@ def bench_dataset(data: str, dims: list[str], run_name: str, seed: int, with_ne:
             rows[dim]["truncated_masked_new_recall@20"] = round(float(np.nanmean(cut)), 5)
             rows[dim]["fitted_vs_truncated_%"] = paired(recalls[dim], cut, seed)
     users = int((~np.isnan(next(iter(recalls.values())))).sum()) if recalls else 0
-    return {"run": os.path.relpath(run, ROOT), "train_seconds_or_reuse": round(t_train, 1), "test_users": users,
-            "dims": rows}
+    return {"run": os.path.relpath(run, ROOT), "history_splits": history, "test_users": users, "dims": rows}
 
 
 def table(result: dict[str, Any]) -> str:
@@ -166,8 +195,15 @@ def table(result: dict[str, Any]) -> str:
     lines = [begin, "## Served dimension (`export.dim`)", "",
              f"`{result['command']}` ({result['when'][:10]}; {result['machine_cpus']} cores). One training per dataset, "
              "one export per served dimension d (the embedding has d + 1 coordinates); masked new-to-user recall@20 "
-             "on test by the harness's exact search over the export files; change against the full rank with its 95% "
-             "paired bootstrap interval over users; *truncated*: the full export cut to its first d directions.", ""]
+             "on test by the harness's exact search over the export files, the history masked as `hir evaluate` "
+             "masks it (the periods the export saw); change against the full rank with its 95% "
+             "paired bootstrap interval over users; *truncated*: the full export cut to its first d directions; "
+             "*captured*: the share of the users' and entities' second moments the served basis keeps"
+             + ("; NE lift: the hir ranking arm over the baseline by `hir evaluate` on the export files, 95% interval"
+                if any("ne_lift" in r for d in result["datasets"].values() for r in d["dims"].values()) else "")
+             + (" (taken from an earlier `--ne-lift` run's `hir evaluate` report of the same export)"
+                if any("ne_from" in r for d in result["datasets"].values() for r in d["dims"].values()) else "")
+             + ".", ""]
     ne = any("ne_lift" in r for d in result["datasets"].values() for r in d["dims"].values())
     head = "| dataset | d | width | recall@20 | vs full (%) | truncated | captured user / entity | MB |"
     lines += [head + (" NE lift (%) |" if ne else ""), "|" + "---|" * (8 + ne)]
@@ -200,6 +236,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "served_dim.json"))
     p.add_argument("--docs", default=str(ROOT / "docs" / "results.md"))
     p.add_argument("--override", action="append", default=[], help="a Hydra override for every hir command")
+    p.add_argument("--score-only", action="store_true",
+                   help="score the exports that exist (no hir command); NE lift from their earlier reports")
     args = p.parse_args(argv)
     dims = [d for d in args.dims if d != "full"] + (["full"] if "full" in args.dims else [])
     log = ROOT / "outputs" / "served_dim.log"
@@ -210,7 +248,8 @@ def main(argv: list[str] | None = None) -> None:
                "when": datetime.now(UTC).isoformat(timespec="seconds"), "machine": platform.platform(),
                "machine_cpus": os.cpu_count()}
     for data in args.datasets:
-        result["datasets"][data] = bench_dataset(data, dims, args.run_name, args.seed, args.ne_lift, log, args.override)
+        result["datasets"][data] = bench_dataset(data, dims, args.run_name, args.seed, args.ne_lift, log, args.override,
+                                                 args.score_only)
         out_path.parent.mkdir(parents=True, exist_ok=True)
         out_path.write_text(json.dumps(result, indent=1))  # after each dataset: a later failure keeps it
         print(json.dumps({data: result["datasets"][data]}, indent=1))

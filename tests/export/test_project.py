@@ -206,3 +206,22 @@ def test_refresh_projects_a_new_entity_as_export_did(served, trained_run):
     codes, _ = emb.tokens(z)
     assert [c.shape[1] for c in codes] == [2, 2, 2]
     assert (codes[0][:, 0] == np.stack(cold["tokens_l0"].to_numpy())[:, 0]).mean() > 0.9
+
+
+def test_export_is_redone_when_the_served_dimension_changes(served, trained_run):
+    """An export of the same checkpoint is reused only at the same ``export.dim``: asked for another
+    one, it re-exports (a stale width would otherwise be validated and published). Runs last: it
+    rewrites the full-rank export of the fixture."""
+    d = served["full"]
+
+    def export(dim: str) -> dict:
+        return run(compose(trained_run, *TINY_DATA, *TINY_MODEL, f"export.dim={dim}", f"paths.embeddings_dir={d}/embeddings",
+                           f"paths.hierarchy_dir={d}/hierarchy", stage="export"))
+
+    before = json.loads((d / "embeddings" / "meta.json").read_text())
+    mtime = (d / "embeddings" / "product.parquet").stat().st_mtime
+    assert export("null") == before and (d / "embeddings" / "product.parquet").stat().st_mtime == mtime
+    meta = export("8")
+    assert meta["dim"] == 9 and meta["export_dim"] == 8 and (d / "embeddings" / PROJECTION_FILE).exists()
+    assert len(pl.read_parquet(d / "embeddings" / "product.parquet")["embedding"][0]) == 9
+    assert export("full")["dim"] == 17 and not (d / "embeddings" / PROJECTION_FILE).exists()
