@@ -90,33 +90,38 @@ def iter_pairs(snap: Snapshot, visible_splits: Sequence[str], stage_base: float,
 def entity_frame(snap: Snapshot, visible_splits: Sequence[str], basis: SpectralBasis,
                  bucket_users: int = 100_000) -> EntityFrame:
     """Pass 1 (module doc): every visible column's singular vector and degree, from the basis and
-    one streaming pass (memory: ``entities x rank`` plus one bucket)."""
+    streaming passes: the degrees, then, only when the window has columns the basis was not fit
+    on, their fold-in through the basis's users (memory: ``entities x rank`` plus one bucket)."""
     offsets = offsets_of(snap)
     n, k = int(offsets[-1]), basis.rank
     known = np.zeros(n, bool)
     known[basis.cols] = True
     deg = np.zeros(n, np.float64)
-    acc = np.zeros((n, k), np.float64)  # sum over the basis's users of w D_u^-1/2 R[u, e] U[u] (new columns only)
-    n_users = int(offsets[USER + 1] - offsets[USER])
-    pos = np.full(n_users, -1, np.int64)  # user id -> row of U
-    rows = np.arange(len(basis.u)) if basis.rows is None else basis.rows
-    pos[rows] = np.arange(len(rows))
-    row_w = np.ones(len(rows)) if basis.row_weight is None else basis.row_weight.astype(np.float64)
-    for lo, hi, user, dst, w in iter_pairs(snap, visible_splits, basis.stage_base, bucket_users):
+    for _, _, _, dst, w in iter_pairs(snap, visible_splits, basis.stage_base, bucket_users):
         deg += np.bincount(dst, weights=w, minlength=n)
-        du = np.bincount(user - lo, weights=w, minlength=hi - lo)
-        p = pos[user]
-        sel = (p >= 0) & ~known[dst]
-        if sel.any():
-            coef = w[sel] / np.sqrt(np.maximum(du[user[sel] - lo], 1e-12)) * row_w[p[sel]]
-            np.add.at(acc, dst[sel], coef[:, None] * basis.u[p[sel]].astype(np.float64))
     item_v = np.zeros((n, k), np.float32)
     item_v[basis.cols] = basis.v
     deg_fit = np.zeros(n, np.float64)
     deg_fit[basis.cols] = basis.col_degree
     new = np.flatnonzero(~known & (deg > 0))
     if len(new):
-        vn = acc[new] / np.sqrt(deg[new])[:, None] / np.maximum(basis.sigma, 1e-12)[None, :]
+        # V[e] = sum over the basis's users of w D_u^-1/2 R[u, e] U[u] / (d_e^1/2 s): one more pass
+        slot = np.full(n, -1, np.int64)
+        slot[new] = np.arange(len(new))
+        acc = np.zeros((len(new), k), np.float64)
+        n_users = int(offsets[USER + 1] - offsets[USER])
+        pos = np.full(n_users, -1, np.int64)  # user id -> row of U
+        rows = np.arange(len(basis.u)) if basis.rows is None else basis.rows
+        pos[rows] = np.arange(len(rows))
+        row_w = np.ones(len(rows)) if basis.row_weight is None else basis.row_weight.astype(np.float64)
+        for lo, hi, user, dst, w in iter_pairs(snap, visible_splits, basis.stage_base, bucket_users):
+            du = np.bincount(user - lo, weights=w, minlength=hi - lo)
+            p = pos[user]
+            sel = (p >= 0) & (slot[dst] >= 0)
+            if sel.any():
+                coef = w[sel] / np.sqrt(np.maximum(du[user[sel] - lo], 1e-12)) * row_w[p[sel]]
+                np.add.at(acc, slot[dst[sel]], coef[:, None] * basis.u[p[sel]].astype(np.float64))
+        vn = acc / np.sqrt(deg[new])[:, None] / np.maximum(basis.sigma, 1e-12)[None, :]
         item_v[new] = vn.astype(np.float32)
         deg_fit[new] = deg[new]
     return EntityFrame(item_v, deg_fit, known | (deg > 0))
@@ -127,10 +132,12 @@ def iter_user_base(snap: Snapshot, visible_splits: Sequence[str], basis: Spectra
                    bucket_users: int = 100_000) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Pass 2 (module doc): ``(user_ids (B,) int64, vectors (B, K) float32)`` per bucket of user
     ids, every user of the snapshot (a user without visible engagement: a zero row)."""
+    own = frame is None  # a frame built here is scaled in place (no second (n, K) copy)
     frame = frame or entity_frame(snap, visible_splits, basis, bucket_users)
     f = basis.filter
     inv = np.where(frame.ent, np.power(np.maximum(frame.deg, 1e-12), -f.beta), 0.0)
-    scaled = frame.item_v * inv[:, None].astype(np.float32)  # (n, K) D^-b V, computed once
+    scaled = frame.item_v if own else frame.item_v.copy()
+    scaled *= inv[:, None].astype(np.float32)  # (n, K) D^-b V, computed once
     g = user_filter(basis.sigma, f.response, f.ideal_weight)
     n = len(frame.deg)
     for lo, hi, user, dst, w in iter_pairs(snap, visible_splits, basis.stage_base, bucket_users):
