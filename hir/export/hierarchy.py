@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -75,6 +76,20 @@ def taxonomy_labels(snap: Snapshot, entity_type: str) -> dict[str, np.ndarray]:
     return out
 
 
+def _per_taxonomy(labels: dict[str, np.ndarray], offset: int, top1: list[np.ndarray],
+                  score: Callable[[np.ndarray, np.ndarray], float]) -> list[dict[str, float]]:
+    """Per level, ``{labelling: score(labels, top-1 tokens)}`` over the labelled entities of each
+    ``taxonomy_d<k>`` labelling (the other labellings are skipped)."""
+    out: list[dict[str, float]] = [{} for _ in top1]
+    for name, lab in labels.items():
+        if not name.startswith("taxonomy_"):
+            continue
+        rows = np.flatnonzero(lab >= 0)
+        for lvl, t1 in enumerate(top1):
+            out[lvl][name] = float(score(lab[rows], t1[offset + rows]))
+    return out
+
+
 def taxonomy_nmi(labels: dict[str, np.ndarray], offset: int, top1: list[np.ndarray]) -> list[dict[str, float]]:
     """Per level, ``{labelling: NMI}`` of the top-1 token against each ``taxonomy_d<k>`` labelling.
 
@@ -83,28 +98,14 @@ def taxonomy_nmi(labels: dict[str, np.ndarray], offset: int, top1: list[np.ndarr
         offset: the type's first global id.
         top1: per level, (n_nodes,) every node's top-1 token (global ids).
     """
-    out: list[dict[str, float]] = [{} for _ in top1]
-    for name, lab in labels.items():
-        if not name.startswith("taxonomy_"):
-            continue
-        rows = np.flatnonzero(lab >= 0)
-        for lvl, t1 in enumerate(top1):
-            out[lvl][name] = float(normalized_mutual_info_score(lab[rows], t1[offset + rows]))
-    return out
+    return _per_taxonomy(labels, offset, top1, normalized_mutual_info_score)
 
 
 def taxonomy_purity_table(labels: dict[str, np.ndarray], offset: int, top1: list[np.ndarray]) -> list[dict[str, float]]:
     """Per level, ``{labelling: purity}``: the share of labelled entities in their token's most
     frequent class (:func:`hir.export.heldout.taxonomy_purity`), against each ``taxonomy_d<k>``.
     Arguments as :func:`taxonomy_nmi`."""
-    out: list[dict[str, float]] = [{} for _ in top1]
-    for name, lab in labels.items():
-        if not name.startswith("taxonomy_"):
-            continue
-        rows = np.flatnonzero(lab >= 0)
-        for lvl, t1 in enumerate(top1):
-            out[lvl][name] = taxonomy_purity(lab[rows], t1[offset + rows])
-    return out
+    return _per_taxonomy(labels, offset, top1, taxonomy_purity)
 
 
 def kmeans_reference(z: np.ndarray, fit_rows: np.ndarray, users: np.ndarray, entities: np.ndarray, n_users: int,
