@@ -21,6 +21,7 @@ from hir.export.project import (
     served_rank,
 )
 from hir.export.stage import run
+from tests.export.fixtures import cold_product_inputs
 from tests.train.fixtures import TINY_DATA, TINY_MODEL, compose
 
 
@@ -179,20 +180,7 @@ def test_refresh_projects_a_new_entity_as_export_did(served, trained_run):
     meta = json.loads((emb_dir / "meta.json").read_text())
     emb = Embedder(meta["checkpoint"], out / "graph", out / "content")
     emb.load_tokenizer(served["d8"] / "hierarchy" / "tokenizer.pt")
-    products = pl.read_parquet(emb_dir / "product.parquet")
-    promoted = set(pl.read_parquet(out / "graph" / "edges" / "campaign__promotes__product.parquet")["dst_id"].to_list())
-    cold = products.filter(pl.col("cold_start") & ~pl.col("node_id").is_in(list(promoted))).sort("node_id")
-    assert cold.height > 0
-    content = pl.read_parquet(out / "content" / "product.parquet").join(cold.select("node_id"), on="node_id").sort("node_id")
-    cats = pl.read_parquet(out / "graph" / "edges" / "product__in_category__category.parquet")
-    advs = pl.read_parquet(out / "graph" / "edges" / "product__by_advertiser__advertiser.parquet")
-    cat_keys = pl.read_parquet(out / "graph" / "nodes" / "category.parquet").select("node_id", "key")
-    adv_keys = pl.read_parquet(out / "graph" / "nodes" / "advertiser.parquet").select("node_id", "key")
-    links = []
-    for pid in content["node_id"].to_list():
-        c = cats.filter(pl.col("src_id") == pid).join(cat_keys, left_on="dst_id", right_on="node_id")["key"].to_list()
-        a = advs.filter(pl.col("src_id") == pid).join(adv_keys, left_on="dst_id", right_on="node_id")["key"].to_list()
-        links.append([("category", k) for k in c] + [("advertiser", k) for k in a])
+    cold, content, links = cold_product_inputs(out, emb_dir)
     text = np.stack(content["text_vec"].to_numpy())
     z = emb.embed_new("product", text, np.stack(content["attr_vec"].to_numpy()), content["has_text"].to_numpy(), links)
     assert z.shape[1] == 17

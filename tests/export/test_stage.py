@@ -12,6 +12,7 @@ import pytest
 from hir.export.cold import place_like_export
 from hir.export.embed import Embedder
 from hir.export.stage import run
+from tests.export.fixtures import cold_product_inputs
 from tests.train.fixtures import TINY_DATA, TINY_MODEL, compose
 
 LEVELS = [2, 4, 8]
@@ -152,20 +153,7 @@ def test_embed_new_matches_the_cold_export(exported):
     the content-neighbour placement) lands where export put it."""
     out, _ = exported
     emb = Embedder(out / "checkpoints" / "last.ckpt", out / "graph", out / "content")
-    products = pl.read_parquet(out / "embeddings" / "product.parquet")
-    promoted = set(pl.read_parquet(out / "graph" / "edges" / "campaign__promotes__product.parquet")["dst_id"].to_list())
-    cold = products.filter(pl.col("cold_start") & ~pl.col("node_id").is_in(list(promoted)))
-    assert cold.height > 0
-    content = pl.read_parquet(out / "content" / "product.parquet").join(cold.select("node_id"), on="node_id").sort("node_id")
-    cats = pl.read_parquet(out / "graph" / "edges" / "product__in_category__category.parquet")
-    advs = pl.read_parquet(out / "graph" / "edges" / "product__by_advertiser__advertiser.parquet")
-    cat_keys = pl.read_parquet(out / "graph" / "nodes" / "category.parquet").select("node_id", "key")
-    adv_keys = pl.read_parquet(out / "graph" / "nodes" / "advertiser.parquet").select("node_id", "key")
-    links = []
-    for pid in content["node_id"].to_list():
-        c = cats.filter(pl.col("src_id") == pid).join(cat_keys, left_on="dst_id", right_on="node_id")["key"].to_list()
-        a = advs.filter(pl.col("src_id") == pid).join(adv_keys, left_on="dst_id", right_on="node_id")["key"].to_list()
-        links.append([("category", k) for k in c] + [("advertiser", k) for k in a])
+    cold, content, links = cold_product_inputs(out, out / "embeddings")
     z = emb.embed_new("product", np.stack(content["text_vec"].to_numpy()), np.stack(content["attr_vec"].to_numpy()),
                       content["has_text"].to_numpy(), links)
     # the export placed its cold products by their content neighbours; a new one goes the same way
