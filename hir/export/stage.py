@@ -63,6 +63,9 @@ class ExportConfig:
     # fit on val (``checkpoint``), ``open`` (everybody) or ``closed``
     user_gate: str = "checkpoint"
     dim: int | str | None = None
+    # a previous version's token table (a run's embeddings/ or a store's versions/<slug>/data/):
+    # the refit starts from its tokens so token ids survive the retrain (hir/export/anchor.py)
+    hierarchy_anchor: str | None = None
 
     def __post_init__(self) -> None:
         from hir.export.hierarchy import HIERARCHY_FITS
@@ -168,6 +171,49 @@ def refit_hierarchy(embedder: Any, z: Any, seed: int) -> None:
     log.info("hierarchy refitted on the directions of %d warm entities in %.1fs", len(rows), time.perf_counter() - t0)
 
 
+def anchored_hierarchy(embedder: Any, z: Any, anchor_dir: str, keys: dict[str, list[str]]) -> dict[str, Any]:
+    """``export.hierarchy_anchor``: the refit of :func:`refit_hierarchy` started from a previous
+    version's tokens (:func:`hir.export.anchor.anchor_tree`) instead of a seeded k-means. Returns
+    what the anchor covered (path, entities fitted and anchored)."""
+    import numpy as np
+
+    from hir.export.anchor import anchor_tree, read_anchor
+
+    st = embedder.store
+    engaged = [st.types.index(t) for t in embedder.snapshot.engaged_types()]
+    rows = np.flatnonzero(np.isin(st.node_type, engaged) & st.warm)
+    t0 = time.perf_counter()
+    anchor = read_anchor(anchor_dir, keys, embedder.levels)
+    per_level = []
+    for lvl in range(len(embedder.levels)):
+        prev = np.full(st.n_nodes, -1, np.int64)
+        for t, levels in anchor.items():
+            lo = st.type_range(t)[0]
+            prev[lo:lo + len(levels[lvl])] = levels[lvl]
+        per_level.append(prev[rows])
+    anchor_tree(embedder.tokenizer, embedder.semantic(z[rows]), per_level)
+    anchored = int((np.stack(per_level) >= 0).all(0).sum())
+    log.info("hierarchy refitted from the tokens of %s (%d of %d warm entities anchored) in %.1fs", anchor_dir,
+             anchored, len(rows), time.perf_counter() - t0)
+    return {"path": str(anchor_dir), "fitted": len(rows), "anchored": anchored, "tokens": anchor}
+
+
+def anchor_report(embedder: Any, anchored: dict[str, Any], top1: list[Any]) -> dict[str, Any]:
+    """``hierarchy_anchor`` of supergraph.json: the anchor's path and coverage, and per level the
+    share of anchored warm entities whose exported top-1 token is still the anchor's."""
+    import numpy as np
+
+    from hir.export.anchor import anchor_agreement
+
+    st = embedder.store
+    engaged = [st.types.index(t) for t in embedder.snapshot.engaged_types()]
+    rows = np.flatnonzero(np.isin(st.node_type, engaged) & st.warm)
+    offsets = {t: st.type_range(t)[0] for t in anchored["tokens"]}
+    agree = anchor_agreement(anchored["tokens"], top1, offsets, rows)
+    log.info("tokens kept from the anchor per level: %s of %d entities", agree["agreement"], agree["compared"])
+    return {k: anchored[k] for k in ("path", "fitted", "anchored")} | agree
+
+
 def fitted_hierarchy(embedder: Any, z: Any, fit: str, visible_splits: list[str], seed: int) -> None:
     """``export.hierarchy_fit`` ``coengage`` or ``bottomup`` (:func:`hir.export.fits.fit_tree`) on
     the warm entities of the engaged types and their visible pairs, after the refit: the
@@ -214,7 +260,11 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     z, cold_report, projection = embed_snapshot(embedder, ex, int(cfg.seed))
     t_embed = time.perf_counter() - t0
     t_fit = time.perf_counter()
-    if ex.hierarchy_fit != "checkpoint":
+    keys, texts = keys_and_texts(embedder.snapshot, embedder.store)
+    anchored = None
+    if ex.hierarchy_anchor and ex.hierarchy_fit != "checkpoint":
+        anchored = anchored_hierarchy(embedder, z, str(ex.hierarchy_anchor), keys)
+    elif ex.hierarchy_fit != "checkpoint":
         refit_hierarchy(embedder, z, int(cfg.seed))
     if ex.hierarchy_fit in ("coengage", "bottomup"):
         fitted_hierarchy(embedder, z, ex.hierarchy_fit, ex.visible_splits, int(cfg.seed))
@@ -224,7 +274,6 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     created, event_ts = datetime.now(UTC), datetime.fromisoformat(embedder.store.visible_end)
     emb_dir.mkdir(parents=True, exist_ok=True)
     hier_dir.mkdir(parents=True, exist_ok=True)
-    keys, texts = keys_and_texts(embedder.snapshot, embedder.store)
     write_embeddings(emb_dir, embedder, keys, z, codes, weights, event_ts, created)
     if projection is not None:  # `hir refresh` projects new entities with it
         projection.save(emb_dir / PROJECTION_FILE)
@@ -235,6 +284,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     sg, planted = hierarchy_diagnostics(embedder.snapshot, embedder.store.offsets, embedder.store.node_type, keys,
                                         top1, embedder.levels, z if ex.kmeans_reference else None, int(cfg.seed))
     sg["hierarchy_fit"] = ex.hierarchy_fit
+    if anchored is not None:
+        sg["hierarchy_anchor"] = anchor_report(embedder, anchored, top1)
     write_text_atomic(hier_dir / "supergraph.json", json.dumps(sg, indent=2))
     meta = export_meta(embedder, ckpt, ex, z, codes, keys, event_ts, created, sg, planted, cold_report,
                        {"embed": round(t_embed, 2), "hierarchy_fit": round(t_fit, 2),
