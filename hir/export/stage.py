@@ -66,6 +66,9 @@ class ExportConfig:
     # a previous version's token table (a run's embeddings/ or a store's versions/<slug>/data/):
     # the refit starts from its tokens so token ids survive the retrain (hir/export/anchor.py)
     hierarchy_anchor: str | None = None
+    # with an anchor, also run hierarchy_fit's co-engagement refinement after the anchored start
+    # (bottomup builds its tree from scratch, so it never runs on an anchored tree)
+    hierarchy_anchor_refine: bool = False
 
     def __post_init__(self) -> None:
         from hir.export.hierarchy import HIERARCHY_FITS
@@ -266,7 +269,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         anchored = anchored_hierarchy(embedder, z, str(ex.hierarchy_anchor), keys)
     elif ex.hierarchy_fit != "checkpoint":
         refit_hierarchy(embedder, z, int(cfg.seed))
-    if ex.hierarchy_fit in ("coengage", "bottomup"):
+    if ex.hierarchy_fit in ("coengage", "bottomup") and (anchored is None or (
+            ex.hierarchy_anchor_refine and ex.hierarchy_fit == "coengage")):
         fitted_hierarchy(embedder, z, ex.hierarchy_fit, ex.visible_splits, int(cfg.seed))
     t_fit = time.perf_counter() - t_fit
     codes, weights = embedder.tokens(z)
