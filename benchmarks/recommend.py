@@ -7,6 +7,13 @@ With a published version (``--data``/``--store``), discovery goes through Feast 
 embedding, online store) and Milvus Lite (the ANN search), the open funnel and the scorer through
 ``funnel/``; one request per user, after one warm-up request. Writes the p50/p95/p99 and the
 setting to ``benchmarks/results/recommend.json`` (a key per data/discovery).
+
+Where the time goes (``components``, p50/p95 ms per request): ``feast`` (the user's embedding),
+``milvus`` (the search call) and within it, for Milvus Lite, ``lite_engine`` (the in-process
+server's search) and ``lite_index`` (the index's own search, faiss or numpy); ``other`` is the rest
+of the request (open funnel, scorer, rows). ``exact``: the share of the discovery lists that
+Milvus returned equal to exact search (numpy over the vectors Milvus holds, the user's history
+removed), ids in order.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -27,6 +35,67 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from hir.publish.recommend import open_recommender  # noqa: E402
+
+
+class Clock:
+    """Seconds spent in wrapped calls, per name, since ``spent`` was cleared (outermost call only)."""
+
+    def __init__(self) -> None:
+        self.spent: dict[str, float] = {}
+
+    def wrap(self, owner: Any, attr: str, name: str) -> None:
+        fn = getattr(owner, attr)
+
+        def timed(*a: Any, **kw: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                self.spent[name] = self.spent.get(name, 0.0) + time.perf_counter() - t
+        setattr(owner, attr, timed)
+
+    def wrap_lite(self) -> None:
+        """Milvus Lite's server-side search and its indexes' own search (the server runs in this
+        process, in a thread of its own, so the clock sees it)."""
+        from milvus_lite.engine.collection import Collection
+        from milvus_lite.index.brute_force import BruteForceIndex
+        from milvus_lite.index.faiss_hnsw import FaissHnswIndex
+        from milvus_lite.index.faiss_ivf_flat import FaissIvfFlatIndex
+
+        self.wrap(Collection, "search", "lite_engine")
+        for cls in (BruteForceIndex, FaissHnswIndex, FaissIvfFlatIndex):
+            self.wrap(cls, "search", "lite_index")
+
+
+def milvus_facts(rec: Any, users: list[str], k: int) -> dict[str, Any]:
+    """The index Milvus holds for the discovery collection, and the share of ``users``' discovery
+    lists equal to exact search over the vectors Milvus holds (the publish's payload file,
+    ``manifest.milvus.payload``), the user's history removed as discovery removes it."""
+    import pyarrow.parquet as pq
+
+    disc = rec.recommender.discovery
+    r = disc.retriever
+    coll = r.manifest["milvus"]["collections"][disc.entity_type]
+    index = {key: v for key, v in r.client.describe_index(coll, "embedding").items()
+             if key in ("index_type", "metric_type", "params", "total_rows")}
+    payload = pq.read_table(r.manifest["milvus"]["payload"][disc.entity_type]["file"])
+    ids = np.asarray(payload["id"].to_pylist(), dtype=object)
+    vecs = np.asarray(payload["embedding"].to_pylist(), np.float32)
+    vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)  # COSINE
+    same, overlap = 0, []
+    user_index = {key: i for i, key in enumerate(disc.user_keys)}
+    for u in users:
+        q = r.embeddings("user", [u])[0]
+        q = q / np.linalg.norm(q)
+        h = disc.history
+        row = user_index[u]
+        seen = {disc.entity_keys[e] for e in h.indices[h.indptr[row]:h.indptr[row + 1]]}
+        order = [i for i in np.argsort(-(vecs @ q), kind="stable")[: k + len(seen)] if ids[i] not in seen][:k]
+        got = [e for e, _ in r.search(q[None], disc.entity_type, k, exclude=[sorted(seen)])[0]]
+        same += got == ids[order].tolist()
+        overlap.append(len(set(got) & set(ids[order].tolist())) / max(1, len(order)))
+    return {"index": index, "exact": {"users": len(users), "same_list": round(same / max(1, len(users)), 4),
+                                      "recall_at_k": round(float(np.mean(overlap)), 4) if overlap else None}}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -38,6 +107,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--users", type=int, default=200, help="requests (one user each)")
     p.add_argument("--k", type=int, default=20)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--exact-users", type=int, default=50, help="users whose discovery list is checked against exact search")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "recommend.json"))
     args = p.parse_args(argv)
     t0 = time.perf_counter()
@@ -45,14 +115,28 @@ def main(argv: list[str] | None = None) -> None:
     t_open = time.perf_counter() - t0
     users = np.random.default_rng(args.seed).choice(rec.user_keys, size=min(args.users, len(rec.user_keys)), replace=False)
     rec.recommend_keys([str(users[0])], args.k)  # warm-up: first Milvus load, torch init
-    times = []
+    clock = Clock()
+    milvus = rec.recommender.discovery
+    if milvus is not None:
+        clock.wrap(milvus.retriever, "embeddings", "feast")
+        clock.wrap(milvus.retriever, "search", "milvus")
+        clock.wrap_lite()
+    times, parts = [], []
     for u in users.tolist():
+        clock.spent.clear()
         t = time.perf_counter()
         rows = rec.recommend_keys([str(u)], args.k)
         times.append(time.perf_counter() - t)
+        parts.append(dict(clock.spent))
         assert rows, f"no recommendation for user {u}"
     ms = 1000 * np.asarray(times)
-    discovery = "milvus" if rec.recommender.discovery is not None else "view base"
+    discovery = "milvus" if milvus is not None else "view base"
+    components = {}
+    for name in sorted({n for p in parts for n in p} | {"other"}):
+        spent = 1000 * np.asarray([p.get(name, 0.0) if name != "other" else
+                                   t - p.get("feast", 0.0) - p.get("milvus", 0.0) for p, t in zip(parts, times)])
+        components[name] = {"p50_ms": round(float(np.median(spent)), 2), "p95_ms": round(float(np.quantile(spent, 0.95)), 2)}
+    extra = milvus_facts(rec, users[: args.exact_users].tolist(), args.k) if milvus is not None else {}
     dataset = json.loads((rec.recommender.dir.parent / "graph" / "meta.json").read_text()).get("dataset", args.data)
     key = f"{dataset}/{discovery}"
     out_path = Path(args.out)
@@ -61,7 +145,8 @@ def main(argv: list[str] | None = None) -> None:
                    "cpus": os.cpu_count(), "requests": len(times), "k": args.k, "open_seconds": round(t_open, 2),
                    "p50_ms": round(float(np.median(ms)), 2), "p95_ms": round(float(np.quantile(ms, 0.95)), 2),
                    "p99_ms": round(float(np.quantile(ms, 0.99)), 2), "max_ms": round(float(ms.max()), 2),
-                   "discovery": discovery, "funnel": os.path.relpath(rec.recommender.dir, ROOT), "target_p95_ms": 50}
+                   "discovery": discovery, "funnel": os.path.relpath(rec.recommender.dir, ROOT), "target_p95_ms": 50,
+                   "components": components, **extra}
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(result, indent=1))
     print(json.dumps({key: result[key]}, indent=1))

@@ -2,7 +2,8 @@
 
 A collection ``<prefix>_<type>_<version>`` holds ``id`` (the entity key, primary), ``entity_type``,
 ``coarse_token`` (the entity's highest-weight level-0 token), ``version`` and ``embedding``
-(FLOAT_VECTOR, HNSW index, COSINE). The alias ``<prefix>_<type>`` is moved to it only after
+(FLOAT_VECTOR, COSINE; the index publish.milvus.index_type names, FLAT on Milvus Lite built as
+an exact faiss scan: :func:`lite_index`). The alias ``<prefix>_<type>`` is moved to it only after
 insert, flush, index build, load and a sanity search succeeded. ``uri`` is a Milvus Lite path
 (a directory, created on first use) or a server URL (``http://host:19530``).
 """
@@ -243,14 +244,43 @@ def insert(client: Any, name: str, data: dict[str, Any], etype: str, version: st
         ])
 
 
+# Milvus Lite's FLAT is a numpy brute force that, on every search, copies all rows and for COSINE
+# normalises them again (92k x 257 floats per query on completejourney). One inverted list scanned
+# whole is the same exact search, done in faiss over vectors normalised once at build.
+LITE_EXACT = ("IVF_FLAT", {"nlist": 1})
+
+
+def lite_index(index_type: str, params: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The index Milvus Lite builds for ``index_type``/``params``: FLAT becomes :data:`LITE_EXACT`
+    (exact, one list scanned in full), every other type is built as asked."""
+    if index_type.upper() in ("FLAT", "BRUTE_FORCE"):
+        return LITE_EXACT[0], dict(LITE_EXACT[1])
+    return index_type, dict(params)
+
+
+def index_request(index_type: str, metric_type: str, params: dict[str, Any], lite: bool) -> dict[str, Any]:
+    """The keyword arguments of ``IndexParams.add_index`` (field ``embedding``) for an index.
+
+    The build parameters travel as one JSON ``params`` entry: pymilvus 3 spreads a flat
+    ``params={"nlist": 1}`` into top-level key-value pairs, which Milvus Lite 3.2 never reads (it
+    reads only ``index_type``, ``metric_type`` and ``params``), so every index was built with Lite's
+    defaults (IVF nlist 128, whatever was configured). A Milvus server reads the ``params`` entry
+    as well. ``lite``: FLAT is built as :func:`lite_index` says.
+    """
+    if lite:
+        index_type, params = lite_index(index_type, params)
+    return {"field_name": "embedding", "index_type": index_type, "metric_type": metric_type,
+            "params": {"params": dict(params)} if params else {}}
+
+
 def build_index(client: Any, name: str, index_type: str, metric_type: str, params: dict[str, Any],
-                timeout_s: float = 1800.0) -> None:
+                timeout_s: float = 1800.0, lite: bool = True) -> None:
     """Flush first: rows still in the memtable are only ever brute-forced (STACK.md section 6).
     Milvus Lite builds inline; a Milvus server builds in the background, so wait until every
-    row is indexed."""
+    row is indexed. ``lite``: the client is Milvus Lite (:func:`index_request`)."""
     client.flush(name)
     index = client.prepare_index_params()
-    index.add_index(field_name="embedding", index_type=index_type, metric_type=metric_type, params=dict(params))
+    index.add_index(**index_request(index_type, metric_type, params, lite))
     client.create_index(name, index)
     deadline = time.monotonic() + timeout_s
     while True:
@@ -334,7 +364,8 @@ def stage(client: Any, name: str, data: dict[str, Any], etype: str, version: str
     t["insert"] = time.perf_counter() - t0
     faults.point("milvus_index")
     t0 = time.perf_counter()
-    build_index(client, name, cfg["index_type"], cfg["metric_type"], cfg["index_params"])
+    build_index(client, name, cfg["index_type"], cfg["metric_type"], cfg["index_params"],
+                lite=is_lite(str(cfg.get("uri") or "")))
     t["index"] = time.perf_counter() - t0
     faults.point("milvus_load")
     t0 = time.perf_counter()

@@ -15,6 +15,7 @@ a reader pinned to the manifest cannot see that, and :meth:`Retriever.live` also
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,11 @@ import numpy as np
 from hir.errors import HirError
 from hir.publish import milvus_store
 from hir.serving import live_manifest
+
+
+def _not_in(ids: list[str]) -> str:
+    """A Milvus filter leaving out ``ids`` (JSON string literals: quotes and backslashes escaped)."""
+    return f"id not in {json.dumps([str(i) for i in ids])}" if ids else ""
 
 
 class Retriever:
@@ -76,10 +82,14 @@ class Retriever:
         return np.asarray(rows, dtype=np.float32)
 
     def search(self, vectors: np.ndarray, entity_type: str, k: int = 10,
-               coarse_tokens: list[int] | None = None) -> list[list[tuple[str, float]]]:
+               coarse_tokens: list[int] | None = None,
+               exclude: list[list[str]] | None = None) -> list[list[tuple[str, float]]]:
         """Top-``k`` (id, cosine) of ``entity_type`` for each row of ``vectors`` (n, dim), in the
         manifest's own collection of the type (not the alias, which a killed publish can leave
-        ahead of live.json); ``coarse_tokens`` filters on the level-0 token."""
+        ahead of live.json); ``coarse_tokens`` filters on the level-0 token; ``exclude[i]``: ids
+        row ``i`` must not get (its history), left out inside Milvus so each row gets ``k`` hits
+        in one search of limit ``k``. A filter holds for a whole call, so with ``exclude`` each
+        row is its own search. Only ``id`` is fetched: the vectors stay in Milvus."""
         coll = self.manifest["milvus"]["collections"].get(entity_type)
         if coll is None:
             raise HirError(f"entity type {entity_type!r} has no Milvus collection in version "
@@ -87,10 +97,18 @@ class Retriever:
         if coll not in self._loaded:
             milvus_store.ensure_loaded(self.client, coll)
             self._loaded.add(coll)
-        expr = f"coarse_token in {[int(t) for t in coarse_tokens]}" if coarse_tokens else ""
-        hits = self.client.search(coll, data=np.atleast_2d(vectors).astype(np.float32).tolist(), limit=k,
-                                  filter=expr, search_params={"params": self.search_params}, output_fields=["id"])
-        return [[(h["id"], float(h["distance"])) for h in row] for row in hits]
+        vectors = np.atleast_2d(vectors).astype(np.float32)
+        base = f"coarse_token in {[int(t) for t in coarse_tokens]}" if coarse_tokens else ""
+        if exclude is not None and len(exclude) != len(vectors):
+            raise HirError(f"exclude has {len(exclude)} id lists for {len(vectors)} query vectors; give one per row")
+        calls = [(vectors, base)] if exclude is None else [
+            (vectors[i:i + 1], " and ".join(f for f in (base, _not_in(ids)) if f)) for i, ids in enumerate(exclude)]
+        out: list[list[tuple[str, float]]] = []
+        for rows, expr in calls:
+            hits = self.client.search(coll, data=rows.tolist(), limit=k, filter=expr,
+                                      search_params={"params": self.search_params}, output_fields=["id"])
+            out += [[(h["id"], float(h["distance"])) for h in row] for row in hits]
+        return out
 
     def for_user(self, user_id: str, entity_type: str = "product", k: int = 10,
                  coarse_tokens: list[int] | None = None) -> list[tuple[str, float]]:

@@ -32,7 +32,9 @@ def test_user_recall_gate(tmp_path: Path, index: str) -> None:
     items, users = _geometry(3000, 200, 32)
     data = {"ids": [f"p{i}" for i in range(len(items))], "vectors": items, "coarse": np.zeros(len(items), np.int64)}
     cfg = {"index_type": index, "metric_type": "COSINE", "insert_batch": 10000,
-           "index_params": {"M": 8, "efConstruction": 40} if index == "HNSW" else {}}
+           # publish's defaults (before hir sent build params as Lite reads them, Lite built every
+           # HNSW with these whatever was asked; M 8 / efConstruction 40 finds only 76% of selves)
+           "index_params": {"M": 16, "efConstruction": 200} if index == "HNSW" else {}}
     uri = str(tmp_path / "milvus.db")
     client = milvus_store.connect(uri)
     try:
