@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from hir.export.cold import neighbour_placement, own_directions, placed
+from hir.export.cold import choose_boost, neighbour_placement, own_directions, placed
+from hir.model.valset import ValSet
 
 
 def _unit(x: np.ndarray) -> np.ndarray:
@@ -84,3 +85,35 @@ def test_own_directions_remove_the_shared_centre_and_reuse_a_given_one() -> None
     again, same = own_directions(own[:2], centre)
     np.testing.assert_allclose(again, res[:2], atol=1e-6)
     np.testing.assert_array_equal(same, centre)
+
+
+def _ranking_case(n_item19: int) -> tuple[np.ndarray, np.ndarray, ValSet, np.ndarray]:
+    """50 users at one direction, 21 warm items along it with scales 0.30 down to 0.10 (the top 20
+    are items 0-19) and one cold item (row 71) whose placed scale is 0.05 x boost. Users 0-2 bought
+    the cold item; the next ``n_item19`` users item 19 (the 20th, which a boosted cold item pushes
+    out of the top 20), the others item 0."""
+    n_users, n_warm = 50, 21
+    z = np.zeros((n_users + n_warm + 1, 3), np.float32)
+    z[:n_users] = [0.6, 0.0, 0.8]
+    a = np.linspace(0.30, 0.10, n_warm)
+    z[n_users:n_users + n_warm] = np.stack([a, np.zeros(n_warm), np.sqrt(1 - a**2)], 1)
+    cold = np.array([n_users + n_warm])
+    cands = np.arange(n_users, n_users + n_warm + 1)
+    positives = [np.array([n_warm if u < 3 else 19 if u < 3 + n_item19 else 0]) for u in range(n_users)]
+    vs = ValSet(np.arange(n_users), cands, positives, [np.zeros(0, np.int64)] * n_users, "masked_new")
+    return z, cold, vs, np.isin(cands, cold)
+
+
+def test_the_boost_is_the_best_for_cold_positives_unless_its_overall_loss_is_beyond_the_noise() -> None:
+    dirs, mean_a, boosts = np.array([[1.0, 0.0]], np.float32), np.array([0.05], np.float32), [1.0, 4.0]
+    # boost 4 puts the cold item (0.20) above item 19 (0.10): 3 users find their cold purchase and
+    # 5 lose item 19 (overall -4.3%, an interval that reaches 0): admissible
+    z, cold, vs, cc = _ranking_case(n_item19=5)
+    boost, table = choose_boost(z, cold, dirs, mean_a, vs, cc, boosts, tolerance=0.01)
+    assert table[4.0]["cold"] > table[1.0]["cold"] and table[4.0]["all"] < table[1.0]["all"]
+    assert table[4.0]["gain"] < -0.01 <= table[4.0]["hi"]  # a point cut-off at 1% would refuse it
+    assert boost == 4.0
+    # 40 users lose item 19: a loss beyond the noise, so boost 4 is refused
+    z, cold, vs, cc = _ranking_case(n_item19=40)
+    boost, table = choose_boost(z, cold, dirs, mean_a, vs, cc, boosts, tolerance=0.01)
+    assert table[4.0]["hi"] < -0.01 and boost == 1.0
