@@ -248,7 +248,7 @@ def place_cold(z: np.ndarray, store: Any, valset: Any, cfg: ColdPlacement) -> tu
     else:
         report["note"] = "no validation positive is a cold entity: the first boost is kept"
     report["boost"] = boost
-    log.info("cold start: %s entities placed by their %d content neighbours (boost %.2g; val recall@20 by boost %s)",
+    log.info("cold start: %s entities placed by their %d content neighbours (boost %g; val recall@20 by boost %s)",
              report["placed"], int(cfg.k), boost, table or "not measured")
     return placed(z, rows, dirs, mean_a, boost), report
 
