@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from hir.export.cold import neighbour_placement, placed
+from hir.export.cold import choose_boost, neighbour_placement, own_directions, placed, warm_users
+from hir.model.valset import ValSet
 
 
 def _unit(x: np.ndarray) -> np.ndarray:
-    return x / np.linalg.norm(x, axis=1, keepdims=True)
+    return x / np.linalg.norm(x, axis=-1, keepdims=True)
 
 
 def test_a_cold_entity_lands_by_its_text_twins_and_keeps_its_own_identity() -> None:
@@ -21,7 +22,7 @@ def test_a_cold_entity_lands_by_its_text_twins_and_keeps_its_own_identity() -> N
     # two cold entities whose text is (nearly) warm entity 7's, with different knowledge views
     q = _unit(ref_text[[7, 7]] + 0.01 * rng.normal(size=(2, 32))).astype(np.float32)
     own = np.hstack([_unit(rng.normal(size=(2, k_dim))) * 0.1, np.full((2, 1), np.sqrt(0.99))]).astype(np.float32)
-    dirs, mean_a = neighbour_placement(own, q, ref_z, ref_text, k=1, beta=0.1)
+    dirs, mean_a, _ = neighbour_placement(own, q, ref_z, ref_text, k=1, beta=0.1)
     np.testing.assert_allclose(np.linalg.norm(dirs, axis=1), 1.0, atol=1e-5)
     assert (dirs @ s[7] > 0.99).all()  # where its text twin is
     assert abs(dirs[0] @ dirs[1]) < 1 - 1e-4  # told apart by their own views
@@ -33,3 +34,96 @@ def test_a_cold_entity_lands_by_its_text_twins_and_keeps_its_own_identity() -> N
     # a boost past 1 / a clips at scale 1 (no slack left)
     top = placed(np.zeros((1, k_dim + 1), np.float32), np.array([0]), dirs[:1], np.array([0.6], np.float32), 3.0)
     assert abs(np.linalg.norm(top[0, :-1]) - 1.0) < 1e-6 and top[0, -1] == 0.0
+
+
+def _twin_family(rng: np.random.Generator, beta: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Four cold near-twin texts (cosine 0.74-0.82, like online_retail's 'LETTER "O" / "U" / "W" /
+    "Z" BLING KEY RING') whose 20 nearest warm entities are one family of 20 (e.g. the other
+    letters), and knowledge views that share one direction up to a small text-specific part (cosine
+    0.9993-0.9997, as the trained view gives them): their placed directions (4, 16), the family's
+    collaborative direction (16,) and the knowledge views (4, 17)."""
+    k_dim, t_dim = 16, 32
+    fam_text = _unit(rng.normal(size=t_dim))
+    other_text = _unit(-2 * fam_text + rng.normal(size=(180, t_dim)) / np.sqrt(t_dim))
+    ref_text = np.vstack([_unit(fam_text + 0.5 * _unit(rng.normal(size=(20, t_dim)))), other_text]).astype(np.float32)
+    fam_dir = _unit(rng.normal(size=k_dim))
+    s = np.vstack([_unit(fam_dir + 0.1 * _unit(rng.normal(size=(20, k_dim)))), _unit(rng.normal(size=(180, k_dim)))])
+    a = rng.uniform(0.05, 0.3, 200)
+    ref_z = np.hstack([s * a[:, None], np.sqrt(1 - a**2)[:, None]]).astype(np.float32)
+    q = _unit(fam_text + 0.5 * _unit(rng.normal(size=(4, t_dim)))).astype(np.float32)
+    own_dir = _unit(_unit(rng.normal(size=k_dim)) + 0.05 * _unit(q @ rng.normal(size=(t_dim, k_dim))))
+    own = np.hstack([own_dir * 0.1, np.full((4, 1), np.sqrt(0.99))]).astype(np.float32)
+    dirs, _, _ = neighbour_placement(own, q, ref_z, ref_text, k=20, beta=beta)
+    return dirs, fam_dir, own
+
+
+def test_near_twin_texts_with_one_shared_knowledge_view_are_told_apart() -> None:
+    """The validate check (hir.validate.views.coverage_view): cold entities with different texts
+    must not share a direction (cosine >= 1 - 1e-4). The neighbours' mean alone gives the twins
+    cosine ~0.99998 (the same 20 neighbours, nearly equal text weights) and so does the raw
+    knowledge view; its centred part (own_directions) tells them apart, and they still land by
+    their family."""
+    for beta in (0.1, 0.3):
+        dirs, fam_dir, own = _twin_family(np.random.default_rng(0), beta)
+        raw = own[:, :-1] / np.linalg.norm(own[:, :-1], axis=1, keepdims=True)
+        assert (raw @ raw.T).min() > 0.999  # the knowledge views nearly coincide
+        cos = dirs @ dirs.T
+        np.fill_diagonal(cos, -1.0)
+        assert cos.max() < 1 - 1e-3, f"beta {beta}: twins at cosine {cos.max():.6f}"
+        assert (dirs @ fam_dir).min() > 0.9  # where the family is
+
+
+def test_own_directions_remove_the_shared_centre_and_reuse_a_given_one() -> None:
+    rng = np.random.default_rng(1)
+    own = np.hstack([_unit(rng.normal(size=(5, 8)) + 10.0), np.ones((5, 1))]).astype(np.float32)
+    res, centre = own_directions(own)
+    unit = own[:, :-1] / np.linalg.norm(own[:, :-1], axis=1, keepdims=True)
+    np.testing.assert_allclose(centre, unit.mean(0), rtol=1e-6)
+    np.testing.assert_allclose(np.linalg.norm(res, axis=1), 1.0, atol=1e-5)
+    assert abs((res @ res.T)[np.triu_indices(5, 1)]).mean() < 0.6  # no longer one shared direction
+    # a refresh centres new rows on the export's centre, not on their own mean
+    again, same = own_directions(own[:2], centre)
+    np.testing.assert_allclose(again, res[:2], atol=1e-6)
+    np.testing.assert_array_equal(same, centre)
+
+
+def _ranking_case(n_item19: int) -> tuple[np.ndarray, np.ndarray, ValSet, np.ndarray]:
+    """50 users at one direction, 21 warm items along it with scales 0.30 down to 0.10 (the top 20
+    are items 0-19) and one cold item (row 71) whose placed scale is 0.05 x boost. Users 0-2 bought
+    the cold item; the next ``n_item19`` users item 19 (the 20th, which a boosted cold item pushes
+    out of the top 20), the others item 0."""
+    n_users, n_warm = 50, 21
+    z = np.zeros((n_users + n_warm + 1, 3), np.float32)
+    z[:n_users] = [0.6, 0.0, 0.8]
+    a = np.linspace(0.30, 0.10, n_warm)
+    z[n_users:n_users + n_warm] = np.stack([a, np.zeros(n_warm), np.sqrt(1 - a**2)], 1)
+    cold = np.array([n_users + n_warm])
+    cands = np.arange(n_users, n_users + n_warm + 1)
+    positives = [np.array([n_warm if u < 3 else 19 if u < 3 + n_item19 else 0]) for u in range(n_users)]
+    vs = ValSet(np.arange(n_users), cands, positives, [np.zeros(0, np.int64)] * n_users, "masked_new")
+    return z, cold, vs, np.isin(cands, cold)
+
+
+def test_the_boost_is_the_best_for_cold_positives_unless_its_overall_loss_is_beyond_the_noise() -> None:
+    dirs, mean_a, boosts = np.array([[1.0, 0.0]], np.float32), np.array([0.05], np.float32), [1.0, 4.0]
+    # boost 4 puts the cold item (0.20) above item 19 (0.10): 3 users find their cold purchase and
+    # 5 lose item 19 (overall -4.3%, an interval that reaches 0): admissible
+    z, cold, vs, cc = _ranking_case(n_item19=5)
+    boost, table = choose_boost(z, cold, dirs, mean_a, vs, cc, boosts, tolerance=0.01)
+    assert table[4.0]["cold"] > table[1.0]["cold"] and table[4.0]["all"] < table[1.0]["all"]
+    assert table[4.0]["gain"] < -0.01 <= table[4.0]["hi"]  # a point cut-off at 1% would refuse it
+    assert boost == 4.0
+    # 40 users lose item 19: a loss beyond the noise, so boost 4 is refused
+    z, cold, vs, cc = _ranking_case(n_item19=40)
+    boost, table = choose_boost(z, cold, dirs, mean_a, vs, cc, boosts, tolerance=0.01)
+    assert table[4.0]["hi"] < -0.01 and boost == 1.0
+
+
+def test_the_boost_is_judged_on_the_val_users_with_engagement() -> None:
+    z, _, vs, _ = _ranking_case(n_item19=5)
+    warm = np.ones(len(z), bool)
+    warm[[3, 4, 5]] = False  # three of the item-19 buyers are cold users (knowledge-view vectors)
+    kept = warm_users(vs, warm)
+    assert kept.users.tolist() == [u for u in range(50) if u not in (3, 4, 5)]
+    assert [p.tolist() for p in kept.positives] == [vs.positives[u].tolist() for u in kept.users]
+    assert warm_users(vs, np.zeros(len(z), bool)) is vs  # no warm val user: every user
