@@ -14,8 +14,7 @@ the centre of the type's knowledge views (:func:`own_directions`: the trained vi
 product near one direction, so only its text-specific part keeps two cold entities with different
 texts apart), and the neighbours' mean scale
 times ``boost``. ``boost`` is chosen among ``boosts`` on the validation split (masked new-to-user
-recall@20, the headline protocol, over the val users with engagement: :func:`warm_users`): the
-one with the best recall of the cold positives among those
+recall@20, the headline protocol): the one with the best recall of the cold positives among those
 whose overall recall is not, beyond the paired noise over val users, more than ``tolerance`` below
 the best boost's (:func:`choose_boost`); without validation users whose positives include cold
 entities, the first value is kept. Entities without text keep the
@@ -27,8 +26,8 @@ pipeline's run q673 (seed 42; `hir evaluate eval.hir_source=files`, test masked)
 at beta 0.1 with the point boost rule (boost 1.5) new to the user 0.0988, item-cold 0.0818, 88.6%
 of the cold products told apart (validate failed); the centred one at beta 0.1 with the noise
 rule (boost 1.75) 0.0987 / 0.1444, 100%. The base arm of benchmarks/learner.py (seed 0): raw, point
-rule (1.5) 0.1018 / 0.0489; centred at beta 0.1, noise rule on warm val users (2.0) 0.1004 /
-0.1266 (the untrained arm: 0.0950 / 0.0511 before, 0.0939 / 0.1194 now). A larger beta costs there (centred 0.3: val overall recall@20 at 1.25 0.1072
+rule (1.5) 0.1018 / 0.0489; centred at beta 0.1, noise rule (1.75) 0.0998 / 0.0859 (at 1.5:
+0.1015 / 0.0455). A larger beta costs there (centred 0.3: val overall recall@20 at 1.25 0.1072
 against 0.1093 at 0.1).
 """
 
@@ -179,27 +178,6 @@ def choose_boost(z: np.ndarray, rows: np.ndarray, dirs: np.ndarray, mean_a: np.n
     return max(ok, key=lambda b: (table[b]["cold"], table[b]["all"], -b)), table
 
 
-def warm_users(valset: Any, warm: np.ndarray) -> Any:
-    """``valset`` with only its users that have visible engagement (``warm`` (n_nodes,) bool), or
-    as it is when it has none.
-
-    Why: the boost calibrates cold entities against warm ones for users with a collaborative
-    vector. A cold user's vector is the knowledge view, whose quality depends on its training, so
-    with cold users in the val table the boost followed that training: on benchmarks/learner.py's
-    online_retail seed 0 the base arm's overall val recall fell faster with the boost (trained cold
-    users reach warm positives that boosted cold products displace) than the untrained arm's, and
-    the two arms took different boosts (1.75 / 2.0; test item-cold 0.086 / 0.119). On warm users
-    both take 2.0 (0.127 / 0.119)."""
-    from hir.model.valset import ValSet
-
-    keep = np.asarray(warm, bool)[valset.users]
-    if not keep.any() or keep.all():
-        return valset
-    pick = np.flatnonzero(keep)
-    return ValSet(valset.users[pick], valset.cands, [valset.positives[i] for i in pick],
-                  [valset.masked[i] for i in pick], valset.protocol)
-
-
 def place_cold(z: np.ndarray, store: Any, valset: Any, cfg: ColdPlacement) -> tuple[np.ndarray, dict[str, Any]]:
     """Every non-user type's cold entities with text placed by their neighbours (module doc).
 
@@ -240,7 +218,6 @@ def place_cold(z: np.ndarray, store: Any, valset: Any, cfg: ColdPlacement) -> tu
     dirs = np.concatenate([p[1] for p in plans])
     mean_a = np.concatenate([p[2] for p in plans])
     boost, table = boosts[0], {}
-    valset = warm_users(valset, store.warm) if valset is not None else None
     cold_cands = np.isin(valset.cands, rows) if valset is not None and len(valset) else None
     if cold_cands is not None and any(cold_cands[p].any() for p in valset.positives):
         boost, table = choose_boost(z, rows, dirs, mean_a, valset, cold_cands, boosts, float(cfg.tolerance))

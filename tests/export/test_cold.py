@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hir.export.cold import choose_boost, neighbour_placement, own_directions, placed, warm_users
+from hir.export.cold import choose_boost, neighbour_placement, own_directions, placed
 from hir.model.valset import ValSet
 
 
@@ -117,13 +117,3 @@ def test_the_boost_is_the_best_for_cold_positives_unless_its_overall_loss_is_bey
     z, cold, vs, cc = _ranking_case(n_item19=40)
     boost, table = choose_boost(z, cold, dirs, mean_a, vs, cc, boosts, tolerance=0.01)
     assert table[4.0]["hi"] < -0.01 and boost == 1.0
-
-
-def test_the_boost_is_judged_on_the_val_users_with_engagement() -> None:
-    z, _, vs, _ = _ranking_case(n_item19=5)
-    warm = np.ones(len(z), bool)
-    warm[[3, 4, 5]] = False  # three of the item-19 buyers are cold users (knowledge-view vectors)
-    kept = warm_users(vs, warm)
-    assert kept.users.tolist() == [u for u in range(50) if u not in (3, 4, 5)]
-    assert [p.tolist() for p in kept.positives] == [vs.positives[u].tolist() for u in kept.users]
-    assert warm_users(vs, np.zeros(len(z), bool)) is vs  # no warm val user: every user
