@@ -25,6 +25,8 @@ import numpy as np
 import polars as pl
 import scipy.sparse as sp
 
+from hir.funnel.affinity import COLUMNS as AFFINITY
+from hir.funnel.affinity import context_affinity
 from hir.funnel.candidates import FEATURES, build_candidates, feature_matrix
 from hir.funnel.discovery import ViewBase
 from hir.funnel.scorer import FunnelScorer, ScorerConfig, fit_scorer
@@ -40,7 +42,8 @@ class FunnelConfig:
     converted pairs denoise hides; whole: the share of those
     that lose every event (a conversion with no shallower engagement before it), the rest lose only
     their target-stage events; max_funnel, discovery, popular: candidates per user from each
-    source; use_time: read the recency features (false on data whose times are synthesized: a
+    source; affinity_context: the user's pairs a candidate's affinity features compare it with
+    (hir/funnel/affinity.py; 0 = off, the features read 0); use_time: read the recency features (false on data whose times are synthesized: a
     random carve-out's made-up times carry no signal, only the adapter's artefacts); rank, ideal: the discovery view base (GF-CF's filter); max_train_users: training
     users sampled per view (0 = all); scorer: the scorer's fit."""
 
@@ -55,6 +58,7 @@ class FunnelConfig:
     ideal: float = 0.3
     max_train_users: int = 20000
     use_time: bool = True
+    affinity_context: int = 100
     scorer: ScorerConfig = field(default_factory=ScorerConfig)
 
 
@@ -140,6 +144,11 @@ class FunnelTables:
         # them): how a cart fits the rest of the user's engagement
         rows = rows.with_columns(pl.Series("base_score", self.base.pair_scores(rows["user_id"].to_numpy(),
                                                                                rows["entity_id"].to_numpy())))
+        if config.affinity_context > 0:
+            rows = pl.concat([rows, context_affinity(rows, self.source, self.base.entities, config.affinity_context,
+                                                     self.use_time)], how="horizontal")
+        else:
+            rows = rows.with_columns(pl.lit(0.0, pl.Float32).alias(c) for c in AFFINITY)
         if not self.use_time:
             rows = rows.with_columns(pl.lit(None, pl.Float32).alias(c) for c in TIME_COLUMNS)
         if targets is not None:
