@@ -112,6 +112,21 @@ def per_user_metrics(ids: np.ndarray, rel: list[set[int]], mask: list[set[int]],
     return out
 
 
+def ceiling(cands: Candidates, rel: list[set[int]], mask: list[set[int]]) -> dict[str, float]:
+    """What any ordering of the candidates can reach: the mean over users with a relevant entity of
+    the share of it among the user's unmasked candidates (recall ceiling) and of any of it (hit
+    ceiling). ``rel``, ``mask``: per user of ``cands.users``."""
+    ent = cands.rows["entity_id"].to_numpy()
+    rec, hit = [], []
+    for r, (want, masked) in enumerate(zip(rel, mask, strict=True)):
+        if not want:
+            continue
+        got = len(want.intersection(ent[cands.offsets[r]:cands.offsets[r + 1]].tolist()) - masked)
+        rec.append(got / len(want))
+        hit.append(float(got > 0))
+    return {"recall": float(np.mean(rec)), "hit": float(np.mean(hit))}
+
+
 def bootstrap_ratio(num: np.ndarray, den: np.ndarray, resamples: int = 1000, seed: int = 0) -> dict[str, float]:
     """Ratio of means and its 95% paired-bootstrap interval; num, den: (seeds, users), the same
     users resampled in every seed (NaN users dropped)."""
@@ -159,7 +174,7 @@ def run_dataset(name: str, graph: Path, seeds: list[int], config: FunnelConfig, 
         t_fit = time.perf_counter() - t0
         cands = view_candidates(visible, users, asof, target_rank, n_users, n_ent, config, seed)
         assert np.array_equal(cands.users, users), "every test user must get candidates"
-        scores = {"recommend": model.scorer.score(cands.x).astype(np.float64), "plain": plain_scores(cands),
+        scores = {"recommend": model.score(cands).astype(np.float64), "plain": plain_scores(cands),
                   "open_funnel": open_funnel_scores(cands),
                   "open_funnel_pop": open_funnel_scores(cands, popularity_first=True), "discovery": discovery_scores(cands),
                   "repeat": repeat_scores(cands)}
@@ -170,9 +185,10 @@ def run_dataset(name: str, graph: Path, seeds: list[int], config: FunnelConfig, 
             lists[arm] = np.where(np.isfinite(vals), ids, -1)
         per_seed[str(seed)] = {proto: {arm: {sl: per_user_metrics(lists[arm], sets, mask, KS) for sl, sets in slices.items()}
                                        for arm in ARMS} for proto, mask in masks.items()}
-        fits.append(model.record | {"seed": seed, "fit_seconds": round(t_fit, 1), "serve_seconds": round(t_serve, 1),
+        fits.append(model.record | {"seed": seed, "ceiling": {proto: ceiling(cands, rel, mask) for proto, mask in masks.items()}, "fit_seconds": round(t_fit, 1), "serve_seconds": round(t_serve, 1),
                                     "candidates_per_user": float(cands.rows.height / len(users))})
         r = per_seed[str(seed)]
+        log.info("%s seed %d: ceiling %s", name, seed, fits[-1]["ceiling"])
         log.info("%s seed %d: deep_funnel hit@10 rec %.4f plain %.4f open %.4f | full recall@20 rec %.4f repeat %.4f (%.0fs)",
                  name, seed, np.nanmean(r["deep_funnel"]["recommend"]["all"]["hit@10"]),
                  np.nanmean(r["deep_funnel"]["plain"]["all"]["hit@10"]), max(np.nanmean(r["deep_funnel"][a]["all"]["hit@10"]) for a in ("open_funnel", "open_funnel_pop")),
@@ -246,12 +262,18 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-users", type=int, default=0, help="test users sampled (0 = all)")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "funnel.json"))
     p.add_argument("--steps", type=int, default=None, help="scorer steps (default: ScorerConfig)")
+    p.add_argument("--affinity-context", type=int, default=None, help="FunnelConfig.affinity_context (0 = off)")
+    p.add_argument("--heads", type=int, default=None, help="ScorerConfig.heads (0 = no target-aware head)")
     p.add_argument("--docs", default=str(ROOT / "docs" / "results.md"), help="results page to update ('' = none)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     config = FunnelConfig()
     if args.steps:
         config.scorer.steps = args.steps
+    if args.heads is not None:
+        config.scorer.heads = args.heads
+    if args.affinity_context is not None:
+        config.affinity_context = args.affinity_context
     seeds = [int(s) for s in args.seeds.split(",")]
     out_path = Path(args.out)
     result: dict[str, Any] = json.loads(out_path.read_text()) if out_path.exists() else {}

@@ -46,6 +46,13 @@ def _padded(owner: np.ndarray, users: np.ndarray, values: np.ndarray, fill: floa
     return out, valid
 
 
+def user_context(source: pl.DataFrame, users: np.ndarray, max_context: int) -> pl.DataFrame:
+    """The context ``J_u`` of each of ``users``: its open-funnel rows, the plain order's first
+    ``max_context``, sorted by (user_id, pos)."""
+    return plain_order(source.join(pl.DataFrame({"user_id": users.astype(np.int64)}), on="user_id", how="semi"),
+                       include_converted=True).filter(pl.col("pos") < max_context).sort("user_id", "pos")
+
+
 def context_affinity(rows: pl.DataFrame, source: pl.DataFrame, entities: np.ndarray, max_context: int,
                      use_time: bool, cells: int = 16_000_000) -> pl.DataFrame:
     """The module's features of every candidate row.
@@ -61,8 +68,7 @@ def context_affinity(rows: pl.DataFrame, source: pl.DataFrame, entities: np.ndar
         ``rows``' order, columns :data:`COLUMNS` (float32).
     """
     users = np.unique(rows["user_id"].to_numpy())
-    ctx = plain_order(source.join(pl.DataFrame({"user_id": users.astype(np.int64)}), on="user_id", how="semi"),
-                      include_converted=True).filter(pl.col("pos") < max_context).sort("user_id", "pos")
+    ctx = user_context(source, users, max_context)
     z = torch.from_numpy(np.ascontiguousarray(entities, dtype=np.float32))
     z = z / z.norm(dim=1, keepdim=True).clamp(min=1e-12)  # (E, K)
     cu, ce = ctx["user_id"].to_numpy(), ctx["entity_id"].to_numpy()

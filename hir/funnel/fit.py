@@ -26,9 +26,10 @@ import polars as pl
 import scipy.sparse as sp
 
 from hir.funnel.affinity import COLUMNS as AFFINITY
-from hir.funnel.affinity import context_affinity
+from hir.funnel.affinity import context_affinity, user_context
 from hir.funnel.candidates import FEATURES, build_candidates, feature_matrix
 from hir.funnel.discovery import ViewBase
+from hir.funnel.head import Context
 from hir.funnel.scorer import FunnelScorer, ScorerConfig, fit_scorer
 from hir.funnel.source import TIME_COLUMNS, entity_stats, open_funnel, user_stats
 
@@ -66,7 +67,7 @@ class FunnelConfig:
 class Candidates:
     """One view's candidate rows and their scorer inputs: ``rows`` (n rows, sorted by user),
     ``x`` (n, F), ``y`` (n,) targets, ``offsets`` (U + 1,), ``total`` (U,) targets per user,
-    ``users`` (U,)."""
+    ``users`` (U,); ``context``: the target-aware head's inputs (None when the scorer has no head)."""
 
     rows: pl.DataFrame
     x: np.ndarray
@@ -74,6 +75,7 @@ class Candidates:
     offsets: np.ndarray
     total: np.ndarray
     users: np.ndarray
+    context: Context | None = None
 
 
 def pair_matrix(pairs: pl.DataFrame, n_users: int, n_entities: int) -> sp.csr_matrix:
@@ -162,8 +164,13 @@ class FunnelTables:
         counts = rows.group_by("user_id", maintain_order=True).len()
         offsets = np.concatenate([[0], np.cumsum(counts["len"].to_numpy())]).astype(np.int64)
         tot = counts.join(total.rename({"len": "t"}), on="user_id", how="left")["t"].fill_null(0).to_numpy()
+        users = counts["user_id"].to_numpy()
+        context = None
+        if config.scorer.heads:
+            ctx = user_context(self.source, users, max(config.affinity_context, 1))
+            context = Context.of(rows, offsets, users, ctx, self.base.entities, self.use_time)
         return Candidates(rows, feature_matrix(rows), rows["y"].to_numpy().astype(np.float32), offsets,
-                          tot.astype(np.float32), counts["user_id"].to_numpy())
+                          tot.astype(np.float32), users, context)
 
     @property
     def base_shape(self) -> tuple[int, int]:
@@ -227,7 +234,11 @@ class FunnelModel:
 
     def rank(self, cands: Candidates, k: int) -> tuple[np.ndarray, np.ndarray]:
         """(U, k) entity ids and scores per user of ``cands.users`` (best first; -1 = empty)."""
-        return top_per_user(cands, self.scorer.score(cands.x), k)
+        return top_per_user(cands, self.score(cands), k)
+
+    def score(self, cands: Candidates) -> np.ndarray:
+        """(n,) scores of every candidate row."""
+        return self.scorer.score(cands.x, cands.context)
 
 
 def top_per_user(cands: Candidates, scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -268,7 +279,8 @@ def fit_funnel(events: pl.DataFrame, target_rank: int, split_mode: str, val_star
     for p in parts:
         offsets.append(p.offsets[1:] + start)
         start += p.offsets[-1]
-    scorer, record = fit_scorer(x, y, np.concatenate(offsets), total, config.scorer, seed)
+    context = Context.concat([p.context for p in parts]) if config.scorer.heads else None
+    scorer, record = fit_scorer(x, y, np.concatenate(offsets), total, config.scorer, seed, context)
     record |= {"task": kind, "views": [{"asof": a.isoformat(), "users": len(np.unique(t["user_id"].to_numpy())),
                                         "targets": t.height} for _, a, t in views],
                "reachable": float(y.sum() / max(total.sum(), 1)), "features": list(FEATURES)}
