@@ -167,7 +167,7 @@ class FunnelTables:
         users = counts["user_id"].to_numpy()
         context = None
         if config.scorer.heads:
-            ctx = user_context(self.source, users, max(config.affinity_context, 1))
+            ctx = user_context(self.source, users, config.scorer.context)
             context = Context.of(rows, offsets, users, ctx, self.base.entities, self.use_time)
         return Candidates(rows, feature_matrix(rows), rows["y"].to_numpy().astype(np.float32), offsets,
                           tot.astype(np.float32), users, context)

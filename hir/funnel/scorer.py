@@ -36,7 +36,8 @@ class ScorerConfig:
     """hidden: MLP widths; steps: optimiser steps; batch: users per step; lr, weight_decay:
     AdamW; holdout: share of training users held out for the checks; checks: how many checks;
     patience: stop after this many checks without a new best; k: the recall@k the checks compare;
-    heads: attention heads of the target-aware head (0 = none: the MLP reads the features alone)."""
+    heads: attention heads of the target-aware head (0 = none: the MLP reads the features alone);
+    context: the user's pairs the head attends to (the plain order's first; its cost grows with it)."""
 
     hidden: list[int] = field(default_factory=lambda: [64, 64])
     steps: int = 300
@@ -48,6 +49,7 @@ class ScorerConfig:
     patience: int = 3
     k: int = 20
     heads: int = 0
+    context: int = 20
 
 
 class FunnelScorer(nn.Module):
