@@ -235,6 +235,10 @@ def render(result: dict[str, Any]) -> str:
     for name, d in result["datasets"].items():
         lines += [f"### {name}", "", f"{d['users']} test users, target `{d['target_stage']}`, split `{d['split_mode']}`, "
                   f"scorer task `{d['fits'][0]['task']}`; target: {TARGETS.get(name, '-')}.", "",
+                  *(["Candidate-set ceiling (any ordering of the candidates, mean over seeds): " + "; ".join(
+                      f"{proto} recall {np.mean([f['ceiling'][proto]['recall'] for f in d['fits']]):.4f}, "
+                      f"hit {np.mean([f['ceiling'][proto]['hit'] for f in d['fits']]):.4f}"
+                      for proto in d["fits"][0]["ceiling"]) + ".", ""] if "ceiling" in d["fits"][0] else []),
                   "| protocol | arm | recall@20 | hit@10 | hit@20 | repeat recall@20 | explore recall@20 |",
                   "|---|---|---|---|---|---|---|"]
         for proto, part in d["protocols"].items():
