@@ -254,10 +254,24 @@ def top_per_user(cands: Candidates, scores: np.ndarray, k: int) -> tuple[np.ndar
     return ids, vals
 
 
-def fit_funnel(events: pl.DataFrame, target_rank: int, split_mode: str, val_start: datetime, test_start: datetime,
-               n_users: int, n_entities: int, config: FunnelConfig, seed: int) -> FunnelModel:
-    """Train the scorer on the training views of ``events`` (the visible events of the entity
-    type: every row before the test period)."""
+@dataclass
+class TrainingSet:
+    """Every training view's candidates, concatenated: ``x`` (n, F), ``y`` (n,), ``offsets`` (G + 1,)
+    and ``total`` (G,) per group (a user in a view), ``context`` (the head's inputs, or None) and
+    ``record`` (the task, the views, the reachable share of targets)."""
+
+    x: np.ndarray
+    y: np.ndarray
+    offsets: np.ndarray
+    total: np.ndarray
+    context: Context | None
+    record: dict[str, Any]
+
+
+def training_set(events: pl.DataFrame, target_rank: int, split_mode: str, val_start: datetime, test_start: datetime,
+                 n_users: int, n_entities: int, config: FunnelConfig, seed: int) -> TrainingSet:
+    """The scorer's training candidates from the training views of ``events`` (the visible events
+    of the entity type: every row before the test period)."""
     kind = choose_task(config.task, split_mode)
     parts = []
     views = training_views(events, target_rank, kind, val_start, test_start, config, seed)
@@ -272,16 +286,22 @@ def fit_funnel(events: pl.DataFrame, target_rank: int, split_mode: str, val_star
         parts.append(view_candidates(view, users, asof, target_rank, n_users, n_entities, config, seed, targets))
         log.info("funnel view at %s: %d users, %d candidates, %.1f%% of targets reachable", asof, len(users),
                  parts[-1].rows.height, 100 * parts[-1].y.sum() / max(parts[-1].total.sum(), 1))
-    x = np.concatenate([p.x for p in parts])
     y = np.concatenate([p.y for p in parts])
     total = np.concatenate([p.total for p in parts])
     offsets, start = [np.zeros(1, np.int64)], 0
     for p in parts:
         offsets.append(p.offsets[1:] + start)
         start += p.offsets[-1]
-    context = Context.concat([p.context for p in parts]) if config.scorer.heads else None
-    scorer, record = fit_scorer(x, y, np.concatenate(offsets), total, config.scorer, seed, context)
-    record |= {"task": kind, "views": [{"asof": a.isoformat(), "users": len(np.unique(t["user_id"].to_numpy())),
-                                        "targets": t.height} for _, a, t in views],
-               "reachable": float(y.sum() / max(total.sum(), 1)), "features": list(FEATURES)}
-    return FunnelModel(scorer, config, target_rank, record)
+    context = Context.concat([p.context for p in parts]) if all(p.context is not None for p in parts) else None
+    record = {"task": kind, "views": [{"asof": a.isoformat(), "users": len(np.unique(t["user_id"].to_numpy())),
+                                       "targets": t.height} for _, a, t in views],
+              "reachable": float(y.sum() / max(total.sum(), 1)), "features": list(FEATURES)}
+    return TrainingSet(np.concatenate([p.x for p in parts]), y, np.concatenate(offsets), total, context, record)
+
+
+def fit_funnel(events: pl.DataFrame, target_rank: int, split_mode: str, val_start: datetime, test_start: datetime,
+               n_users: int, n_entities: int, config: FunnelConfig, seed: int) -> FunnelModel:
+    """Train the scorer on the training views of ``events`` (:func:`training_set`)."""
+    train = training_set(events, target_rank, split_mode, val_start, test_start, n_users, n_entities, config, seed)
+    scorer, record = fit_scorer(train.x, train.y, train.offsets, train.total, config.scorer, seed, train.context)
+    return FunnelModel(scorer, config, target_rank, record | train.record)
