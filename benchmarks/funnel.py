@@ -309,6 +309,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--steps", type=int, default=None, help="scorer steps (default: ScorerConfig)")
     p.add_argument("--affinity-context", type=int, default=None, help="FunnelConfig.affinity_context (0 = off)")
     p.add_argument("--heads", type=int, default=None, help="ScorerConfig.heads (0 = no target-aware head)")
+    p.add_argument("--cuts", type=int, default=None, help="FunnelConfig.cuts (next_period training views)")
     p.add_argument("--extra", default="", help=f"optional arms, comma-separated, of {EXTRA}")
     p.add_argument("--head-arm", default="2,64", help="the head arm's heads,batch")
     p.add_argument("--docs", default=str(ROOT / "docs" / "results.md"), help="results page to update ('' = none)")
@@ -317,6 +318,8 @@ def main(argv: list[str] | None = None) -> None:
     config = FunnelConfig()
     if args.steps:
         config.scorer.steps = args.steps
+    if args.cuts is not None:
+        config.cuts = args.cuts
     if args.heads is not None:
         config.scorer.heads = args.heads
     if args.affinity_context is not None:
