@@ -27,6 +27,7 @@ import os
 import platform
 import sys
 import time
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -42,11 +43,23 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 from _results_md import markers, write_section  # noqa: E402  (benchmarks/)
 
 from hir.data.snapshot import load_snapshot  # noqa: E402
-from hir.funnel.fit import Candidates, FunnelConfig, fit_funnel, top_per_user, view_candidates  # noqa: E402
+from hir.funnel.candidates import FEATURES  # noqa: E402
+from hir.funnel.fit import (  # noqa: E402
+    Candidates,
+    FunnelConfig,
+    FunnelModel,
+    top_per_user,
+    training_set,
+    view_candidates,
+)
+from hir.funnel.scorer import fit_scorer  # noqa: E402
 from hir.funnel.source import plain_order  # noqa: E402
 
 KS = (10, 20, 50)
 ARMS = ("recommend", "plain", "open_funnel", "open_funnel_pop", "discovery", "repeat")
+# optional arms (--extra): the scorer without the affinity features, and with the target-aware head
+EXTRA = ("no_affinity", "head")
+AFFINITY_COLUMNS = [i for i, n in enumerate(FEATURES) if n.startswith(("aff_", "log_ctx_"))]
 log = logging.getLogger("funnel")
 
 
@@ -112,6 +125,21 @@ def per_user_metrics(ids: np.ndarray, rel: list[set[int]], mask: list[set[int]],
     return out
 
 
+def ceiling(cands: Candidates, rel: list[set[int]], mask: list[set[int]]) -> dict[str, float]:
+    """What any ordering of the candidates can reach: the mean over users with a relevant entity of
+    the share of it among the user's unmasked candidates (recall ceiling) and of any of it (hit
+    ceiling). ``rel``, ``mask``: per user of ``cands.users``."""
+    ent = cands.rows["entity_id"].to_numpy()
+    rec, hit = [], []
+    for r, (want, masked) in enumerate(zip(rel, mask, strict=True)):
+        if not want:
+            continue
+        got = len(want.intersection(ent[cands.offsets[r]:cands.offsets[r + 1]].tolist()) - masked)
+        rec.append(got / len(want))
+        hit.append(float(got > 0))
+    return {"recall": float(np.mean(rec)), "hit": float(np.mean(hit))}
+
+
 def bootstrap_ratio(num: np.ndarray, den: np.ndarray, resamples: int = 1000, seed: int = 0) -> dict[str, float]:
     """Ratio of means and its 95% paired-bootstrap interval; num, den: (seeds, users), the same
     users resampled in every seed (NaN users dropped)."""
@@ -126,7 +154,13 @@ def bootstrap_ratio(num: np.ndarray, den: np.ndarray, resamples: int = 1000, see
             "hi": float(np.quantile(ratios, 0.975)), "users": int(ok.sum())}
 
 
-def run_dataset(name: str, graph: Path, seeds: list[int], config: FunnelConfig, max_users: int) -> dict[str, Any]:
+def run_dataset(name: str, graph: Path, seeds: list[int], config: FunnelConfig, max_users: int,
+                extra: tuple[str, ...] = (), head: tuple[int, int] = (2, 64)) -> dict[str, Any]:
+    """Every arm of ``name`` over ``seeds``; ``extra``: arms of :data:`EXTRA` (paired with
+    ``recommend``: the same training candidates, one more scorer fit each); ``head``: the head
+    arm's heads and batch."""
+    arms = ARMS + tuple(a for a in EXTRA if a in extra)
+    build = replace(config, scorer=replace(config.scorer, heads=head[0] if "head" in extra else config.scorer.heads))
     snap = load_snapshot(graph)
     stage = snap.deep_stage
     target_rank = snap.stage_order.index(stage)
@@ -155,41 +189,62 @@ def run_dataset(name: str, graph: Path, seeds: list[int], config: FunnelConfig, 
     fits = []
     for seed in seeds:
         t0 = time.perf_counter()
-        model = fit_funnel(visible, target_rank, split_mode, snap.val_start, snap.test_start, n_users, n_ent, config, seed)
+        train = training_set(visible, target_rank, split_mode, snap.val_start, snap.test_start, n_users, n_ent, build, seed)
+        scorer, record = fit_scorer(train.x, train.y, train.offsets, train.total, config.scorer, seed, train.context)
+        model = FunnelModel(scorer, config, target_rank, record | train.record)
         t_fit = time.perf_counter() - t0
-        cands = view_candidates(visible, users, asof, target_rank, n_users, n_ent, config, seed)
+        cands = view_candidates(visible, users, asof, target_rank, n_users, n_ent, build, seed)
         assert np.array_equal(cands.users, users), "every test user must get candidates"
-        scores = {"recommend": model.scorer.score(cands.x).astype(np.float64), "plain": plain_scores(cands),
+        scores = {"recommend": model.score(cands).astype(np.float64), "plain": plain_scores(cands),
                   "open_funnel": open_funnel_scores(cands),
                   "open_funnel_pop": open_funnel_scores(cands, popularity_first=True), "discovery": discovery_scores(cands),
                   "repeat": repeat_scores(cands)}
         t_serve = time.perf_counter() - t0 - t_fit
+        if "no_affinity" in extra:  # the same candidates, the affinity columns inert (0)
+            x0, xt = train.x.copy(), cands.x.copy()
+            x0[:, AFFINITY_COLUMNS], xt[:, AFFINITY_COLUMNS] = 0.0, 0.0
+            plain_cfg = replace(config.scorer, heads=0)
+            s0, _ = fit_scorer(x0, train.y, train.offsets, train.total, plain_cfg, seed)
+            scores["no_affinity"] = s0.score(xt).astype(np.float64)
+        if "head" in extra:
+            t_head = time.perf_counter()
+            head_cfg = replace(config.scorer, heads=head[0], batch=head[1])
+            sh, rec_h = fit_scorer(train.x, train.y, train.offsets, train.total, head_cfg, seed, train.context)
+            scores["head"] = sh.score(cands.x, cands.context).astype(np.float64)
+            model.record["head_fit"] = {"best_step": rec_h["best_step"], "best_recall": rec_h["best_recall"],
+                                        "seconds": round(time.perf_counter() - t_head, 1),
+                                        "alpha": sh.head.alpha.tolist(), "stage_bias": sh.head.stage.tolist()}
         lists = {}
         for arm, s in scores.items():  # -inf entries are not retrieved
             ids, vals = top_per_user(cands, s, max(KS) + 200)
             lists[arm] = np.where(np.isfinite(vals), ids, -1)
         per_seed[str(seed)] = {proto: {arm: {sl: per_user_metrics(lists[arm], sets, mask, KS) for sl, sets in slices.items()}
-                                       for arm in ARMS} for proto, mask in masks.items()}
-        fits.append(model.record | {"seed": seed, "fit_seconds": round(t_fit, 1), "serve_seconds": round(t_serve, 1),
+                                       for arm in arms} for proto, mask in masks.items()}
+        fits.append(model.record | {"seed": seed, "ceiling": {proto: ceiling(cands, rel, mask) for proto, mask in masks.items()}, "fit_seconds": round(t_fit, 1), "serve_seconds": round(t_serve, 1),
                                     "candidates_per_user": float(cands.rows.height / len(users))})
         r = per_seed[str(seed)]
+        log.info("%s seed %d: ceiling %s", name, seed, fits[-1]["ceiling"])
         log.info("%s seed %d: deep_funnel hit@10 rec %.4f plain %.4f open %.4f | full recall@20 rec %.4f repeat %.4f (%.0fs)",
                  name, seed, np.nanmean(r["deep_funnel"]["recommend"]["all"]["hit@10"]),
                  np.nanmean(r["deep_funnel"]["plain"]["all"]["hit@10"]), max(np.nanmean(r["deep_funnel"][a]["all"]["hit@10"]) for a in ("open_funnel", "open_funnel_pop")),
                  np.nanmean(r["full"]["recommend"]["all"]["recall@20"]), np.nanmean(r["full"]["repeat"]["all"]["recall@20"]),
                  time.perf_counter() - t0)
-    out: dict[str, Any] = {"graph": str(graph), "users": len(users), "target_stage": stage,
+    out: dict[str, Any] = {"graph": str(graph), "users": len(users), "target_stage": stage, "arms": list(arms),
                            "split_mode": split_mode, "fits": fits, "protocols": {}}
     for proto in masks:
         part: dict[str, Any] = {}
-        for arm in ARMS:
+        for arm in arms:
             part[arm] = {sl: {m: float(np.nanmean([np.nanmean(per_seed[str(s)][proto][arm][sl][m]) for s in seeds]))
                               for m in per_seed[str(seeds[0])][proto][arm][sl]}
                          | {"users": int(np.sum(~np.isnan(per_seed[str(seeds[0])][proto][arm][sl]["recall@10"])))}
                          for sl in slices}
             part[arm]["per_seed_recall@20"] = [float(np.nanmean(per_seed[str(s)][proto][arm]["all"]["recall@20"])) for s in seeds]
         ratios = {}
-        for a, b in (("recommend", "plain"), ("recommend", "open_funnel"), ("recommend", "open_funnel_pop"), ("recommend", "repeat"), ("recommend", "discovery")):
+        pairs = [("recommend", "plain"), ("recommend", "open_funnel"), ("recommend", "open_funnel_pop"),
+                 ("recommend", "repeat"), ("recommend", "discovery")]
+        pairs += [("recommend", "no_affinity")] if "no_affinity" in arms else []
+        pairs += [("head", "recommend"), ("head", "plain")] if "head" in arms else []
+        for a, b in pairs:
             for sl in slices:
                 for m in ("recall@20", "hit@10", "hit@20"):
                     num = np.stack([per_seed[str(s)][proto][a][sl][m] for s in seeds])
@@ -219,17 +274,23 @@ def render(result: dict[str, Any]) -> str:
     for name, d in result["datasets"].items():
         lines += [f"### {name}", "", f"{d['users']} test users, target `{d['target_stage']}`, split `{d['split_mode']}`, "
                   f"scorer task `{d['fits'][0]['task']}`; target: {TARGETS.get(name, '-')}.", "",
+                  *(["Candidate-set ceiling (any ordering of the candidates, mean over seeds): " + "; ".join(
+                      f"{proto} recall {np.mean([f['ceiling'][proto]['recall'] for f in d['fits']]):.4f}, "
+                      f"hit {np.mean([f['ceiling'][proto]['hit'] for f in d['fits']]):.4f}"
+                      for proto in d["fits"][0]["ceiling"]) + ".", ""] if "ceiling" in d["fits"][0] else []),
                   "| protocol | arm | recall@20 | hit@10 | hit@20 | repeat recall@20 | explore recall@20 |",
                   "|---|---|---|---|---|---|---|"]
         for proto, part in d["protocols"].items():
-            for arm in ARMS:
+            for arm in d.get("arms", ARMS):
                 a = part[arm]
                 lines.append(f"| {proto} | {arm} | {a['all']['recall@20']:.4f} | {a['all']['hit@10']:.4f} | "
                              f"{a['all']['hit@20']:.4f} | {a['repeat']['recall@20']:.4f} | {a['explore']['recall@20']:.4f} |")
         lines += ["", "| ratio (protocol: arms: metric) | value | 95% interval |", "|---|---|---|"]
         for proto, part in d["protocols"].items():
             for key in ("recommend/plain:all:recall@20", "recommend/plain:all:hit@10", "recommend/open_funnel_pop:all:hit@10",
-                        "recommend/repeat:all:recall@20", "recommend/discovery:explore:recall@20"):
+                        "recommend/repeat:all:recall@20", "recommend/discovery:explore:recall@20",
+                        "recommend/no_affinity:all:recall@20", "recommend/no_affinity:all:hit@10",
+                        "head/recommend:all:recall@20", "head/recommend:all:hit@10"):
                 if part["ratios"].get(key, {}).get("ratio") is not None:
                     r = part["ratios"][key]
                     lines.append(f"| {proto}: {key} | {r['ratio']:.3f} | [{r['lo']:.3f}, {r['hi']:.3f}] |")
@@ -246,12 +307,23 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-users", type=int, default=0, help="test users sampled (0 = all)")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "funnel.json"))
     p.add_argument("--steps", type=int, default=None, help="scorer steps (default: ScorerConfig)")
+    p.add_argument("--affinity-context", type=int, default=None, help="FunnelConfig.affinity_context (0 = off)")
+    p.add_argument("--heads", type=int, default=None, help="ScorerConfig.heads (0 = no target-aware head)")
+    p.add_argument("--cuts", type=int, default=None, help="FunnelConfig.cuts (next_period training views)")
+    p.add_argument("--extra", default="", help=f"optional arms, comma-separated, of {EXTRA}")
+    p.add_argument("--head-arm", default="2,64", help="the head arm's heads,batch")
     p.add_argument("--docs", default=str(ROOT / "docs" / "results.md"), help="results page to update ('' = none)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     config = FunnelConfig()
     if args.steps:
         config.scorer.steps = args.steps
+    if args.cuts is not None:
+        config.cuts = args.cuts
+    if args.heads is not None:
+        config.scorer.heads = args.heads
+    if args.affinity_context is not None:
+        config.affinity_context = args.affinity_context
     seeds = [int(s) for s in args.seeds.split(",")]
     out_path = Path(args.out)
     result: dict[str, Any] = json.loads(out_path.read_text()) if out_path.exists() else {}
@@ -261,7 +333,11 @@ def main(argv: list[str] | None = None) -> None:
     for name in args.datasets.split(","):
         graph = Path(args.graph.format(data=name))
         t0 = time.perf_counter()
-        result["datasets"][name] = run_dataset(name, graph, seeds, config, args.max_users) | {
+        extra = tuple(a for a in args.extra.split(",") if a)
+        if set(extra) - set(EXTRA):
+            p.error(f"--extra {args.extra!r}: expected arms of {EXTRA}")
+        head = tuple(int(v) for v in args.head_arm.split(","))
+        result["datasets"][name] = run_dataset(name, graph, seeds, config, args.max_users, extra, head) | {
             "seconds": round(time.perf_counter() - t0, 1)}
         out_path.parent.mkdir(parents=True, exist_ok=True)
         out_path.write_text(json.dumps(result, indent=1))

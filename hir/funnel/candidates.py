@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
+from hir.funnel.affinity import COLUMNS as AFFINITY
 from hir.funnel.source import plain_order
 
 # stages deeper than this many below the target share one indicator
@@ -50,6 +51,9 @@ FEATURES: dict[str, pl.Expr] = {
     "base_rank": (pl.col("base_score").rank("ordinal", descending=True).over("user_id")).cast(pl.Float32).log1p(),
     "in_popular": pl.col("in_popular").cast(pl.Float32),
     "log_pop_pos": _log("pop_pos"),
+    # affinity to the user's other items (hir/funnel/affinity.py; all 0 when switched off)
+    **{c: pl.col(c).fill_null(0.0).cast(pl.Float32) for c in AFFINITY if not c.startswith("ctx_")},
+    **{f"log_{c}": _log(c) for c in AFFINITY if c.startswith("ctx_")},
 }
 
 

@@ -25,8 +25,11 @@ import numpy as np
 import polars as pl
 import scipy.sparse as sp
 
+from hir.funnel.affinity import COLUMNS as AFFINITY
+from hir.funnel.affinity import context_affinity, user_context
 from hir.funnel.candidates import FEATURES, build_candidates, feature_matrix
 from hir.funnel.discovery import ViewBase
+from hir.funnel.head import Context
 from hir.funnel.scorer import FunnelScorer, ScorerConfig, fit_scorer
 from hir.funnel.source import TIME_COLUMNS, entity_stats, open_funnel, user_stats
 
@@ -40,7 +43,8 @@ class FunnelConfig:
     converted pairs denoise hides; whole: the share of those
     that lose every event (a conversion with no shallower engagement before it), the rest lose only
     their target-stage events; max_funnel, discovery, popular: candidates per user from each
-    source; use_time: read the recency features (false on data whose times are synthesized: a
+    source; affinity_context: the user's pairs a candidate's affinity features compare it with
+    (hir/funnel/affinity.py; 0 = off, the features read 0); use_time: read the recency features (false on data whose times are synthesized: a
     random carve-out's made-up times carry no signal, only the adapter's artefacts); rank, ideal: the discovery view base (GF-CF's filter); max_train_users: training
     users sampled per view (0 = all); scorer: the scorer's fit."""
 
@@ -55,6 +59,7 @@ class FunnelConfig:
     ideal: float = 0.3
     max_train_users: int = 20000
     use_time: bool = True
+    affinity_context: int = 100
     scorer: ScorerConfig = field(default_factory=ScorerConfig)
 
 
@@ -62,7 +67,7 @@ class FunnelConfig:
 class Candidates:
     """One view's candidate rows and their scorer inputs: ``rows`` (n rows, sorted by user),
     ``x`` (n, F), ``y`` (n,) targets, ``offsets`` (U + 1,), ``total`` (U,) targets per user,
-    ``users`` (U,)."""
+    ``users`` (U,); ``context``: the target-aware head's inputs (None when the scorer has no head)."""
 
     rows: pl.DataFrame
     x: np.ndarray
@@ -70,6 +75,7 @@ class Candidates:
     offsets: np.ndarray
     total: np.ndarray
     users: np.ndarray
+    context: Context | None = None
 
 
 def pair_matrix(pairs: pl.DataFrame, n_users: int, n_entities: int) -> sp.csr_matrix:
@@ -140,6 +146,11 @@ class FunnelTables:
         # them): how a cart fits the rest of the user's engagement
         rows = rows.with_columns(pl.Series("base_score", self.base.pair_scores(rows["user_id"].to_numpy(),
                                                                                rows["entity_id"].to_numpy())))
+        if config.affinity_context > 0:
+            rows = pl.concat([rows, context_affinity(rows, self.source, self.base.entities, config.affinity_context,
+                                                     self.use_time)], how="horizontal")
+        else:
+            rows = rows.with_columns(pl.lit(0.0, pl.Float32).alias(c) for c in AFFINITY)
         if not self.use_time:
             rows = rows.with_columns(pl.lit(None, pl.Float32).alias(c) for c in TIME_COLUMNS)
         if targets is not None:
@@ -153,8 +164,13 @@ class FunnelTables:
         counts = rows.group_by("user_id", maintain_order=True).len()
         offsets = np.concatenate([[0], np.cumsum(counts["len"].to_numpy())]).astype(np.int64)
         tot = counts.join(total.rename({"len": "t"}), on="user_id", how="left")["t"].fill_null(0).to_numpy()
+        users = counts["user_id"].to_numpy()
+        context = None
+        if config.scorer.heads:
+            ctx = user_context(self.source, users, config.scorer.context)
+            context = Context.of(rows, offsets, users, ctx, self.base.entities, self.use_time)
         return Candidates(rows, feature_matrix(rows), rows["y"].to_numpy().astype(np.float32), offsets,
-                          tot.astype(np.float32), counts["user_id"].to_numpy())
+                          tot.astype(np.float32), users, context)
 
     @property
     def base_shape(self) -> tuple[int, int]:
@@ -218,7 +234,11 @@ class FunnelModel:
 
     def rank(self, cands: Candidates, k: int) -> tuple[np.ndarray, np.ndarray]:
         """(U, k) entity ids and scores per user of ``cands.users`` (best first; -1 = empty)."""
-        return top_per_user(cands, self.scorer.score(cands.x), k)
+        return top_per_user(cands, self.score(cands), k)
+
+    def score(self, cands: Candidates) -> np.ndarray:
+        """(n,) scores of every candidate row."""
+        return self.scorer.score(cands.x, cands.context)
 
 
 def top_per_user(cands: Candidates, scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -234,10 +254,24 @@ def top_per_user(cands: Candidates, scores: np.ndarray, k: int) -> tuple[np.ndar
     return ids, vals
 
 
-def fit_funnel(events: pl.DataFrame, target_rank: int, split_mode: str, val_start: datetime, test_start: datetime,
-               n_users: int, n_entities: int, config: FunnelConfig, seed: int) -> FunnelModel:
-    """Train the scorer on the training views of ``events`` (the visible events of the entity
-    type: every row before the test period)."""
+@dataclass
+class TrainingSet:
+    """Every training view's candidates, concatenated: ``x`` (n, F), ``y`` (n,), ``offsets`` (G + 1,)
+    and ``total`` (G,) per group (a user in a view), ``context`` (the head's inputs, or None) and
+    ``record`` (the task, the views, the reachable share of targets)."""
+
+    x: np.ndarray
+    y: np.ndarray
+    offsets: np.ndarray
+    total: np.ndarray
+    context: Context | None
+    record: dict[str, Any]
+
+
+def training_set(events: pl.DataFrame, target_rank: int, split_mode: str, val_start: datetime, test_start: datetime,
+                 n_users: int, n_entities: int, config: FunnelConfig, seed: int) -> TrainingSet:
+    """The scorer's training candidates from the training views of ``events`` (the visible events
+    of the entity type: every row before the test period)."""
     kind = choose_task(config.task, split_mode)
     parts = []
     views = training_views(events, target_rank, kind, val_start, test_start, config, seed)
@@ -252,15 +286,22 @@ def fit_funnel(events: pl.DataFrame, target_rank: int, split_mode: str, val_star
         parts.append(view_candidates(view, users, asof, target_rank, n_users, n_entities, config, seed, targets))
         log.info("funnel view at %s: %d users, %d candidates, %.1f%% of targets reachable", asof, len(users),
                  parts[-1].rows.height, 100 * parts[-1].y.sum() / max(parts[-1].total.sum(), 1))
-    x = np.concatenate([p.x for p in parts])
     y = np.concatenate([p.y for p in parts])
     total = np.concatenate([p.total for p in parts])
     offsets, start = [np.zeros(1, np.int64)], 0
     for p in parts:
         offsets.append(p.offsets[1:] + start)
         start += p.offsets[-1]
-    scorer, record = fit_scorer(x, y, np.concatenate(offsets), total, config.scorer, seed)
-    record |= {"task": kind, "views": [{"asof": a.isoformat(), "users": len(np.unique(t["user_id"].to_numpy())),
-                                        "targets": t.height} for _, a, t in views],
-               "reachable": float(y.sum() / max(total.sum(), 1)), "features": list(FEATURES)}
-    return FunnelModel(scorer, config, target_rank, record)
+    context = Context.concat([p.context for p in parts]) if all(p.context is not None for p in parts) else None
+    record = {"task": kind, "views": [{"asof": a.isoformat(), "users": len(np.unique(t["user_id"].to_numpy())),
+                                       "targets": t.height} for _, a, t in views],
+              "reachable": float(y.sum() / max(total.sum(), 1)), "features": list(FEATURES)}
+    return TrainingSet(np.concatenate([p.x for p in parts]), y, np.concatenate(offsets), total, context, record)
+
+
+def fit_funnel(events: pl.DataFrame, target_rank: int, split_mode: str, val_start: datetime, test_start: datetime,
+               n_users: int, n_entities: int, config: FunnelConfig, seed: int) -> FunnelModel:
+    """Train the scorer on the training views of ``events`` (:func:`training_set`)."""
+    train = training_set(events, target_rank, split_mode, val_start, test_start, n_users, n_entities, config, seed)
+    scorer, record = fit_scorer(train.x, train.y, train.offsets, train.total, config.scorer, seed, train.context)
+    return FunnelModel(scorer, config, target_rank, record | train.record)

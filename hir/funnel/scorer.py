@@ -5,12 +5,14 @@ two months old, an item this user buys every week against one bought once, a dis
 against both. The scorer learns exactly that, from the candidate's stage, counts, recency and
 source (:data:`hir.funnel.candidates.FEATURES`)::
 
-    s(u, c) = MLP(x_uc)            x_uc: (F,) features of candidate c of user u
+    s(u, c) = MLP([x_uc, head(c, J_u)])   x_uc: (F,) features of candidate c of user u
     loss    = - 1/|T_u| sum_{t in T_u} log softmax_c(s(u, c))[t]
 
 a listwise softmax over each user's candidate set against the entities the user converted in the
 next period (``T_u``; Mult-DAE's multinomial likelihood restricted to the candidates), every user
-weighted equally as the test averages per user. Training stops at the best check of the
+weighted equally as the test averages per user. ``head`` (optional, ``heads > 0``) is the
+target-aware attention from the candidate to the user's context items (hir/funnel/head.py),
+trained with the MLP. Training stops at the best check of the
 held-out users' recall@K (a share of the training users, never fitted).
 """
 
@@ -24,6 +26,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from hir.funnel.head import Context, ContextHead
+
 log = logging.getLogger(__name__)
 
 
@@ -31,7 +35,9 @@ log = logging.getLogger(__name__)
 class ScorerConfig:
     """hidden: MLP widths; steps: optimiser steps; batch: users per step; lr, weight_decay:
     AdamW; holdout: share of training users held out for the checks; checks: how many checks;
-    patience: stop after this many checks without a new best; k: the recall@k the checks compare."""
+    patience: stop after this many checks without a new best; k: the recall@k the checks compare;
+    heads: attention heads of the target-aware head (0 = none: the MLP reads the features alone);
+    context: the user's pairs the head attends to (the plain order's first; its cost grows with it)."""
 
     hidden: list[int] = field(default_factory=lambda: [64, 64])
     steps: int = 300
@@ -42,22 +48,27 @@ class ScorerConfig:
     checks: int = 10
     patience: int = 3
     k: int = 20
+    heads: int = 0
+    context: int = 20
 
 
 class FunnelScorer(nn.Module):
-    """``s = MLP(standardise(x))``: (..., F) candidate features -> (...) scores.
+    """``s = MLP([standardise(x), head(context)])``: (B, C, F) candidate features (and the head's
+    inputs, :meth:`hir.funnel.head.Context.batch`) -> (B, C) scores; (n, F) -> (n,) without a head.
 
     Args:
         mean, std: (F,) feature standardisation (from the training rows).
         hidden: hidden widths.
+        heads: the target-aware head's heads (0 = no head).
     """
 
-    def __init__(self, mean: np.ndarray, std: np.ndarray, hidden: list[int]) -> None:
+    def __init__(self, mean: np.ndarray, std: np.ndarray, hidden: list[int], heads: int = 0) -> None:
         super().__init__()
         self.register_buffer("mean", torch.as_tensor(mean, dtype=torch.float32))
         self.register_buffer("std", torch.as_tensor(std, dtype=torch.float32))
+        self.head = ContextHead(heads) if heads else None
         layers: list[nn.Module] = []
-        width = len(mean)
+        width = len(mean) + (self.head.width if self.head is not None else 0)
         for h in hidden:
             layers += [nn.Linear(width, h), nn.ReLU()]
             width = h
@@ -65,17 +76,37 @@ class FunnelScorer(nn.Module):
         self.mlp = nn.Sequential(*layers)
 
     def __repr__(self) -> str:
-        return f"FunnelScorer(features={len(self.mean)}, mlp={[m.out_features for m in self.mlp if isinstance(m, nn.Linear)]})"
+        return (f"FunnelScorer(features={len(self.mean)}, head={self.head}, "
+                f"mlp={[m.out_features for m in self.mlp if isinstance(m, nn.Linear)]})")
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.mlp((x - self.mean) / self.std).squeeze(-1)
+    def forward(self, x: torch.Tensor, head_in: tuple[torch.Tensor, ...] | None = None) -> torch.Tensor:
+        h = (x - self.mean) / self.std
+        if self.head is not None:
+            if head_in is None:
+                raise ValueError("this funnel scorer has a target-aware head: pass the context's batch")
+            h = torch.cat([h, self.head(*head_in)], dim=-1)  # (B, C, F + 2H)
+        return self.mlp(h).squeeze(-1)
 
     @torch.no_grad()
-    def score(self, x: np.ndarray, chunk: int = 262_144) -> np.ndarray:
-        """(n,) scores of (n, F) feature rows."""
+    def score(self, x: np.ndarray, context: Context | None = None, chunk: int = 262_144) -> np.ndarray:
+        """(n,) scores of (n, F) feature rows (grouped by user as ``context.offsets`` says when
+        the scorer has a head)."""
         self.eval()
-        out = [self(torch.from_numpy(x[lo:lo + chunk])).numpy() for lo in range(0, len(x), chunk)]
-        return np.concatenate(out) if out else np.zeros(0, np.float32)
+        if self.head is None:
+            out = [self(torch.from_numpy(x[lo:lo + chunk])).numpy() for lo in range(0, len(x), chunk)]
+            return np.concatenate(out) if out else np.zeros(0, np.float32)
+        if context is None:
+            raise ValueError("this funnel scorer has a target-aware head: pass the candidates' context")
+        offsets = context.offsets
+        scores = np.zeros(len(x), np.float32)
+        users = np.arange(len(offsets) - 1)
+        step = 64
+        for lo in range(0, len(users), step):
+            rows = users[lo:lo + step]
+            xb, _, mb = _padded(x, np.zeros(len(x), np.float32), offsets, rows)
+            s = self(xb, context.batch(rows, xb.shape[1]))
+            scores[offsets[rows[0]]:offsets[rows[-1] + 1]] = s[mb].numpy()
+        return scores
 
 
 def _padded(x: np.ndarray, y: np.ndarray, offsets: np.ndarray, rows: np.ndarray) -> tuple[torch.Tensor, ...]:
@@ -112,13 +143,14 @@ def recall_at(scores: np.ndarray, y: np.ndarray, offsets: np.ndarray, k: int, to
 
 
 def fit_scorer(x: np.ndarray, y: np.ndarray, offsets: np.ndarray, total: np.ndarray, config: ScorerConfig,
-               seed: int) -> tuple[FunnelScorer, dict[str, object]]:
+               seed: int, context: Context | None = None) -> tuple[FunnelScorer, dict[str, object]]:
     """Train on grouped candidate rows.
 
     Args:
         x: (n, F) features; y: (n,) 1 for a target entity; offsets: (U + 1,) row offsets of each
             user's candidates (rows sorted by user); total: (U,) the user's target count (also
             the targets missing from its candidates).
+        context: the head's inputs of the same groups (needed when ``config.heads > 0``).
     Returns:
         The scorer at its best check and a record of the fit (checks, best step, users).
     """
@@ -134,14 +166,17 @@ def fit_scorer(x: np.ndarray, y: np.ndarray, offsets: np.ndarray, total: np.ndar
         raise ValueError("the scorer has no training user with a target among its candidates; "
                          "the candidate sources reach none of the next period's conversions")
     sd = x.std(0)
-    model = FunnelScorer(x.mean(0), np.where(sd > 1e-6, sd, 1.0), config.hidden)
+    if config.heads and context is None:
+        raise ValueError("funnel.config.scorer.heads > 0 needs the candidates' context (hir/funnel/head.py)")
+    model = FunnelScorer(x.mean(0), np.where(sd > 1e-6, sd, 1.0), config.hidden, config.heads)
     opt = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=config.lr, total_steps=config.steps, pct_start=0.1)
     hold_rows = np.concatenate([np.arange(offsets[r], offsets[r + 1]) for r in hold]) if len(hold) else np.zeros(0, int)
     hold_off = np.concatenate([[0], np.cumsum(offsets[hold + 1] - offsets[hold])]) if len(hold) else np.zeros(1, int)
+    hold_ctx = context.subset(hold) if context is not None and config.heads else None
 
     def check() -> float:
-        return recall_at(model.score(x[hold_rows]), y[hold_rows], hold_off, config.k, total[hold])
+        return recall_at(model.score(x[hold_rows], hold_ctx), y[hold_rows], hold_off, config.k, total[hold])
 
     every = max(config.steps // config.checks, 1)
     best = (check(), 0, {k: v.clone() for k, v in model.state_dict().items()})
@@ -150,7 +185,8 @@ def fit_scorer(x: np.ndarray, y: np.ndarray, offsets: np.ndarray, total: np.ndar
         model.train()
         batch = gen.choice(fit_users, size=min(config.batch, len(fit_users)), replace=False)
         xb, yb, mb = _padded(x, y, offsets, batch)
-        loss = listwise_loss(model(xb), yb, mb)
+        head_in = context.batch(batch, xb.shape[1]) if model.head is not None else None
+        loss = listwise_loss(model(xb, head_in), yb, mb)
         if not torch.isfinite(loss):
             raise FloatingPointError(f"funnel scorer: non-finite loss {loss.item()} at step {step}; "
                                      "lower funnel.scorer.lr")

@@ -98,7 +98,8 @@ class Recommender:
         cfg["scorer"] = ScorerConfig(**cfg["scorer"])
         self.config = FunnelConfig(**cfg)
         state = saved["state_dict"]
-        self.scorer = FunnelScorer(state["mean"].numpy(), state["std"].numpy(), list(saved["hidden"]))
+        self.scorer = FunnelScorer(state["mean"].numpy(), state["std"].numpy(), list(saved["hidden"]),
+                                   self.config.scorer.heads)
         self.scorer.load_state_dict(state)
         self.scorer.eval()
         base = np.load(self.dir / "base.npz")
@@ -128,7 +129,7 @@ class Recommender:
         """The top ``k`` of each user (ids of the snapshot; unknown users get popular entities)."""
         users = np.unique(np.asarray(users, dtype=np.int64))
         cands = self.candidates(users)
-        scores = self.scorer.score(cands.x)
+        scores = self.scorer.score(cands.x, cands.context)
         ids, vals = top_per_user(cands, scores, k)
         # rows of each chosen candidate, for its source and reason
         pos = {(u, e): i for i, (u, e) in enumerate(zip(cands.rows["user_id"].to_list(), cands.rows["entity_id"].to_list(),

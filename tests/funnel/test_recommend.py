@@ -73,3 +73,20 @@ def test_cli_by_original_ids(funnel_run: Path, capsys: pytest.CaptureFixture[str
         main(["no-such-user", "--funnel", str(funnel_run / "funnel"), "--discovery", "base"])
     assert err.value.code == 2
     assert "unknown user ids" in capsys.readouterr().err
+
+
+def test_a_scorer_with_the_target_aware_head_is_served(tiny_graph: Path, tmp_path: Path) -> None:
+    """The head's scorer round-trips through scorer.pt: the Recommender's scores are the fitted
+    model's on the same candidates."""
+    shutil.copytree(tiny_graph, tmp_path / "graph")
+    config = FunnelConfig(rank=8, discovery=10, popular=5, max_funnel=20, affinity_context=10,
+                          scorer=ScorerConfig(hidden=[8], steps=30, batch=32, checks=3, heads=2))
+    write_funnel(tmp_path / "graph", tmp_path / "funnel", ["train", "val"], config, seed=0)
+    rec = Recommender(tmp_path / "funnel")
+    assert rec.scorer.head is not None and rec.config.scorer.heads == 2
+    users = np.unique(pl.read_parquet(tmp_path / "funnel" / "open_funnel.parquet")["user_id"].to_numpy())[:4]
+    cands = rec.candidates(users)
+    assert cands.context is not None
+    out = rec.recommend(users, k=5)
+    top = np.sort(rec.scorer.score(cands.x, cands.context)[cands.offsets[0]:cands.offsets[1]])[::-1][:5]
+    np.testing.assert_allclose(out.scores[0], top, rtol=1e-5)

@@ -9,6 +9,7 @@ import numpy as np
 import polars as pl
 import pytest
 
+from hir.funnel.affinity import COLUMNS as AFFINITY
 from hir.funnel.fit import FunnelConfig, training_views, view_candidates
 from hir.funnel.source import open_funnel, plain_order, visible_events
 
@@ -90,6 +91,8 @@ def test_next_period_view_reads_nothing_after_its_cut() -> None:
         b = view_candidates(truncated, users, asof, 2, 60, 40, config, 0, targets)
         np.testing.assert_array_equal(a.x, b.x)
         np.testing.assert_array_equal(a.y, b.y)
+        # the affinity to the user's other items is among the inputs compared (not switched off)
+        assert np.abs(a.rows.select(AFFINITY).to_numpy()).sum() > 0
 
 
 def test_denoise_hides_the_conversion_and_keeps_the_cart() -> None:
@@ -101,6 +104,16 @@ def test_denoise_hides_the_conversion_and_keeps_the_cart() -> None:
     assert (in_view["stage_rank"] < 2).all(), "a hidden pair's conversion reached the view"
     shallow = log.join(hidden, on=["user_id", "entity_id"], how="semi").filter(pl.col("stage_rank") < 2)
     assert in_view.height == shallow.height, "a hidden pair's shallower events must stay"
+    # more conversions of the hidden pairs (what the targets are) change no input of any candidate
+    extra = hidden.join(log.filter(pl.col("stage_rank") == 2), on=["user_id", "entity_id"], how="inner") \
+        .select(log.columns).with_columns(pl.col("timestamp") + timedelta(hours=1))
+    ((view_b, _, hidden_b),) = training_views(pl.concat([log, extra]), 2, "denoise", T0, T0 + timedelta(days=60), config, 0)
+    assert hidden_b.sort("user_id", "entity_id").equals(hidden.sort("user_id", "entity_id"))
+    users = np.unique(hidden["user_id"].to_numpy())
+    small = FunnelConfig(rank=8, discovery=10, popular=5)
+    a = view_candidates(view, users, T0 + timedelta(days=61), 2, 60, 40, small, 0, hidden)
+    b = view_candidates(view_b, users, T0 + timedelta(days=61), 2, 60, 40, small, 0, hidden_b)
+    np.testing.assert_array_equal(a.x, b.x)
     whole = FunnelConfig(drop=0.3, whole=1.0)
     ((view2, _, hidden2),) = training_views(log, 2, "denoise", T0, T0 + timedelta(days=60), whole, seed=0)
     assert view2.join(hidden2, on=["user_id", "entity_id"], how="semi").is_empty()
