@@ -102,20 +102,11 @@ def anchor_tree(tokenizer: HierarchicalTokenizer, directions: np.ndarray, anchor
     return fitted
 
 
-def anchor_agreement(anchor: dict[str, list[np.ndarray]], top1: list[np.ndarray], offsets: dict[str, int],
-                     rows: np.ndarray) -> dict[str, object]:
-    """Per level, the share of ``rows`` (global ids of the entities the tree was fitted on) with
-    an anchor token whose exported top-1 token (``top1``: per level, global ids) is that token,
-    and how many were compared. Ids are compared as they are: the anchored tree keeps them."""
-    out: dict[str, object] = {"compared": 0, "agreement": []}
-    prev_levels = []
-    for lvl in range(len(top1)):
-        prev = np.full(len(top1[lvl]), -1, np.int64)
-        for t, per_level in anchor.items():
-            prev[offsets[t]:offsets[t] + len(per_level[lvl])] = per_level[lvl]
-        prev_levels.append(prev[rows])
-    known = (np.stack(prev_levels) >= 0).all(0)
-    out["compared"] = int(known.sum())
-    out["agreement"] = [round(float((top1[lvl][rows][known] == prev_levels[lvl][known]).mean()), 4) if known.any()
-                        else None for lvl in range(len(top1))]
-    return out
+def anchor_agreement(previous: list[np.ndarray], top1: list[np.ndarray]) -> dict[str, object]:
+    """Per level, the share of the entities with an anchor token (``previous``: per level (m,),
+    -1 without) whose exported top-1 token (``top1``: per level (m,), the same entities) is that
+    token, and how many were compared. Ids are compared as they are: the anchored tree keeps them."""
+    known = (np.stack(previous) >= 0).all(0)
+    return {"compared": int(known.sum()),
+            "agreement": [round(float((t[known] == p[known]).mean()), 4) if known.any() else None
+                          for p, t in zip(previous, top1)]}

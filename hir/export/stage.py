@@ -159,16 +159,22 @@ def serve_dim(embedder: Any, z: Any, dim: int | None) -> tuple[Any, Any]:
     return z, projection
 
 
-def refit_hierarchy(embedder: Any, z: Any, seed: int) -> None:
-    """``export.hierarchy_fit=entities``: tokenise with the checkpoint's tree refitted on the exported
-    directions of the warm entities of the engaged types (those the super-graph counts)."""
+def fitted_rows(embedder: Any) -> Any:
+    """Global ids (m,) of the entities the token tree is fitted on: the warm entities of the
+    engaged types (those the super-graph counts)."""
     import numpy as np
-
-    from hir.export.hierarchy import refit_tokenizer
 
     st = embedder.store
     engaged = [st.types.index(t) for t in embedder.snapshot.engaged_types()]
-    rows = np.flatnonzero(np.isin(st.node_type, engaged) & st.warm)
+    return np.flatnonzero(np.isin(st.node_type, engaged) & st.warm)
+
+
+def refit_hierarchy(embedder: Any, z: Any, seed: int) -> None:
+    """``export.hierarchy_fit=entities``: tokenise with the checkpoint's tree refitted on the exported
+    directions of the warm entities of the engaged types (those the super-graph counts)."""
+    from hir.export.hierarchy import refit_tokenizer
+
+    rows = fitted_rows(embedder)
     t0 = time.perf_counter()
     embedder.use_tokenizer(refit_tokenizer(embedder.tokenizer, embedder.semantic(z[rows]), seed))
     log.info("hierarchy refitted on the directions of %d warm entities in %.1fs", len(rows), time.perf_counter() - t0)
@@ -177,42 +183,37 @@ def refit_hierarchy(embedder: Any, z: Any, seed: int) -> None:
 def anchored_hierarchy(embedder: Any, z: Any, anchor_dir: str, keys: dict[str, list[str]]) -> dict[str, Any]:
     """``export.hierarchy_anchor``: the refit of :func:`refit_hierarchy` started from a previous
     version's tokens (:func:`hir.export.anchor.anchor_tree`) instead of a seeded k-means. Returns
-    what the anchor covered (path, entities fitted and anchored)."""
+    what the anchor covered (path, entities fitted and anchored), the fitted ``rows`` (m,) and
+    their anchor tokens ``previous`` (per level (m,), -1 where the anchor lacks the entity)."""
     import numpy as np
 
     from hir.export.anchor import anchor_tree, read_anchor
 
     st = embedder.store
-    engaged = [st.types.index(t) for t in embedder.snapshot.engaged_types()]
-    rows = np.flatnonzero(np.isin(st.node_type, engaged) & st.warm)
+    rows = fitted_rows(embedder)
     t0 = time.perf_counter()
     anchor = read_anchor(anchor_dir, keys, embedder.levels)
-    per_level = []
+    previous = []
     for lvl in range(len(embedder.levels)):
         prev = np.full(st.n_nodes, -1, np.int64)
         for t, levels in anchor.items():
             lo = st.type_range(t)[0]
             prev[lo:lo + len(levels[lvl])] = levels[lvl]
-        per_level.append(prev[rows])
-    anchor_tree(embedder.tokenizer, embedder.semantic(z[rows]), per_level)
-    anchored = int((np.stack(per_level) >= 0).all(0).sum())
+        previous.append(prev[rows])
+    anchor_tree(embedder.tokenizer, embedder.semantic(z[rows]), previous)
+    anchored = int((np.stack(previous) >= 0).all(0).sum())
     log.info("hierarchy refitted from the tokens of %s (%d of %d warm entities anchored) in %.1fs", anchor_dir,
              anchored, len(rows), time.perf_counter() - t0)
-    return {"path": str(anchor_dir), "fitted": len(rows), "anchored": anchored, "tokens": anchor}
+    return {"path": str(anchor_dir), "fitted": len(rows), "anchored": anchored, "rows": rows, "previous": previous}
 
 
-def anchor_report(embedder: Any, anchored: dict[str, Any], top1: list[Any]) -> dict[str, Any]:
+def anchor_report(anchored: dict[str, Any], top1: list[Any]) -> dict[str, Any]:
     """``hierarchy_anchor`` of supergraph.json: the anchor's path and coverage, and per level the
-    share of anchored warm entities whose exported top-1 token is still the anchor's."""
-    import numpy as np
-
+    share of anchored warm entities whose exported top-1 token (``top1``: per level, global ids)
+    is still the anchor's."""
     from hir.export.anchor import anchor_agreement
 
-    st = embedder.store
-    engaged = [st.types.index(t) for t in embedder.snapshot.engaged_types()]
-    rows = np.flatnonzero(np.isin(st.node_type, engaged) & st.warm)
-    offsets = {t: st.type_range(t)[0] for t in anchored["tokens"]}
-    agree = anchor_agreement(anchored["tokens"], top1, offsets, rows)
+    agree = anchor_agreement(anchored["previous"], [t[anchored["rows"]] for t in top1])
     log.info("tokens kept from the anchor per level: %s of %d entities", agree["agreement"], agree["compared"])
     return {k: anchored[k] for k in ("path", "fitted", "anchored")} | agree
 
@@ -228,8 +229,7 @@ def fitted_hierarchy(embedder: Any, z: Any, fit: str, visible_splits: list[str],
 
     st = embedder.store
     t0 = time.perf_counter()
-    engaged = [st.types.index(t) for t in embedder.snapshot.engaged_types()]
-    rows = np.flatnonzero(np.isin(st.node_type, engaged) & st.warm)
+    rows = fitted_rows(embedder)
     directions = embedder.semantic(z[rows])
     users, ents = engagement_pairs(embedder.snapshot, st.offsets, tuple(visible_splits))
     pos = np.minimum(np.searchsorted(rows, ents), len(rows) - 1)
@@ -289,7 +289,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                                         top1, embedder.levels, z if ex.kmeans_reference else None, int(cfg.seed))
     sg["hierarchy_fit"] = ex.hierarchy_fit
     if anchored is not None:
-        sg["hierarchy_anchor"] = anchor_report(embedder, anchored, top1)
+        sg["hierarchy_anchor"] = anchor_report(anchored, top1)
     write_text_atomic(hier_dir / "supergraph.json", json.dumps(sg, indent=2))
     meta = export_meta(embedder, ckpt, ex, z, codes, keys, event_ts, created, sg, planted, cold_report,
                        {"embed": round(t_embed, 2), "hierarchy_fit": round(t_fit, 2),
