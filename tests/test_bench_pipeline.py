@@ -3,22 +3,17 @@ to reuse a run dir, and the docs section it writes (the run itself: `--data synt
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.benchmarks_loader import load_benchmark
+
 
 
 @pytest.fixture(scope="module")
 def bench():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    spec = importlib.util.spec_from_file_location("bench_pipeline", ROOT / "benchmarks" / "pipeline.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("pipeline")
 
 
 def test_stage_seconds_are_the_lines_hir_logs(bench, caplog) -> None:
