@@ -10,7 +10,6 @@ import pytest
 from tests.benchmarks_loader import load_benchmark
 
 
-
 @pytest.fixture(scope="module")
 def bench():
     return load_benchmark("pipeline")
