@@ -86,9 +86,10 @@ def _predict(hist_users: np.ndarray, hist_tokens: np.ndarray, pop: np.ndarray, a
     loss, hits = 0.0, np.zeros(len(tops))
     for lo in range(0, len(ids), block):
         hi = min(lo + block, len(ids))
-        counts = np.zeros((hi - lo, len(pop)), np.float64)
         sel = (hrow >= lo) & (hrow < hi)
-        np.add.at(counts, (hrow[sel] - lo, htok[sel]), 1.0)
+        # bincount, not np.add.at (~15 s of completejourney's export)
+        counts = np.bincount((hrow[sel] - lo) * len(pop) + htok[sel],
+                             minlength=(hi - lo) * len(pop)).reshape(hi - lo, len(pop)).astype(np.float64)
         p = (counts + alpha * pop[None, :]) / (counts.sum(1, keepdims=True) + alpha)  # (block, k)
         at = (row >= lo) & (row < hi)
         r, t = row[at] - lo, tokens[at]

@@ -3,10 +3,37 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 import torch
 from torch import Tensor
+
+
+def top_k_rows(user_vecs: np.ndarray, cand_vecs: np.ndarray, masked: list[np.ndarray], k: int,
+               chunk: int = 1024) -> np.ndarray:
+    """(U, k') int64: each user's top-``k`` candidate rows by inner product, best first, its
+    ``masked`` rows removed (k' = min(k, M)). user_vecs (U, d), cand_vecs (M, d)."""
+    cand = torch.from_numpy(np.ascontiguousarray(cand_vecs, np.float32))
+    kk = min(int(k), cand.shape[0])
+    out = np.zeros((len(user_vecs), kk), np.int64)
+    for lo in range(0, len(user_vecs), chunk):
+        scores = torch.from_numpy(np.ascontiguousarray(user_vecs[lo:lo + chunk], np.float32)) @ cand.T
+        for i, m in enumerate(masked[lo:lo + chunk]):
+            if len(m):
+                scores[i, torch.from_numpy(np.asarray(m, np.int64))] = -torch.inf
+        out[lo:lo + chunk] = scores.topk(kk, dim=1).indices.numpy()
+    return out
+
+
+def recall_of_top(top: np.ndarray, positives: list[np.ndarray], k: int) -> np.ndarray:
+    """(U,) float64 recall@k of ranked lists ``top`` (U, >= k) (:func:`top_k_rows`), NaN for a
+    user without positives: one ranking serves every k up to its width and every positive set."""
+    out = np.full(len(top), np.nan)
+    for i, (row, pos) in enumerate(zip(top[:, :k], positives)):
+        if len(pos):
+            out[i] = np.isin(row, pos).sum() / len(pos)
+    return out
 
 
 def recall_per_user(user_vecs: np.ndarray, cand_vecs: np.ndarray, positives: list[np.ndarray],
@@ -15,18 +42,55 @@ def recall_per_user(user_vecs: np.ndarray, cand_vecs: np.ndarray, positives: lis
     removed from its ranking: (U,) float64, NaN for a user without positives. user_vecs (U, d),
     cand_vecs (M, d); positives/masked: per user, candidate row indices. Paired comparisons
     (two embeddings of the same users) take the difference of two of these."""
-    cand = torch.from_numpy(np.ascontiguousarray(cand_vecs, np.float32))
-    out = np.full(len(user_vecs), np.nan)
-    for lo in range(0, len(user_vecs), chunk):
-        scores = torch.from_numpy(np.ascontiguousarray(user_vecs[lo:lo + chunk], np.float32)) @ cand.T
-        for i, m in enumerate(masked[lo:lo + chunk]):
+    return recall_of_top(top_k_rows(user_vecs, cand_vecs, masked, k, chunk), positives, k)
+
+
+def top_k_variants(user_vecs: np.ndarray, cand_vecs: np.ndarray, masked: list[np.ndarray], k: int,
+                   rows: np.ndarray, variants: Iterable[np.ndarray], chunk: int = 1024) -> Iterator[np.ndarray]:
+    """:func:`top_k_rows` for versions of the candidates that differ only in ``rows``: yields, per
+    (R, d) array of ``variants`` (new vectors of candidate rows ``rows`` (R,)), the (U, k') top
+    rows of ``cand_vecs`` with those rows replaced. The other rows' top-k is computed once and
+    merged with the variant rows' scores, so each variant costs U x R, not U x M (export's cold
+    placement scores 8 boosts of ~20k cold rows against ~90k candidates). The ranking is the
+    same as :func:`top_k_rows` on the replaced matrix up to the order of exactly tied scores."""
+    rows = np.asarray(rows, np.int64)
+    n = len(cand_vecs)
+    fixed = np.ones(n, bool)
+    fixed[rows] = False
+    fixed_ids = np.flatnonzero(fixed)
+    # per user: its masked rows among the fixed ones (in the fixed frame) and among the variant rows
+    pos_fixed = np.full(n, -1, np.int64)
+    pos_fixed[fixed_ids] = np.arange(len(fixed_ids))
+    pos_var = np.full(n, -1, np.int64)
+    pos_var[rows] = np.arange(len(rows))
+    m_fixed = [pos_fixed[np.asarray(m, np.int64)] for m in masked]
+    m_var = [pos_var[np.asarray(m, np.int64)] for m in masked]
+    m_fixed = [m[m >= 0] for m in m_fixed]
+    m_var = [m[m >= 0] for m in m_var]
+    kk = min(int(k), n)
+    cand = torch.from_numpy(np.ascontiguousarray(cand_vecs[fixed_ids], np.float32))
+    users = np.ascontiguousarray(user_vecs, np.float32)
+    head_val, head_idx = [], []
+    for lo in range(0, len(users), chunk):
+        scores = torch.from_numpy(users[lo:lo + chunk]) @ cand.T
+        for i, m in enumerate(m_fixed[lo:lo + chunk]):
             if len(m):
-                scores[i, torch.from_numpy(np.asarray(m, np.int64))] = -torch.inf
-        top = scores.topk(min(k, cand.shape[0]), dim=1).indices.numpy()
-        for i, (row, pos) in enumerate(zip(top, positives[lo:lo + chunk])):
-            if len(pos):
-                out[lo + i] = np.isin(row, pos).sum() / len(pos)
-    return out
+                scores[i, torch.from_numpy(m)] = -torch.inf
+        t = scores.topk(min(kk, scores.shape[1]), dim=1)
+        head_val.append(t.values)
+        head_idx.append(torch.from_numpy(fixed_ids)[t.indices])
+    for var in variants:
+        vc = torch.from_numpy(np.ascontiguousarray(var, np.float32))
+        out = np.zeros((len(users), kk), np.int64)
+        for c, lo in enumerate(range(0, len(users), chunk)):
+            scores = torch.from_numpy(users[lo:lo + chunk]) @ vc.T
+            for i, m in enumerate(m_var[lo:lo + chunk]):
+                if len(m):
+                    scores[i, torch.from_numpy(m)] = -torch.inf
+            both = torch.cat([head_val[c], scores], dim=1)
+            ids = torch.cat([head_idx[c], torch.from_numpy(rows).expand(scores.shape[0], -1)], dim=1)
+            out[lo:lo + chunk] = torch.gather(ids, 1, both.topk(kk, dim=1).indices).numpy()
+        yield out
 
 
 def masked_recall(user_vecs: np.ndarray, cand_vecs: np.ndarray, positives: list[np.ndarray],

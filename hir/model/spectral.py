@@ -414,11 +414,13 @@ def _base(store: GraphStore, basis: SpectralBasis) -> tuple[np.ndarray, np.ndarr
     empty = np.linalg.norm(out, axis=1) == 0
     pick = empty[rows] & member_has
     if pick.any():
-        sums = np.zeros((n, k), np.float64)
-        np.add.at(sums, rows[pick], out[down.dst[pick]])
-        cnt = np.bincount(rows[pick], minlength=n)
-        filled = cnt > 0
-        out[filled] = (sums[filled] / cnt[filled, None]).astype(np.float32)
+        # rows are sorted (CSR order): each filled node's members are one contiguous run, summed
+        # by reduceat (np.add.at over (pairs, K) took ~2.3 s a call on completejourney)
+        pr = rows[pick]
+        starts = np.flatnonzero(np.r_[True, pr[1:] != pr[:-1]])
+        sums = np.add.reduceat(out[down.dst[pick]].astype(np.float64), starts, axis=0)
+        cnt = np.diff(np.r_[starts, len(pr)])
+        out[pr[starts]] = (sums / cnt[:, None]).astype(np.float32)
     return out, deg_fit.astype(np.float32), filt
 
 

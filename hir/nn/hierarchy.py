@@ -62,10 +62,14 @@ def kmeans(x: Tensor, k: int, iters: int = 25, generator: torch.Generator | None
         return min(runs, key=lambda c: float(torch.cdist(x, c).min(dim=1).values.pow(2).sum()))
     n = x.shape[0]
     cents = [x[torch.randint(n, (1,), generator=generator)]]
+    # each point's distance to its nearest seed so far, updated with the newest seed only: O(n k d)
+    # (recomputing it against every seed each round was O(n k^2 d): 43 s of completejourney's export)
+    dist = torch.cdist(x, cents[0])[:, 0]
     for _ in range(1, k):
-        d2 = torch.cdist(x, torch.cat(cents)).min(dim=1).values.pow(2)
+        d2 = dist.pow(2)
         probs = d2 / d2.sum() if d2.sum() > 0 else torch.full((n,), 1.0 / n)
         cents.append(x[torch.multinomial(probs, 1, generator=generator)])
+        dist = torch.minimum(dist, torch.cdist(x, cents[-1])[:, 0])
     c = torch.cat(cents)  # (k, d)
     for _ in range(iters):
         assign = torch.cdist(x, c).argmin(dim=1)

@@ -119,12 +119,20 @@ class CatalogueLoss(nn.Module):
         return self.log_scale.clamp(0.0, math.log(100.0)).exp()
 
     def forward(self, users: Tensor, catalogue: Tensor, tgt_rows: Tensor, tgt_cols: Tensor, tgt_weight: Tensor,
-                mask_rows: Tensor, mask_cols: Tensor, col_bias: Tensor | None = None) -> Tensor:
+                mask_rows: Tensor, mask_cols: Tensor, col_bias: Tensor | None = None,
+                cols: Tensor | None = None, col_vectors: Tensor | None = None) -> Tensor:
         """users: (U, C); catalogue: (M, C); tgt_rows, tgt_cols, tgt_weight: (T,) each target's
         (user row, catalogue row, 1 / the user's target count); mask_rows, mask_cols: (Q,) entries
         to remove; col_bias: (M,) log-weight added to each entity's logit (-inf leaves it out; a
-        sampled entity's ``log(1 / inclusion probability)``) or None -> scalar."""
-        logits = (users @ catalogue.T) * self.scale  # (U, M)
+        sampled entity's ``log(1 / inclusion probability)``) or None -> scalar. ``cols`` (R,) and
+        ``col_vectors`` (R, C): catalogue rows replaced by these vectors (the batch's cold entities,
+        embedded by the network): as ``catalogue.index_copy(0, cols, col_vectors)``, but only those
+        R columns carry a gradient to the catalogue side (a fixed catalogue's (M, C) gradient was
+        a third of a training step's backward on completejourney)."""
+        logits = users @ catalogue.T  # (U, M)
+        if cols is not None and col_vectors is not None and len(cols):
+            logits = logits.index_copy(1, cols, users @ col_vectors.T)
+        logits = logits * self.scale
         if col_bias is not None:
             logits = logits + col_bias[None, :]
         logits = logits.index_put((mask_rows, mask_cols), logits.new_tensor(float("-inf")))

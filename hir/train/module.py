@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from hir.errors import HirError
 from hir.model import catalogue_vectors, embed_batch, usage_stats, views
 from hir.model.gate import CLOSED, choose_gate, gate_line, gate_users, gated
-from hir.model.metrics import paired_gain, recall_per_user
+from hir.model.metrics import paired_gain, recall_of_top, top_k_rows
 from hir.nn import AlignLoss, BalanceLoss, CatalogueLoss, DistillLoss, HirNet
 from hir.nn.net import USER_TYPE
 
@@ -216,12 +216,14 @@ class HirModule(L.LightningModule):
             # train the content placement export gives cold entities (TrainBatches, `cold`)
             bias = torch.zeros(len(catalogue), device=catalogue.device)  # (M,)
             bias = bias.masked_fill(catalogue.norm(dim=-1) == 0, float("-inf"))
+            cols = z_cold = None
             if "cold" in batch:
-                z_cold = self.net(batch["cold"], use_ids=False)  # (C_cold, C)
-                catalogue = catalogue.index_copy(0, batch["cold_cols"], z_cold.to(catalogue.dtype))
-                bias = bias.index_copy(0, batch["cold_cols"], batch["cold_bias"].to(bias.dtype))
+                z_cold = self.net(batch["cold"], use_ids=False).to(catalogue.dtype)  # (C_cold, C)
+                cols = batch["cold_cols"]
+                bias = bias.index_copy(0, cols, batch["cold_bias"].to(bias.dtype))
             parts["catalogue"] = self.catalogue_loss(full[0][:n], catalogue, batch["tgt_rows"], batch["tgt_cols"],
-                                                     batch["tgt_weight"], batch["mask_rows"], batch["mask_cols"], bias)
+                                                     batch["tgt_weight"], batch["mask_rows"], batch["mask_cols"], bias,
+                                                     cols, z_cold)
         if correction is not None and n:
             # the user correction's squared size: it stays at the base unless the targets pay for it
             parts["anchor"] = correction[:n].pow(2).sum(-1).mean()
@@ -301,8 +303,13 @@ class HirModule(L.LightningModule):
         zc = z[index[val.cands]].numpy()
         closed = self._closed_users(zu, val.users) if self.teacher.corrects else None
         evidence = self.trainer.datamodule.store.exposure[val.users]  # (U,) events in the train split
-        per_k = {k: recall_per_user(zu, zc, val.positives, val.masked, k) for k in self.val_k}
-        closed_k = {k: recall_per_user(closed, zc, val.positives, val.masked, k) for k in self.val_k} if closed is not None else {}
+        # one ranking per embedding serves every k
+        top = top_k_rows(zu, zc, val.masked, max(self.val_k))
+        per_k = {k: recall_of_top(top, val.positives, k) for k in self.val_k}
+        closed_k = {}
+        if closed is not None:
+            top_closed = top_k_rows(closed, zc, val.masked, max(self.val_k))
+            closed_k = {k: recall_of_top(top_closed, val.positives, k) for k in self.val_k}
         # no open correction: at step 0 the gate is closed; without a transformer there is nothing
         # to gate (None: export leaves every user as the network embeds it, i.e. its base)
         self.evidence_gate = {"max_events": CLOSED if self.teacher.use_transformer else None}

@@ -65,3 +65,21 @@ def test_align_range_and_a_zero_predictor():
                 m.weight.zero_()
                 m.bias.zero_()
     assert math.isclose(float(align([z, z], [z, z]).detach()), 2.0, abs_tol=1e-6)  # zero prediction: cos = 0
+
+
+def test_replaced_catalogue_columns_equal_the_replaced_catalogue_and_only_they_get_gradients():
+    torch.manual_seed(0)
+    users = F.normalize(torch.randn(4, 3), dim=-1).requires_grad_(True)
+    cat = F.normalize(torch.randn(7, 3), dim=-1)
+    cols = torch.tensor([1, 5])
+    new = F.normalize(torch.randn(2, 3), dim=-1).requires_grad_(True)
+    rows, tgt, w = torch.tensor([0, 1, 3]), torch.tensor([1, 2, 5]), torch.ones(3)
+    none = torch.zeros(0, dtype=torch.long)
+    loss = CatalogueLoss(0.1, learn_temperature=True)
+    split = loss(users, cat, rows, tgt, w, none, none, None, cols, new)
+    g_users, g_new = torch.autograd.grad(split, (users, new))
+    whole = loss(users, cat.index_copy(0, cols, new), rows, tgt, w, none, none)
+    w_users, w_new = torch.autograd.grad(whole, (users, new))
+    torch.testing.assert_close(split, whole)
+    torch.testing.assert_close(g_users, w_users)
+    torch.testing.assert_close(g_new, w_new)
