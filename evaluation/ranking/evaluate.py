@@ -216,7 +216,7 @@ def evaluate_ranking(
     y_test, test_rows = y[test_idx], rows[test_idx]
     groups = users[test_idx] if unit == "user" else np.arange(len(test_idx))
     weights = bootstrap_weights(groups, resamples, seed)
-    draws = seed_mean_draws(y_test, preds, weights)
+    draws = seed_mean_draws(y_test, preds, weights, seed=seed)
     out: dict[str, Any] = {
         "task": asdict(task) | {"label_stage": label_stage, "candidate_stages": task.resolve_candidate_stages(snap)
                                 if task.kind in ("funnel", "conversion") else None},

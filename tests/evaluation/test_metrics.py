@@ -79,3 +79,30 @@ def test_recall_and_ndcg_by_hand() -> None:
     assert out["ndcg@3"] == pytest.approx((dcg_u0 / idcg_u0 + dcg_u1 / 1.0) / 2)
     with pytest.raises(ValueError, match="fewer than the largest K"):
         m.recall_ndcg_at_k(topk, relevant, (5,))
+
+
+def test_seed_draws_count_the_ranker_seeds_noise() -> None:
+    from hir_evaluation.metrics import bootstrap_ranking, bootstrap_weights, interval, seed_mean_draws
+
+    rng = np.random.default_rng(3)
+    n = 4000
+    y = (rng.random(n) < 0.3).astype(np.float64)
+    base = np.clip(0.3 + 0.2 * (y - 0.3) + rng.normal(0, 0.05, n), 0.01, 0.99)
+    weights = bootstrap_weights(np.arange(n), 300, seed=1)
+    # one seed: the rows' bootstrap alone
+    one = seed_mean_draws(y, {"baseline": [base], "hir": [np.clip(base + 0.05 * (y - 0.3), 0.01, 0.99)]}, weights)
+    ref = bootstrap_ranking(y, {"baseline": base, "hir": np.clip(base + 0.05 * (y - 0.3), 0.01, 0.99)}, weights)
+    np.testing.assert_allclose(one["hir"]["ne_lift"], ref["hir"]["ne_lift"])
+    # five seeds that agree: the same draws; five that disagree: a wider interval than their rows' alone
+    same = seed_mean_draws(y, {"baseline": [base] * 5, "hir": [np.clip(base + 0.05 * (y - 0.3), 0.01, 0.99)] * 5},
+                           weights)
+    np.testing.assert_allclose(same["hir"]["ne_lift"], ref["hir"]["ne_lift"])
+    hir = [np.clip(base + s * (y - 0.3), 0.01, 0.99) for s in (0.0, 0.02, 0.05, 0.08, 0.1)]
+    two_level = seed_mean_draws(y, {"baseline": [base] * 5, "hir": hir}, weights)["hir"]["ne_lift"]
+    rows_only = np.mean([bootstrap_ranking(y, {"baseline": base, "hir": h}, weights)["hir"]["ne_lift"] for h in hir],
+                        axis=0)
+    width = np.diff(interval(two_level))[0]
+    assert width > 1.5 * np.diff(interval(rows_only))[0]
+    # the interval still holds the mean over the seeds
+    lo, hi = interval(two_level)
+    assert lo < float(np.mean(rows_only)) < hi
