@@ -122,7 +122,7 @@ class FunnelTables:
         return cls(
             source=open_funnel(lazy, target_rank, asof).collect(),
             entities=entities,
-            users=user_stats(lazy, asof).collect(),
+            users=user_stats(lazy, asof, target_rank).collect(),
             base=ViewBase.fit(weight, n_users, n_entities, config.rank, config.ideal, seed),
             popular=popular_entities(entities, config.popular),
             use_time=config.use_time,

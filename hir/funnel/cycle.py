@@ -1,0 +1,81 @@
+"""Repurchase cycles: when a user is *due* to convert an entity again.
+
+Grocery and wholesale logs repeat, and what orders a user's repeats is less how often the user
+bought an entity than whether it is due now (TIFU-KNN, SIGIR'20; ReCANet, SIGIR'22; the next-basket
+reality check, TOIS 2023). The open funnel's counts and last times cannot say that: a cycle needs
+the times of every conversion. This module reads them once, at the grain of a *trip* (a distinct
+day on which the user reached the target stage; a grocery basket), every time at or before the
+source's as-of time (the caller filters, :func:`hir.funnel.source.visible_events`)::
+
+    D_u        the user's trip days, k_u(d) = trips of u after day d (0 = the last trip)
+    D_ue       the days among D_u on which u converted e
+    n_trips    |D_ue|                                 (pair)
+    cycle_*    median / mean of the gaps between consecutive days of D_ue, in days (null: < 2 trips)
+    trip_decay sum_{d in D_ue} DECAY ** k_u(d)        (pair; TIFU's time-decayed frequency)
+    user_trips |D_u|,  user_decay = sum_{d in D_u} DECAY ** k_u(d)
+    user_trip_rate  |D_u| per week of the user's span: 7 |D_u| / max(asof - min D_u, 7 days)
+    entity_cycle    median of ``cycle_median`` over the entity's pairs with one (the item's typical
+                    cycle, the fallback for a user who converted it once)
+
+The scorer reads ratios of them (:data:`hir.funnel.candidates.FEATURES`): ``trip_share`` =
+n_trips / user_trips, ``trip_share_decay`` = trip_decay / user_decay and the *due* ratio
+target_age_days / cycle (the user's own cycle, else the entity's). The ratio is formed there, not
+stored, so a served source whose ages are shifted to the request time (hir/funnel/serve.py) stays
+right. Every column reads only events of its input, so nothing after the as-of time reaches it
+(tests/funnel/test_cycle.py).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import polars as pl
+
+from hir.data.schema import TS
+
+DAY_US = 86_400 * 1_000_000
+# TIFU-KNN's within-user decay per basket; its tuned values sit in 0.9-1 on grocery logs, and 0.9
+# halves a trip's weight after about 7 later trips (a few weeks of a weekly shopper)
+DECAY = 0.9
+PAIR_COLUMNS = ("n_trips", "cycle_median", "cycle_mean", "trip_decay")
+USER_COLUMNS = ("user_trips", "user_decay", "user_trip_rate")
+ENTITY_COLUMNS = ("entity_cycle",)
+
+
+def _trips(events: pl.LazyFrame, target_rank: int) -> pl.LazyFrame:
+    """(user_id, entity_id, day, k): the distinct target-stage days of each pair, with the user's
+    trips after that day ``k``."""
+    days = events.filter(pl.col("stage_rank") >= target_rank).select(
+        "user_id", "entity_id", pl.col("timestamp").dt.truncate("1d").alias("day")).unique()
+    user_days = days.select("user_id", "day").unique().with_columns(
+        (pl.col("day").rank("dense", descending=True).over("user_id") - 1).cast(pl.Int32).alias("k"))
+    return days.join(user_days, on=["user_id", "day"])
+
+
+def pair_cycles(events: pl.LazyFrame, target_rank: int) -> pl.LazyFrame:
+    """Per (user, entity) converted at least once: :data:`PAIR_COLUMNS` (module doc)."""
+    gap = (pl.col("day").sort().diff().dt.total_microseconds() / DAY_US).drop_nulls()
+    return _trips(events, target_rank).group_by("user_id", "entity_id").agg(
+        pl.len().cast(pl.Int32).alias("n_trips"),
+        gap.median().cast(pl.Float32).alias("cycle_median"),
+        gap.mean().cast(pl.Float32).alias("cycle_mean"),
+        (pl.lit(DECAY) ** pl.col("k")).sum().cast(pl.Float32).alias("trip_decay"),
+    )
+
+
+def user_trips(events: pl.LazyFrame, target_rank: int, asof: datetime) -> pl.LazyFrame:
+    """Per user with a target-stage event: :data:`USER_COLUMNS` (module doc)."""
+    user_days = _trips(events, target_rank).select("user_id", "day", "k").unique()
+    span = ((pl.lit(asof, TS) - pl.col("first")).dt.total_microseconds() / DAY_US).clip(lower_bound=7.0)
+    return user_days.group_by("user_id").agg(
+        pl.len().cast(pl.Int32).alias("user_trips"),
+        (pl.lit(DECAY) ** pl.col("k")).sum().cast(pl.Float32).alias("user_decay"),
+        pl.col("day").min().alias("first"),
+    ).select("user_id", "user_trips", "user_decay",
+             (7.0 * pl.col("user_trips") / span).cast(pl.Float32).alias("user_trip_rate"))
+
+
+def entity_cycles(pairs: pl.LazyFrame) -> pl.LazyFrame:
+    """Per entity with a repeat buyer: ``entity_cycle`` from :func:`pair_cycles`' rows."""
+    return pairs.filter(pl.col("cycle_median").is_not_null()).group_by("entity_id").agg(
+        pl.col("cycle_median").median().cast(pl.Float32).alias("entity_cycle"))
