@@ -14,6 +14,7 @@ import numpy as np
 import polars as pl
 
 from hir.funnel.affinity import COLUMNS as AFFINITY
+from hir.funnel.cycle import DECAYS
 from hir.funnel.source import plain_order
 
 # stages deeper than this many below the target share one indicator
@@ -62,7 +63,8 @@ FEATURES: dict[str, pl.Expr] = {
     "log_pop_pos": _log("pop_pos"),
     # repurchase cycles (hir/funnel/cycle.py; all 0 where the times are synthesized)
     "trip_share": (pl.col("n_trips") / pl.col("user_trips")).fill_null(0.0).cast(pl.Float32),
-    "trip_share_decay": (pl.col("trip_decay") / pl.col("user_decay")).fill_null(0.0).cast(pl.Float32),
+    **{f"trip_share_{n}": (pl.col(f"trip_decay_{n}") / pl.col(f"user_decay_{n}")).fill_null(0.0).cast(pl.Float32)
+       for n in DECAYS},
     "log_trips": _log("n_trips"),
     "has_cycle": pl.col("cycle_median").is_not_null().cast(pl.Float32),
     "log_cycle": _CYCLE.fill_null(0.0).log1p(),
@@ -78,7 +80,7 @@ FEATURES: dict[str, pl.Expr] = {
 
 
 # the repurchase-cycle inputs above (benchmarks/funnel.py's ``no_cycle`` arm zeroes them)
-CYCLE_FEATURES = ("trip_share", "trip_share_decay", "log_trips", "has_cycle", "log_cycle", "log_entity_cycle",
+CYCLE_FEATURES = ("trip_share", *(f"trip_share_{n}" for n in DECAYS), "log_trips", "has_cycle", "log_cycle", "log_entity_cycle",
                   "has_due", "log_due", "log_user_trips", "log_trip_rate")
 
 

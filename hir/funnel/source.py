@@ -25,11 +25,11 @@ entity_users           distinct users who engaged with the entity
 entity_buyers          distinct users who reached the target stage with it
 entity_conversion      entity_buyers / entity_users
 entity_repeat          share of the entity's buyers with two or more target-stage events
-n_trips, trip_decay    the pair's distinct target-stage days and their TIFU-decayed count
+n_trips, trip_decay_*  the pair's distinct target-stage days and their TIFU-decayed counts
 cycle_median,          the median / mean gap in days between those days (the pair's repurchase
 cycle_mean             cycle, hir/funnel/cycle.py; null: fewer than two)
-user_trips,            the user's trips (distinct target-stage days), their decayed count and
-user_decay,            trips per week (hir/funnel/cycle.py; null: the user never converted)
+user_trips,            the user's trips (distinct target-stage days), their decayed counts and
+user_decay_*,          trips per week (hir/funnel/cycle.py; null: the user never converted)
 user_trip_rate
 entity_cycle           the entity's typical repurchase cycle in days (null: no repeat buyer)
 =====================  ===========================================================================

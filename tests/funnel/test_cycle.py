@@ -11,7 +11,7 @@ import polars as pl
 import pytest
 
 from hir.funnel.candidates import CYCLE_FEATURES, FEATURES
-from hir.funnel.cycle import DECAY
+from hir.funnel.cycle import DECAYS
 from hir.funnel.fit import FunnelConfig, FunnelTables
 from hir.funnel.source import open_funnel, visible_events
 
@@ -52,10 +52,13 @@ def test_trips_cycles_and_shares_of_a_hand_built_log() -> None:
     assert (coffee["n_trips"], coffee["cycle_median"]) == (2, 14.0)
     assert cake["n_trips"] == 1 and cake["cycle_median"] is None and cake["entity_cycle"] == 10.0
     # user 0's trips: days 14, 7, 3, 0 -> k = 0, 1, 2, 3 (the cart of day 15 is no trip)
-    assert (milk["user_trips"], milk["user_decay"]) == (4, pytest.approx(1 + DECAY + DECAY**2 + DECAY**3))
-    assert milk["trip_decay"] == pytest.approx(1 + DECAY + DECAY**3)
+    for n, r in DECAYS.items():
+        assert (milk["user_trips"], milk[f"user_decay_{n}"]) == (4, pytest.approx(1 + r + r**2 + r**3))
+        assert milk[f"trip_decay_{n}"] == pytest.approx(1 + r + r**3)
+        assert milk[f"trip_share_{n}"] == pytest.approx((1 + r + r**3) / (1 + r + r**2 + r**3))
+        # the cake, bought on the user's second trip, weighs less than its plain share
+        assert cake[f"trip_share_{n}"] == pytest.approx(r**2 / (1 + r + r**2 + r**3))
     assert milk["trip_share"] == pytest.approx(3 / 4) and cake["trip_share"] == pytest.approx(1 / 4)
-    assert milk["trip_share_decay"] == pytest.approx((1 + DECAY + DECAY**3) / (1 + DECAY + DECAY**2 + DECAY**3))
     assert milk["user_trip_rate"] == pytest.approx(7 * 4 / 21)
     # the carted, never bought entity has no trip
     assert row[(0, 4)]["n_trips"] is None and row[(0, 4)]["trip_share"] == 0.0
