@@ -73,15 +73,18 @@ FEATURES: dict[str, pl.Expr] = {
     "log_due": _DUE.fill_null(0.0),
     "log_user_trips": _log("user_trips"),
     "log_trip_rate": _log("user_trip_rate"),
+    "log_entity_last": _log("entity_last_days"),
+    "log_entity_recent": _log("entity_recent"),
     # affinity to the user's other items (hir/funnel/affinity.py; all 0 when switched off)
     **{c: pl.col(c).fill_null(0.0).cast(pl.Float32) for c in AFFINITY if not c.startswith("ctx_")},
     **{f"log_{c}": _log(c) for c in AFFINITY if c.startswith("ctx_")},
 }
 
 
-# the repurchase-cycle inputs above (benchmarks/funnel.py's ``no_cycle`` arm zeroes them)
+# the repurchase-cycle and trade-recency inputs above (benchmarks/funnel.py's ``no_cycle`` arm
+# zeroes them)
 CYCLE_FEATURES = ("trip_share", *(f"trip_share_{n}" for n in DECAYS), "log_trips", "has_cycle", "log_cycle", "log_entity_cycle",
-                  "has_due", "log_due", "log_user_trips", "log_trip_rate")
+                  "has_due", "log_due", "log_user_trips", "log_trip_rate", "log_entity_last", "log_entity_recent")
 
 
 def build_candidates(

@@ -16,6 +16,13 @@ source's as-of time (the caller filters, :func:`hir.funnel.source.visible_events
     user_trip_rate  |D_u| per week of the user's span: 7 |D_u| / max(asof - min D_u, 7 days)
     entity_cycle    median of ``cycle_median`` over the entity's pairs with one (the item's typical
                     cycle, the fallback for a user who converted it once)
+    entity_last_days  days from the entity's last conversion by anyone to ``asof``
+    entity_recent     the entity's conversions (events) in the ``RECENT_DAYS`` before ``asof``
+
+The last two say whether the entity is still traded: a user's weekly item that nobody has bought
+for a month has been delisted or is out of season (on completejourney a repeat pair whose entity
+nobody bought in the last 30 days converts at a third of the rate of one bought yesterday, at the
+same trip share); against ``entity_buyers`` (the whole history) ``entity_recent`` is a trend.
 
 The scorer reads ratios of them (:data:`hir.funnel.candidates.FEATURES`): ``trip_share`` =
 n_trips / user_trips, ``trip_share_<r>`` = trip_decay_<r> / user_decay_<r> and the *due* ratio
@@ -27,7 +34,7 @@ right. Every column reads only events of its input, so nothing after the as-of t
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import polars as pl
 
@@ -41,9 +48,11 @@ DAY_US = 86_400 * 1_000_000
 DECAYS = {"90": 0.9, "97": 0.97}
 PAIR_COLUMNS = ("n_trips", "cycle_median", "cycle_mean", *(f"trip_decay_{n}" for n in DECAYS))
 USER_COLUMNS = ("user_trips", *(f"user_decay_{n}" for n in DECAYS), "user_trip_rate")
-ENTITY_COLUMNS = ("entity_cycle",)
+# four weeks: a month of grocery or wholesale trade, shorter than any target period measured
+RECENT_DAYS = 28
+ENTITY_COLUMNS = ("entity_cycle", "entity_last_days", "entity_recent")
 # the float32 ones (the trip counts are int32)
-FLOAT_COLUMNS = tuple(c for c in (*PAIR_COLUMNS, *USER_COLUMNS, *ENTITY_COLUMNS) if c not in ("n_trips", "user_trips"))
+FLOAT_COLUMNS = tuple(c for c in (*PAIR_COLUMNS, *USER_COLUMNS, *ENTITY_COLUMNS) if c not in ("n_trips", "user_trips", "entity_recent"))
 
 
 def _trips(events: pl.LazyFrame, target_rank: int) -> pl.LazyFrame:
@@ -83,3 +92,12 @@ def entity_cycles(pairs: pl.LazyFrame) -> pl.LazyFrame:
     """Per entity with a repeat buyer: ``entity_cycle`` from :func:`pair_cycles`' rows."""
     return pairs.filter(pl.col("cycle_median").is_not_null()).group_by("entity_id").agg(
         pl.col("cycle_median").median().cast(pl.Float32).alias("entity_cycle"))
+
+
+def entity_recency(events: pl.LazyFrame, target_rank: int, asof: datetime) -> pl.LazyFrame:
+    """Per entity with a target-stage event: ``entity_last_days`` and ``entity_recent`` (module doc)."""
+    t = pl.col("timestamp")
+    return events.filter(pl.col("stage_rank") >= target_rank).group_by("entity_id").agg(
+        ((pl.lit(asof, TS) - t.max()).dt.total_microseconds() / DAY_US).cast(pl.Float32).alias("entity_last_days"),
+        (t > pl.lit(asof, TS) - timedelta(days=RECENT_DAYS)).sum().cast(pl.Int32).alias("entity_recent"),
+    )

@@ -32,6 +32,8 @@ user_trips,            the user's trips (distinct target-stage days), their deca
 user_decay_*,          trips per week (hir/funnel/cycle.py; null: the user never converted)
 user_trip_rate
 entity_cycle           the entity's typical repurchase cycle in days (null: no repeat buyer)
+entity_last_days,      days since anyone converted the entity, and its conversions in the last 28
+entity_recent          days (is it still traded? hir/funnel/cycle.py; null: never converted)
 =====================  ===========================================================================
 
 :func:`open_funnel` is a pure ``LazyFrame -> LazyFrame`` step over the snapshot's
@@ -105,7 +107,7 @@ def open_funnel(events: pl.LazyFrame, target_rank: int, asof: datetime) -> pl.La
         pl.col("timestamp").filter(is_target).max().alias("last_target_ts"),
     )
     return (
-        pairs.join(user_stats(ev, asof, target_rank), on="user_id").join(entity_stats(ev, target_rank), on="entity_id")
+        pairs.join(user_stats(ev, asof, target_rank), on="user_id").join(entity_stats(ev, target_rank, asof), on="entity_id")
         .join(cycle.pair_cycles(ev, target_rank), on=["user_id", "entity_id"], how="left")
         .with_columns(
             (pl.lit(target_rank) - pl.col("deepest")).clip(lower_bound=0).cast(pl.Int8).alias("gap"),
@@ -130,9 +132,9 @@ def user_stats(events: pl.LazyFrame, asof: datetime, target_rank: int) -> pl.Laz
         .join(cycle.user_trips(events, target_rank, asof), on="user_id", how="left")
 
 
-def entity_stats(events: pl.LazyFrame, target_rank: int) -> pl.LazyFrame:
-    """Per entity: ``entity_users``, ``entity_buyers``, ``entity_conversion``, ``entity_repeat``,
-    ``entity_cycle`` (module table), from the event rows ``events``."""
+def entity_stats(events: pl.LazyFrame, target_rank: int, asof: datetime) -> pl.LazyFrame:
+    """Per entity: ``entity_users``, ``entity_buyers``, ``entity_conversion``, ``entity_repeat``
+    and :data:`hir.funnel.cycle.ENTITY_COLUMNS` (module table), from the event rows ``events``."""
     per_pair = events.group_by("user_id", "entity_id").agg(
         (pl.col("stage_rank") >= target_rank).sum().alias("n_target"))
     return per_pair.group_by("entity_id").agg(
@@ -143,7 +145,8 @@ def entity_stats(events: pl.LazyFrame, target_rank: int) -> pl.LazyFrame:
         "entity_id", "entity_users", "entity_buyers",
         (pl.col("entity_buyers") / pl.col("entity_users")).cast(pl.Float32).alias("entity_conversion"),
         (pl.col("entity_repeaters") / pl.col("entity_buyers").clip(lower_bound=1)).cast(pl.Float32).alias("entity_repeat"),
-    ).join(cycle.entity_cycles(cycle.pair_cycles(events, target_rank)), on="entity_id", how="left")
+    ).join(cycle.entity_cycles(cycle.pair_cycles(events, target_rank)), on="entity_id", how="left") \
+        .join(cycle.entity_recency(events, target_rank, asof), on="entity_id", how="left")
 
 
 def plain_order(source: pl.DataFrame, include_converted: bool) -> pl.DataFrame:

@@ -60,6 +60,9 @@ def test_trips_cycles_and_shares_of_a_hand_built_log() -> None:
         assert cake[f"trip_share_{n}"] == pytest.approx(r**2 / (1 + r + r**2 + r**3))
     assert milk["trip_share"] == pytest.approx(3 / 4) and cake["trip_share"] == pytest.approx(1 / 4)
     assert milk["user_trip_rate"] == pytest.approx(7 * 4 / 21)
+    # milk was last bought on day 14.5 (user 0), the cake on day 11 (user 1): both within 28 days
+    assert milk["entity_last_days"] == pytest.approx(6.5) and cake["entity_last_days"] == pytest.approx(10.0)
+    assert (milk["entity_recent"], cake["entity_recent"]) == (4, 3)
     # the carted, never bought entity has no trip
     assert row[(0, 4)]["n_trips"] is None and row[(0, 4)]["trip_share"] == 0.0
 
@@ -76,8 +79,11 @@ def test_the_due_item_gets_its_own_cycle_over_its_age() -> None:
     assert cake["has_cycle"] == 0.0 and cake["has_due"] == 1.0
     assert abs(milk["log_due"]) < min(abs(coffee["log_due"]), abs(cake["log_due"]))  # milk is the due one
     # a week later milk is a cycle overdue
-    later = _rows(LOG, ASOF + timedelta(days=7))[(0, 1)]
-    assert later["log_due"] == pytest.approx(math.log(14.5 / 8.0), abs=1e-5)
+    later = _rows(LOG, ASOF + timedelta(days=7))
+    assert later[(0, 1)]["log_due"] == pytest.approx(math.log(14.5 / 8.0), abs=1e-5)
+    # as of day 35 only the cake's day-11 sale is in the last 28 days
+    latest = _rows(LOG, ASOF + timedelta(days=14))[(0, 3)]
+    assert latest["entity_recent"] == 1 and latest["entity_last_days"] == pytest.approx(24.0)
 
 
 def test_purchases_after_asof_change_no_cycle() -> None:
