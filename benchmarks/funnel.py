@@ -280,7 +280,8 @@ def render(result: dict[str, Any]) -> str:
              f"with before / new to the user. Measured {result['when']} on {result['cpus']} shared cores.", ""]
     for name, d in result["datasets"].items():
         lines += [f"### {name}", "", f"{d['users']} test users, target `{d['target_stage']}`, split `{d['split_mode']}`, "
-                  f"scorer task `{d['fits'][0]['task']}`; target: {TARGETS.get(name, '-')}.", "",
+                  f"scorer task `{d['fits'][0]['task']}`; target: {TARGETS.get(name, '-')}."
+                  + (f" Measured {d['when']}." if "when" in d else ""), "",
                   *(["Candidate-set ceiling (any ordering of the candidates, mean over seeds): " + "; ".join(
                       f"{proto} recall {np.mean([f['ceiling'][proto]['recall'] for f in d['fits']]):.4f}, "
                       f"hit {np.mean([f['ceiling'][proto]['hit'] for f in d['fits']]):.4f}"
