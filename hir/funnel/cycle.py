@@ -21,8 +21,9 @@ source's as-of time (the caller filters, :func:`hir.funnel.source.visible_events
 
 The last two say whether the entity is still traded: a user's weekly item that nobody has bought
 for a month has been delisted or is out of season (on completejourney a repeat pair whose entity
-nobody bought in the last 30 days converts at a quarter to a third of the rate of one bought yesterday, at the
-same trip share); against ``entity_buyers`` (the whole history) ``entity_recent`` is a trend.
+nobody bought in the last 30 days converts at a quarter to a third of the rate of one bought
+yesterday, at the same trip share); against ``entity_buyers`` (the whole history)
+``entity_recent`` is a trend.
 
 The scorer reads ratios of them (:data:`hir.funnel.candidates.FEATURES`): ``trip_share`` =
 n_trips / user_trips, ``trip_share_<r>`` = trip_decay_<r> / user_decay_<r> and the *due* ratio
