@@ -43,7 +43,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 from _results_md import markers, write_section  # noqa: E402  (benchmarks/)
 
 from hir.data.snapshot import load_snapshot  # noqa: E402
-from hir.funnel.candidates import FEATURES  # noqa: E402
+from hir.funnel.candidates import CYCLE_FEATURES, FEATURES  # noqa: E402
 from hir.funnel.fit import (  # noqa: E402
     Candidates,
     FunnelConfig,
@@ -57,9 +57,13 @@ from hir.funnel.source import plain_order  # noqa: E402
 
 KS = (10, 20, 50)
 ARMS = ("recommend", "plain", "open_funnel", "open_funnel_pop", "discovery", "repeat")
-# optional arms (--extra): the scorer without the affinity features, and with the target-aware head
-EXTRA = ("no_affinity", "head")
+# optional arms (--extra): the scorer without the affinity features, without the repurchase-cycle
+# features, and with the target-aware head
+EXTRA = ("no_affinity", "no_cycle", "head")
 AFFINITY_COLUMNS = [i for i, n in enumerate(FEATURES) if n.startswith(("aff_", "log_ctx_"))]
+CYCLE_COLUMNS = [list(FEATURES).index(n) for n in CYCLE_FEATURES]
+# the arms that refit the scorer on the same candidates with some columns inert (0)
+ABLATIONS = {"no_affinity": AFFINITY_COLUMNS, "no_cycle": CYCLE_COLUMNS}
 log = logging.getLogger("funnel")
 
 
@@ -200,12 +204,14 @@ def run_dataset(name: str, graph: Path, seeds: list[int], config: FunnelConfig, 
                   "open_funnel_pop": open_funnel_scores(cands, popularity_first=True), "discovery": discovery_scores(cands),
                   "repeat": repeat_scores(cands)}
         t_serve = time.perf_counter() - t0 - t_fit
-        if "no_affinity" in extra:  # the same candidates, the affinity columns inert (0)
+        for arm, cols in ABLATIONS.items():  # the same candidates, the arm's columns inert (0)
+            if arm not in extra:
+                continue
             x0, xt = train.x.copy(), cands.x.copy()
-            x0[:, AFFINITY_COLUMNS], xt[:, AFFINITY_COLUMNS] = 0.0, 0.0
-            plain_cfg = replace(config.scorer, heads=0)
-            s0, _ = fit_scorer(x0, train.y, train.offsets, train.total, plain_cfg, seed)
-            scores["no_affinity"] = s0.score(xt).astype(np.float64)
+            x0[:, cols], xt[:, cols] = 0.0, 0.0
+            s0, rec0 = fit_scorer(x0, train.y, train.offsets, train.total, replace(config.scorer, heads=0), seed)
+            scores[arm] = s0.score(xt).astype(np.float64)
+            model.record[f"{arm}_fit"] = {"best_step": rec0["best_step"], "best_recall": rec0["best_recall"]}
         if "head" in extra:
             t_head = time.perf_counter()
             head_cfg = replace(config.scorer, heads=head[0], batch=head[1])
@@ -242,7 +248,8 @@ def run_dataset(name: str, graph: Path, seeds: list[int], config: FunnelConfig, 
         ratios = {}
         pairs = [("recommend", "plain"), ("recommend", "open_funnel"), ("recommend", "open_funnel_pop"),
                  ("recommend", "repeat"), ("recommend", "discovery")]
-        pairs += [("recommend", "no_affinity")] if "no_affinity" in arms else []
+        pairs += [("no_cycle", "repeat")] if "no_cycle" in arms else []
+        pairs += [("recommend", a) for a in ABLATIONS if a in arms]
         pairs += [("head", "recommend"), ("head", "plain")] if "head" in arms else []
         for a, b in pairs:
             for sl in slices:
@@ -273,7 +280,8 @@ def render(result: dict[str, Any]) -> str:
              f"with before / new to the user. Measured {result['when']} on {result['cpus']} shared cores.", ""]
     for name, d in result["datasets"].items():
         lines += [f"### {name}", "", f"{d['users']} test users, target `{d['target_stage']}`, split `{d['split_mode']}`, "
-                  f"scorer task `{d['fits'][0]['task']}`; target: {TARGETS.get(name, '-')}.", "",
+                  f"scorer task `{d['fits'][0]['task']}`; target: {TARGETS.get(name, '-')}."
+                  + (f" Measured {d['when']}." if "when" in d else ""), "",
                   *(["Candidate-set ceiling (any ordering of the candidates, mean over seeds): " + "; ".join(
                       f"{proto} recall {np.mean([f['ceiling'][proto]['recall'] for f in d['fits']]):.4f}, "
                       f"hit {np.mean([f['ceiling'][proto]['hit'] for f in d['fits']]):.4f}"
@@ -290,6 +298,8 @@ def render(result: dict[str, Any]) -> str:
             for key in ("recommend/plain:all:recall@20", "recommend/plain:all:hit@10", "recommend/open_funnel_pop:all:hit@10",
                         "recommend/repeat:all:recall@20", "recommend/discovery:explore:recall@20",
                         "recommend/no_affinity:all:recall@20", "recommend/no_affinity:all:hit@10",
+                        "recommend/no_cycle:all:recall@20", "recommend/no_cycle:repeat:recall@20",
+                        "recommend/no_cycle:all:hit@10", "no_cycle/repeat:all:recall@20",
                         "head/recommend:all:recall@20", "head/recommend:all:hit@10"):
                 if part["ratios"].get(key, {}).get("ratio") is not None:
                     r = part["ratios"][key]

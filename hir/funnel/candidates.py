@@ -14,6 +14,7 @@ import numpy as np
 import polars as pl
 
 from hir.funnel.affinity import COLUMNS as AFFINITY
+from hir.funnel.cycle import DECAYS
 from hir.funnel.source import plain_order
 
 # stages deeper than this many below the target share one indicator
@@ -22,6 +23,15 @@ MAX_GAP = 3
 
 def _log(name: str) -> pl.Expr:
     return pl.col(name).cast(pl.Float32).fill_null(0.0).clip(lower_bound=0.0).log1p()
+
+
+# the pair's repurchase cycle in days: the user's own, else the entity's typical one (a user who
+# converted the entity once has no cycle of its own)
+_CYCLE = pl.coalesce(pl.col("cycle_median"), pl.col("entity_cycle")).cast(pl.Float32)
+# "is it due?": log((days since the last conversion + 1) / (cycle + 1)), 0 = one cycle ago; the
+# log keeps a weekly item 3 cycles late and a monthly one 3 cycles late equally far from due, the
+# clip bounds the pairs whose cycle is a day and whose last purchase was months ago
+_DUE = ((pl.col("target_age_days").cast(pl.Float32) + 1.0) / (_CYCLE + 1.0)).log().clip(-3.0, 3.0)
 
 
 # the scorer's inputs, in order (name -> expression over a candidate frame)
@@ -51,10 +61,30 @@ FEATURES: dict[str, pl.Expr] = {
     "base_rank": (pl.col("base_score").rank("ordinal", descending=True).over("user_id")).cast(pl.Float32).log1p(),
     "in_popular": pl.col("in_popular").cast(pl.Float32),
     "log_pop_pos": _log("pop_pos"),
+    # repurchase cycles (hir/funnel/cycle.py; all 0 where the times are synthesized)
+    "trip_share": (pl.col("n_trips") / pl.col("user_trips")).fill_null(0.0).cast(pl.Float32),
+    **{f"trip_share_{n}": (pl.col(f"trip_decay_{n}") / pl.col(f"user_decay_{n}")).fill_null(0.0).cast(pl.Float32)
+       for n in DECAYS},
+    "log_trips": _log("n_trips"),
+    "has_cycle": pl.col("cycle_median").is_not_null().cast(pl.Float32),
+    "log_cycle": _CYCLE.fill_null(0.0).log1p(),
+    "log_entity_cycle": _log("entity_cycle"),
+    "has_due": _DUE.is_not_null().cast(pl.Float32),
+    "log_due": _DUE.fill_null(0.0),
+    "log_user_trips": _log("user_trips"),
+    "log_trip_rate": _log("user_trip_rate"),
+    "log_entity_last": _log("entity_last_days"),
+    "log_entity_recent": _log("entity_recent"),
     # affinity to the user's other items (hir/funnel/affinity.py; all 0 when switched off)
     **{c: pl.col(c).fill_null(0.0).cast(pl.Float32) for c in AFFINITY if not c.startswith("ctx_")},
     **{f"log_{c}": _log(c) for c in AFFINITY if c.startswith("ctx_")},
 }
+
+
+# the repurchase-cycle and trade-recency inputs above (benchmarks/funnel.py's ``no_cycle`` arm
+# zeroes them)
+CYCLE_FEATURES = ("trip_share", *(f"trip_share_{n}" for n in DECAYS), "log_trips", "has_cycle", "log_cycle", "log_entity_cycle",
+                  "has_due", "log_due", "log_user_trips", "log_trip_rate", "log_entity_last", "log_entity_recent")
 
 
 def build_candidates(

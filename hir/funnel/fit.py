@@ -117,12 +117,12 @@ class FunnelTables:
     def of_view(cls, view: pl.DataFrame, asof: datetime, target_rank: int, n_users: int, n_entities: int,
                 config: FunnelConfig, seed: int) -> FunnelTables:
         lazy = view.lazy()
-        entities = entity_stats(lazy, target_rank).collect()
+        entities = entity_stats(lazy, target_rank, asof).collect()
         weight = view_weights(view, target_rank)
         return cls(
             source=open_funnel(lazy, target_rank, asof).collect(),
             entities=entities,
-            users=user_stats(lazy, asof).collect(),
+            users=user_stats(lazy, asof, target_rank).collect(),
             base=ViewBase.fit(weight, n_users, n_entities, config.rank, config.ideal, seed),
             popular=popular_entities(entities, config.popular),
             use_time=config.use_time,

@@ -105,12 +105,15 @@ class Recommender:
         base = np.load(self.dir / "base.npz")
         source = pl.read_parquet(self.dir / "open_funnel.parquet").drop("pos", "event_timestamp", strict=False)
         user_table = pl.read_parquet(self.dir / "users.parquet")
+        entities = pl.read_parquet(self.dir / "entities.parquet")
         asof = datetime.fromisoformat(self.meta["asof"])
         if now is not None and now > asof:
             shift = (now - asof).total_seconds() / 86_400
             source = source.with_columns(pl.col("age_days", "target_age_days") + shift)
             user_table = user_table.with_columns(pl.col("user_last_days") + shift)
-        self.tables = FunnelTables(source=source, entities=pl.read_parquet(self.dir / "entities.parquet"), users=user_table,
+            if "entity_last_days" in entities.columns:  # a funnel/ written before hir/funnel/cycle.py has none
+                entities = entities.with_columns(pl.col("entity_last_days") + shift)
+        self.tables = FunnelTables(source=source, entities=entities, users=user_table,
                                    base=ViewBase(base["users"], base["entities"]), popular=base["popular"],
                                    use_time=bool(self.meta.get("use_time", True)))
         self.discovery = discovery

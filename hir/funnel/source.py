@@ -25,6 +25,15 @@ entity_users           distinct users who engaged with the entity
 entity_buyers          distinct users who reached the target stage with it
 entity_conversion      entity_buyers / entity_users
 entity_repeat          share of the entity's buyers with two or more target-stage events
+n_trips, trip_decay_*  the pair's distinct target-stage days and their TIFU-decayed counts
+cycle_median,          the median / mean gap in days between those days (the pair's repurchase
+cycle_mean             cycle, hir/funnel/cycle.py; null: fewer than two)
+user_trips,            the user's trips (distinct target-stage days), their decayed counts and
+user_decay_*,          trips per week (hir/funnel/cycle.py; null: the user never converted)
+user_trip_rate
+entity_cycle           the entity's typical repurchase cycle in days (null: no repeat buyer)
+entity_last_days,      days since anyone converted the entity, and its conversions in the last 28
+entity_recent          days (is it still traded? hir/funnel/cycle.py; null: never converted)
 =====================  ===========================================================================
 
 :func:`open_funnel` is a pure ``LazyFrame -> LazyFrame`` step over the snapshot's
@@ -41,6 +50,7 @@ from datetime import datetime
 import polars as pl
 
 from hir.data.schema import TS
+from hir.funnel import cycle
 
 DAY_US = 86_400 * 1_000_000
 # the columns open_funnel writes, in order (the Feast feature view's schema follows them)
@@ -48,10 +58,13 @@ COLUMNS = (
     "user_id", "entity_id", "deepest", "gap", "converted", "n_events", "n_deepest", "n_target",
     "age_days", "target_age_days", "user_events", "user_entities", "user_last_days",
     "entity_users", "entity_buyers", "entity_conversion", "entity_repeat",
+    *cycle.PAIR_COLUMNS, *cycle.USER_COLUMNS, *cycle.ENTITY_COLUMNS,
 )
 
-# the recency columns (meaningless where the snapshot's times are synthesized)
-TIME_COLUMNS = ("age_days", "target_age_days", "user_last_days")
+# the recency and trip columns (meaningless where the snapshot's times are synthesized: a trip is
+# a distinct day)
+TIME_COLUMNS = ("age_days", "target_age_days", "user_last_days", *cycle.PAIR_COLUMNS, *cycle.USER_COLUMNS,
+                *cycle.ENTITY_COLUMNS)
 
 
 def _days(later: pl.Expr | datetime, earlier: pl.Expr) -> pl.Expr:
@@ -94,7 +107,8 @@ def open_funnel(events: pl.LazyFrame, target_rank: int, asof: datetime) -> pl.La
         pl.col("timestamp").filter(is_target).max().alias("last_target_ts"),
     )
     return (
-        pairs.join(user_stats(ev, asof), on="user_id").join(entity_stats(ev, target_rank), on="entity_id")
+        pairs.join(user_stats(ev, asof, target_rank), on="user_id").join(entity_stats(ev, target_rank, asof), on="entity_id")
+        .join(cycle.pair_cycles(ev, target_rank), on=["user_id", "entity_id"], how="left")
         .with_columns(
             (pl.lit(target_rank) - pl.col("deepest")).clip(lower_bound=0).cast(pl.Int8).alias("gap"),
             (pl.col("n_target") > 0).alias("converted"),
@@ -107,18 +121,20 @@ def open_funnel(events: pl.LazyFrame, target_rank: int, asof: datetime) -> pl.La
     )
 
 
-def user_stats(events: pl.LazyFrame, asof: datetime) -> pl.LazyFrame:
-    """Per user: ``user_events``, ``user_entities``, ``user_last_days`` (module table)."""
+def user_stats(events: pl.LazyFrame, asof: datetime, target_rank: int) -> pl.LazyFrame:
+    """Per user: ``user_events``, ``user_entities``, ``user_last_days`` and the trip columns of
+    :data:`hir.funnel.cycle.USER_COLUMNS` (module table)."""
     return events.group_by("user_id").agg(
         pl.len().cast(pl.Int32).alias("user_events"),
         pl.col("entity_id").n_unique().cast(pl.Int32).alias("user_entities"),
         pl.col("timestamp").max().alias("user_last_ts"),
-    ).select("user_id", "user_events", "user_entities", _days(asof, pl.col("user_last_ts")).alias("user_last_days"))
+    ).select("user_id", "user_events", "user_entities", _days(asof, pl.col("user_last_ts")).alias("user_last_days")) \
+        .join(cycle.user_trips(events, target_rank, asof), on="user_id", how="left")
 
 
-def entity_stats(events: pl.LazyFrame, target_rank: int) -> pl.LazyFrame:
+def entity_stats(events: pl.LazyFrame, target_rank: int, asof: datetime) -> pl.LazyFrame:
     """Per entity: ``entity_users``, ``entity_buyers``, ``entity_conversion``, ``entity_repeat``
-    (module table), from the event rows ``events``."""
+    and :data:`hir.funnel.cycle.ENTITY_COLUMNS` (module table), from the event rows ``events``."""
     per_pair = events.group_by("user_id", "entity_id").agg(
         (pl.col("stage_rank") >= target_rank).sum().alias("n_target"))
     return per_pair.group_by("entity_id").agg(
@@ -129,7 +145,8 @@ def entity_stats(events: pl.LazyFrame, target_rank: int) -> pl.LazyFrame:
         "entity_id", "entity_users", "entity_buyers",
         (pl.col("entity_buyers") / pl.col("entity_users")).cast(pl.Float32).alias("entity_conversion"),
         (pl.col("entity_repeaters") / pl.col("entity_buyers").clip(lower_bound=1)).cast(pl.Float32).alias("entity_repeat"),
-    )
+    ).join(cycle.entity_cycles(cycle.pair_cycles(events, target_rank)), on="entity_id", how="left") \
+        .join(cycle.entity_recency(events, target_rank, asof), on="entity_id", how="left")
 
 
 def plain_order(source: pl.DataFrame, include_converted: bool) -> pl.DataFrame:

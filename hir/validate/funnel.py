@@ -19,12 +19,13 @@ import great_expectations.expectations as gxe
 import polars as pl
 
 from hir.data.snapshot import Snapshot
+from hir.funnel import cycle
 from hir.funnel.source import COLUMNS
 from hir.validate import views
 from hir.validate.suites import Table, _e, _not_null, flag
 
 SOURCE = "funnel/open_funnel.parquet"
-FLOATS = ("age_days", "target_age_days", "user_last_days", "entity_conversion", "entity_repeat")
+FLOATS = ("age_days", "target_age_days", "user_last_days", "entity_conversion", "entity_repeat", *cycle.FLOAT_COLUMNS)
 EXPECTED = {
     **{c: "float" if c in FLOATS else "bool" if c == "converted" else "int" for c in COLUMNS},
     "pos": "int", "event_timestamp": "datetime",

@@ -10,6 +10,7 @@ import polars as pl
 import pytest
 
 from hir.funnel.affinity import COLUMNS as AFFINITY
+from hir.funnel.candidates import CYCLE_FEATURES, FEATURES
 from hir.funnel.fit import FunnelConfig, training_views, view_candidates
 from hir.funnel.source import open_funnel, plain_order, visible_events
 
@@ -91,8 +92,11 @@ def test_next_period_view_reads_nothing_after_its_cut() -> None:
         b = view_candidates(truncated, users, asof, 2, 60, 40, config, 0, targets)
         np.testing.assert_array_equal(a.x, b.x)
         np.testing.assert_array_equal(a.y, b.y)
-        # the affinity to the user's other items is among the inputs compared (not switched off)
+        # the affinity to the user's other items and the repurchase cycles are among the inputs
+        # compared (not switched off)
         assert np.abs(a.rows.select(AFFINITY).to_numpy()).sum() > 0
+        assert a.rows["cycle_median"].drop_nulls().len() > 0
+        assert np.abs(a.x[:, [list(FEATURES).index(n) for n in CYCLE_FEATURES]]).sum() > 0
 
 
 def test_denoise_hides_the_conversion_and_keeps_the_cart() -> None:
@@ -114,6 +118,7 @@ def test_denoise_hides_the_conversion_and_keeps_the_cart() -> None:
     a = view_candidates(view, users, T0 + timedelta(days=61), 2, 60, 40, small, 0, hidden)
     b = view_candidates(view_b, users, T0 + timedelta(days=61), 2, 60, 40, small, 0, hidden_b)
     np.testing.assert_array_equal(a.x, b.x)
+    assert a.rows["cycle_median"].drop_nulls().len() > 0, "the compared inputs must hold a repurchase cycle"
     whole = FunnelConfig(drop=0.3, whole=1.0)
     ((view2, _, hidden2),) = training_views(log, 2, "denoise", T0, T0 + timedelta(days=60), whole, seed=0)
     assert view2.join(hidden2, on=["user_id", "entity_id"], how="semi").is_empty()
