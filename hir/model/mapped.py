@@ -10,7 +10,8 @@ copy however many ranks read it, and a rank only faults in the pages it touches.
 
 The arrays are read-only (a write raises ``ValueError: assignment destination is read-only``),
 and equal bit for bit to the ones saved (``.npy`` stores the raw buffer). An array referenced
-twice is saved once and loaded as one object, so views of the object graph stay shared.
+twice is saved once and loaded as one object; equal arrays (same dtype, shape and bytes) share
+one file.
 
     save_mapped({"store": store, "base": base}, "cache/train")   # once, before the ranks start
     state = load_mapped("cache/train")                           # every rank
@@ -18,6 +19,7 @@ twice is saved once and loaded as one object, so views of the object graph stay 
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -41,6 +43,7 @@ class _Pickler(pickle.Pickler):
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self.directory, self.min_bytes = directory, min_bytes
         self.saved: dict[int, tuple[str, np.ndarray]] = {}  # id -> (file, the array, kept alive)
+        self.by_content: dict[tuple[str, tuple[int, ...], bytes], str] = {}  # (dtype, shape, digest) -> file
 
     def persistent_id(self, obj: Any) -> str | None:
         if type(obj) is not np.ndarray and not isinstance(obj, np.memmap):
@@ -49,9 +52,14 @@ class _Pickler(pickle.Pickler):
             return None
         hit = self.saved.get(id(obj))
         if hit is None:
-            name = f"{len(self.saved)}.npy"
-            # np.save writes the raw buffer (C order; a strided view is written as its copy)
-            np.save(self.directory / name, obj, allow_pickle=False)
+            # equal arrays that are different objects (the task view's content rows are the train
+            # store's) share one file, so their pages are mapped once
+            key = (obj.dtype.str, obj.shape, hashlib.blake2b(np.ascontiguousarray(obj).data, digest_size=16).digest())
+            name = self.by_content.get(key)
+            if name is None:
+                name = self.by_content[key] = f"{len(self.by_content)}.npy"
+                # np.save writes the raw buffer (C order; a strided view is written as its copy)
+                np.save(self.directory / name, obj, allow_pickle=False)
             hit = self.saved[id(obj)] = (name, obj)
         return hit[0]
 
@@ -85,8 +93,9 @@ def save_mapped(obj: Any, directory: str | Path, fingerprint: dict[str, Any] | N
     with (d / OBJECTS).open("wb") as fh:
         p = _Pickler(fh, d, min_bytes)
         p.dump(obj)
-    done = {"fingerprint": _plain(fingerprint), "arrays": len(p.saved),
-            "array_bytes": int(sum(a.nbytes for _, a in p.saved.values())),
+    files = {name: a for name, a in p.saved.values()}
+    done = {"fingerprint": _plain(fingerprint), "arrays": len(p.saved), "files": len(files),
+            "array_bytes": int(sum(a.nbytes for a in files.values())),
             "objects_bytes": (d / OBJECTS).stat().st_size}
     tmp = d / f"{DONE}.{os.getpid()}.tmp"
     tmp.write_text(json.dumps(done, indent=1))

@@ -410,8 +410,8 @@ def shared_state(directory: Path, args: dict[str, Any], wait_s: float = 3600.0) 
             # spawn, not fork: the child starts clean (no copy of this process's torch state)
             with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
                 done = pool.submit(_lay_out, str(directory), args, fingerprint).result()
-            log.info("data layout %s: %d arrays, %.3f GiB, laid out in %.1fs by a child process", directory,
-                     done["arrays"], done["array_bytes"] / 2**30, time.perf_counter() - t0)
+            log.info("data layout %s: %d files, %.3f GiB, laid out in %.1fs by a child process", directory,
+                     done["files"], done["array_bytes"] / 2**30, time.perf_counter() - t0)
     else:
         while not ready():
             if time.perf_counter() - t0 > wait_s:

@@ -49,11 +49,13 @@ def test_mapped_store_equals_load_graph(tiny_run: Path, tmp_path: Path):
 def test_large_arrays_are_mapped_read_only_and_shared_once(tmp_path: Path):
     big = np.arange(MIN_BYTES, dtype=np.int64)  # 8x the threshold
     small = np.arange(4, dtype=np.float32)
-    obj = {"a": big, "again": big, "view": big[::3], "small": small, "text": "x"}
-    save_mapped(obj, tmp_path / "m")
+    obj = {"a": big, "again": big, "copy": big.copy(), "view": big[::3], "small": small, "text": "x"}
+    done = save_mapped(obj, tmp_path / "m")
     got = load_mapped(tmp_path / "m")
-    assert len(list((tmp_path / "m").glob("*.npy"))) == 2  # `big` once, its strided view as its own copy
+    # `big` and its equal copy once, the strided view as its own contiguous copy
+    assert len(list((tmp_path / "m").glob("*.npy"))) == done["files"] == 2
     assert got["a"] is got["again"]
+    np.testing.assert_array_equal(got["copy"], big)
     assert isinstance(got["a"].base, np.memmap) and not got["a"].flags.writeable
     np.testing.assert_array_equal(got["view"], big[::3])
     with pytest.raises(ValueError, match="read-only"):
