@@ -1,16 +1,24 @@
 """Measure what training holds in memory per edge and per node: the GraphStore and a DDP rank.
 
     python benchmarks/graph_memory.py --run outputs/gowalla/smoke     # a run with graph/ + content/
+    git archive <base> hir conf | tar -x -C /tmp/base                  # the code before a change
+    python benchmarks/graph_memory.py --run outputs/gowalla/smoke --hir before=/tmp/base \
+        --hir after=.venv/bin/hir
 
-1. GraphStore (hir/model/store.py, read, not changed): ``load_graph`` in a subprocess; the
-   ``nbytes`` of every array it keeps, grouped into per-engagement-pair arrays (the CSR holds
-   each visible pair twice, user->entity and entity->user), per-deep-pair arrays, metadata
-   edges and per-node arrays; the process RSS before and after the load and its peak (the
-   build's transient copies).
-2. A DDP rank: ``hir train trainer=ddp trainer.devices=2`` for one short epoch on the same
-   snapshot, each rank's peak RSS polled every 0.2 s. Every rank builds its own full
-   GraphStore (hir/train/datamodule.py shards the seeds, not the graph), so a rank's memory is the store
-   plus the model, optimizer and torch runtime.
+1. GraphStore (hir/model/store.py): ``load_graph`` in a subprocess; the ``nbytes`` of every
+   array it keeps, grouped into per-engagement-pair arrays (the CSR holds each visible pair
+   twice, user->entity and entity->user), per-deep-pair arrays, metadata edges and per-node
+   arrays; the process RSS before and after the load and its peak (the build's transient copies).
+2. The import baseline: RSS, USS and PSS of a process that only imported torch, Lightning and
+   hir's training modules (what every rank pays before it holds any data).
+3. A DDP fit: ``hir train trainer=ddp trainer.devices=2`` for one short epoch on the same
+   snapshot, per code version (``--hir``). Every process's RSS, USS and PSS (smaps_rollup) is
+   polled every 0.25 s: rank 0, rank 1 (Lightning's re-launch) and, since the data is laid out
+   once per machine (hir.train.datamodule.shared_state), the child process that lays it out. RSS
+   counts a mapped file page in every process that touched it; PSS splits it between them (the
+   processes' PSS add up to the machine's memory); USS is a process's own pages. Each of rank 0's
+   set-up log lines (graph loaded, spectral fit, task view, model, loader) records every process's
+   RSS at that moment: where a rank's peak goes.
 
 Results: benchmarks/results/graph_memory.json. Extrapolations are left to docs/scale.md, labelled.
 """
@@ -136,17 +144,21 @@ def _role(p: psutil.Process, root: int) -> str | None:
     return "rank1" if " train " in f" {cmd} " else None
 
 
-def ddp_rank(run: Path, seeds: int, timeout: float, hir: str, steps: int | None) -> dict[str, Any]:
+def ddp_rank(run: Path, seeds: int, timeout: float, code: str, steps: int | None) -> dict[str, Any]:
     """Peak RSS, PSS and USS of each process of a 2-process CPU DDP fit (one epoch of ``seeds``
     seeds, or ``steps`` optimizer steps): rank 0, rank 1 and, with the mapped layout, the child
-    process that lays the data out; and each rank's memory at each set-up phase (its log lines)."""
+    process that lays the data out; and each rank's memory at each set-up phase (its log lines).
+    ``code``: a `hir` executable, or a source checkout (a directory holding ``hir/`` and ``conf/``,
+    e.g. ``git archive <commit> hir conf``) run with this venv's `hir` on ``PYTHONPATH``."""
+    hir, env = code, os.environ | {"OMP_WAIT_POLICY": "PASSIVE"}
+    if Path(code).is_dir():
+        hir, env = str(Path(sys.executable).with_name("hir")), env | {"PYTHONPATH": str(Path(code).resolve())}
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [hir, "train", "trainer=ddp", "trainer.devices=2", "trainer.accelerator=cpu", "trainer.max_epochs=1",
                f"datamodule.seeds_per_epoch={seeds}", f"paths.graph_dir={run / 'graph'}",
                f"paths.content_dir={run / 'content'}", f"hydra.run.dir={tmp}", "force=true",
                "trainer.enable_progress_bar=false"] + ([f"trainer.max_steps={steps}"] if steps else [])
         t0 = time.perf_counter()
-        env = os.environ | {"OMP_WAIT_POLICY": "PASSIVE"}
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
         peaks: dict[str, dict[str, int]] = {}
         now: dict[str, dict[str, int]] = {}
@@ -195,7 +207,7 @@ def ddp_rank(run: Path, seeds: int, timeout: float, hir: str, steps: int | None)
     # rank 1 logs to its own file (train_ddp_process_1.log), so the phases are rank 0's lines
     return {
         "command": " ".join(cmd[1:7] + cmd[11:]),
-        "hir": hir,
+        "code": code,
         "returncode": proc.returncode,
         "wall_s": round(time.perf_counter() - t0, 1),
         "peak_gib": {r: {k: round(v / GIB, 3) for k, v in m.items()} for r, m in sorted(peaks.items())},
@@ -220,8 +232,8 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=1024, help="seeds of the DDP epoch")
     ap.add_argument("--no-ddp", action="store_true")
     ap.add_argument("--hir", action="append", default=None,
-                    help="label=path of a `hir` executable to run the DDP fit with (repeat: before/after); "
-                         "default: after=this venv's hir")
+                    help="label=path: a `hir` executable or a source checkout to run the DDP fit with (repeat: "
+                         "before/after); default: after=this venv's hir")
     ap.add_argument("--steps", type=int, default=None, help="trainer.max_steps of the DDP fit (a short run)")
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "graph_memory.json"))
