@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -144,7 +145,8 @@ def _role(p: psutil.Process, root: int) -> str | None:
     return "rank1" if " train " in f" {cmd} " else None
 
 
-def ddp_rank(run: Path, seeds: int, timeout: float, code: str, steps: int | None) -> dict[str, Any]:
+def ddp_rank(run: Path, seeds: int, timeout: float, code: str, steps: int | None,
+             overrides: list[str]) -> dict[str, Any]:
     """Peak RSS, PSS and USS of each process of a 2-process CPU DDP fit (one epoch of ``seeds``
     seeds, or ``steps`` optimizer steps): rank 0, rank 1 and, with the mapped layout, the child
     process that lays the data out; and each rank's memory at each set-up phase (its log lines).
@@ -157,9 +159,11 @@ def ddp_rank(run: Path, seeds: int, timeout: float, code: str, steps: int | None
         cmd = [hir, "train", "trainer=ddp", "trainer.devices=2", "trainer.accelerator=cpu", "trainer.max_epochs=1",
                f"datamodule.seeds_per_epoch={seeds}", f"paths.graph_dir={run / 'graph'}",
                f"paths.content_dir={run / 'content'}", f"hydra.run.dir={tmp}", "force=true",
-               "trainer.enable_progress_bar=false"] + ([f"trainer.max_steps={steps}"] if steps else [])
+               "trainer.enable_progress_bar=false"] + ([f"trainer.max_steps={steps}"] if steps else []) + overrides
         t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        # its own process group: a timeout ends every rank (rank 1 holds the output pipe too)
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                                start_new_session=True)
         peaks: dict[str, dict[str, int]] = {}
         now: dict[str, dict[str, int]] = {}
         done = threading.Event()
@@ -190,7 +194,7 @@ def ddp_rank(run: Path, seeds: int, timeout: float, code: str, steps: int | None
         thread.start()
         lines: list[str] = []
         phases: list[dict[str, Any]] = []
-        timer = threading.Timer(timeout, proc.kill)
+        timer = threading.Timer(timeout, os.killpg, (proc.pid, signal.SIGKILL))
         timer.start()
         assert proc.stdout is not None
         for line in proc.stdout:
@@ -209,6 +213,7 @@ def ddp_rank(run: Path, seeds: int, timeout: float, code: str, steps: int | None
         "command": " ".join(cmd[1:7] + cmd[11:]),
         "code": code,
         "returncode": proc.returncode,
+        "timed_out": proc.returncode == -signal.SIGKILL,
         "wall_s": round(time.perf_counter() - t0, 1),
         "peak_gib": {r: {k: round(v / GIB, 3) for k, v in m.items()} for r, m in sorted(peaks.items())},
         "rank_peak_rss_gib": [round(peaks[r]["rss"] / GIB, 3) for r in ("rank0", "rank1") if r in peaks],
@@ -235,6 +240,8 @@ def main() -> None:
                     help="label=path: a `hir` executable or a source checkout to run the DDP fit with (repeat: "
                          "before/after); default: after=this venv's hir")
     ap.add_argument("--steps", type=int, default=None, help="trainer.max_steps of the DDP fit (a short run)")
+    ap.add_argument("--override", action="append", default=[],
+                    help="a Hydra override of the DDP fit (repeat), e.g. spectral.rank=1024 to skip the rank search")
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "graph_memory.json"))
     args = ap.parse_args()
@@ -252,7 +259,7 @@ def main() -> None:
         result["ddp"] = {}
         for spec in hirs:
             label, _, exe = spec.partition("=")
-            result["ddp"][label] = ddp_rank(run, args.seeds, args.timeout, exe, args.steps)
+            result["ddp"][label] = ddp_rank(run, args.seeds, args.timeout, exe, args.steps, args.override)
             print(json.dumps({label: result["ddp"][label]}, indent=1), flush=True)
         result["ddp"]["graph_store_gib"] = round(result["graph_store"]["bytes"]["total"] / GIB, 3)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
