@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -101,6 +102,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         # a finished training is reused, not resumed: its layout has no further reader (a rank
         # still mapping it keeps its pages until it exits)
         shutil.rmtree(mapped, ignore_errors=True)
+        with contextlib.suppress(OSError):  # (another node's layout may still be there)
+            mapped.parent.rmdir()
     return report["metrics"]
 
 

@@ -168,7 +168,7 @@ def test_ddp_two_cpu_processes(tiny_run: Path, tmp_path: Path):
     # the data was laid out once, by a child process of rank 0, and both ranks mapped it: rank 1
     # neither loaded the graph nor fitted a base; the layout goes when the training is done
     assert "by a child process" in log and "(layout) spectral base" in log
-    assert "graph:" not in rank1 and "spectral base" not in rank1
+    assert "[hir.model.store]" not in rank1 and "[hir.model.spectral]" not in rank1
     assert not (run / "train_data").exists()
     report = json.loads((run / "checkpoints" / "train_metrics.json").read_text())
     assert report["world_size"] == 2
