@@ -9,10 +9,14 @@ r, r + W, r + 2W, ... (every rank the same number of batches).
 
 from __future__ import annotations
 
+import json
 import logging
+import multiprocessing
+import os
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import replace
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, is_dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,14 +25,13 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from hir.data.snapshot import Snapshot, load_snapshot
+from hir.data.snapshot import load_snapshot
 from hir.errors import HirError
 from hir.model import (
     ContextSampler,
     EmbedBatches,
     GraphStore,
     SpectralBase,
-    SpectralBasis,
     SpectralConfig,
     ValSet,
     catalogue,
@@ -38,6 +41,7 @@ from hir.model import (
     validation_set,
 )
 from hir.model.batches import catalogue_cold
+from hir.model.mapped import load_mapped, mapped_ready, save_mapped
 from hir.model.spectral import fit_spectral, procrustes
 from hir.model.stats import input_stats
 from hir.model.task import TaskConfig, task_snapshot
@@ -206,13 +210,17 @@ class HirDataModule(L.LightningDataModule):
         seed: base of every random draw.
         spectral_file: where the fitted basis is saved (export reads it beside the checkpoints).
         reuse_spectral: reload the basis from ``spectral_file`` (a resumed run) instead of fitting it.
+        mapped_dir: lay the data out once under this directory as memory-mapped files and map it
+            (every rank of a machine shares one copy; :func:`shared_state`); None = build it in
+            this process. `hir train` sets it under DDP.
     """
 
     def __init__(self, graph_dir: str | Path, content_dir: str | Path, graph: dict[str, Any], context: dict[str, int],
                  spectral: SpectralConfig, val_protocol: str, val_candidates: int | None, batch_size: int,
                  task: TaskConfig | dict[str, Any],
                  seeds_per_epoch: int | None, embed_batch_size: int, num_workers: int, pin_memory: bool,
-                 persistent_workers: bool, seed: int, spectral_file: str | Path, reuse_spectral: bool = False) -> None:
+                 persistent_workers: bool, seed: int, spectral_file: str | Path, reuse_spectral: bool = False,
+                 mapped_dir: str | Path | None = None) -> None:
         super().__init__()
         self.graph_dir, self.content_dir = Path(graph_dir), Path(content_dir)
         self.graph, self.context, self.spectral = dict(graph), dict(context), spectral
@@ -224,59 +232,28 @@ class HirDataModule(L.LightningDataModule):
         self.num_workers, self.pin_memory = num_workers, pin_memory
         self.persistent_workers = persistent_workers and num_workers > 0
         self.seed = seed
+        self.mapped_dir = None if mapped_dir is None else Path(mapped_dir)
         self.store: GraphStore | None = None
 
     def setup(self, stage: str | None = None) -> None:
         """Load the train-visible graph, build the validation set, fit (or reload) the spectral
-        basis and take its base; a second call does nothing."""
+        basis and take its base, and cut the training task (:func:`build_state`); a second call
+        does nothing. With ``mapped_dir`` (DDP: `hir train` sets it), that state is laid out once
+        per machine as memory-mapped files and every rank maps it (:func:`shared_state`)."""
         if self.store is not None:
             return
-        snap = load_snapshot(self.graph_dir)
-        self.store = load_graph(snap, self.content_dir, ("train",), **self.graph)
-        self.val: ValSet = validation_set(self.store, self.val_candidates, self.seed, self.val_protocol)
-        if not len(self.val):
-            raise HirError(
-                f"{self.graph_dir}: the val split of dataset {snap.dataset!r} has no deep-stage "
-                f"({self.store.deep_stage!r}) pairs {'new to their user ' if self.val_protocol == 'masked_new' else ''}"
-                "to validate on; give the val split more data (data.split.val_fraction, or data.split.val_start) "
-                "or use datamodule.val_protocol=all"
-            )
-        self.basis: SpectralBasis
-        # the base's filter is chosen on the ranking the test uses: every candidate entity
-        select = self.val if self.val_candidates is None else validation_set(self.store, None, self.seed,
-                                                                              self.val_protocol)
-        self.basis, self.spectral_report = fit_base(self.store, select, self.spectral, self.seed, self.spectral_file,
-                                                    self.reuse_spectral)
-        self.setup_task(snap)
-        self.base: SpectralBase = self.basis.base_for(self.store)
-        self.sampler = ContextSampler(self.store, **self.context)
-        self.task_report["inputs"] = {
-            "train (task view)": input_stats(self.task_store, self.task_base, self.task_sampler, self.targets, self.seed),
-            "val (train split)": input_stats(self.store, self.base, self.sampler, self.val, self.seed)}
-
-    def setup_task(self, snap: Snapshot) -> None:
-        """The training task (:mod:`hir.model.task`): the view's store, its base (the chosen filter
-        fit on the view alone, in its own frame: nothing of it depends on a target), its context
-        sampler and its targets. The train basis is then turned into the view's frame
-        (:attr:`SpectralBasis.frame`, saved), so validation and export read the coordinates the
-        network was trained in."""
-        t0 = time.perf_counter()
-        task_snap, self.task_report = task_snapshot(snap, self.task, self.seed)
-        self.task_store = load_graph(task_snap, self.content_dir, ("train",), **self.graph)
-        self.targets: ValSet = validation_set(self.task_store, None, self.seed, "masked_new")
-        b = self.basis
-        task_basis = fit_spectral(self.task_store, b.rank, b.stage_base, int(self.spectral.n_iter), self.seed, b.filter,
-                                  b.sample_cap)
-        self.task_base = task_basis.base_for(self.task_store)
-        if b.frame is None:  # (a resumed run reloads the basis with its frame)
-            q = procrustes(self.store, b.base_for(self.store).vectors, task_basis.base_for(self.store).vectors)
-            self.basis = replace(b, frame=q)
-            self.basis.save(self.spectral_file)
-        self.task_sampler = ContextSampler(self.task_store, **self.context)
-        self.task_report |= {"target_users": len(self.targets), "target_pairs": int(sum(map(len, self.targets.positives))),
-                             "planned_steps": self.task.planned_steps(len(self.targets)),
-                             "seconds": round(time.perf_counter() - t0, 2)}
+        args = self.state_args()
+        state = build_state(**args) if self.mapped_dir is None else shared_state(self.mapped_dir, args)
+        for key in STATE:
+            setattr(self, key, state[key])
         log.info("training task: %s", {k: v for k, v in self.task_report.items() if k != "inputs"})
+
+    def state_args(self) -> dict[str, Any]:
+        """The keyword arguments of :func:`build_state` this datamodule was configured with."""
+        return {"graph_dir": self.graph_dir, "content_dir": self.content_dir, "graph": self.graph,
+                "context": self.context, "spectral": self.spectral, "val_protocol": self.val_protocol,
+                "val_candidates": self.val_candidates, "task": self.task, "seed": self.seed,
+                "spectral_file": self.spectral_file, "reuse_spectral": self.reuse_spectral}
 
     @property
     def net_sizes(self) -> dict[str, int]:
@@ -331,3 +308,119 @@ class HirDataModule(L.LightningDataModule):
         # every rank embeds everything (no sharding): recall@K needs all candidates on one rank
         nodes = np.concatenate([self.val.users, self.val.cands])
         return self._loader(EmbedBatches(self.store, self.base, self.sampler, nodes, self.embed_batch_size, self.seed))
+
+
+# what :func:`build_state` returns and :class:`HirDataModule` keeps (one per process, or mapped)
+STATE = ("store", "val", "basis", "spectral_report", "task_store", "task_report", "targets", "task_base", "base",
+         "sampler", "task_sampler")
+
+
+def build_state(graph_dir: Path, content_dir: Path, graph: dict[str, Any], context: dict[str, int],
+                spectral: SpectralConfig, val_protocol: str, val_candidates: int | None, task: TaskConfig, seed: int,
+                spectral_file: Path, reuse_spectral: bool) -> dict[str, Any]:
+    """Everything :meth:`HirDataModule.setup` keeps (the keys of ``STATE``), built in this process.
+
+    The train-visible store and its val set; the spectral basis, fitted (or reloaded) and chosen on
+    val (saved to ``spectral_file``); the training task (:mod:`hir.model.task`): the view's store,
+    its base (the chosen filter fit on the view alone, in its own frame: nothing of it depends on
+    a target), its context sampler and its targets. The train basis is then turned into the view's
+    frame (:attr:`SpectralBasis.frame`, saved), so validation and export read the coordinates the
+    network was trained in.
+    """
+    snap = load_snapshot(graph_dir)
+    store = load_graph(snap, content_dir, ("train",), **graph)
+    val = validation_set(store, val_candidates, seed, val_protocol)
+    if not len(val):
+        raise HirError(
+            f"{graph_dir}: the val split of dataset {snap.dataset!r} has no deep-stage "
+            f"({store.deep_stage!r}) pairs {'new to their user ' if val_protocol == 'masked_new' else ''}"
+            "to validate on; give the val split more data (data.split.val_fraction, or data.split.val_start) "
+            "or use datamodule.val_protocol=all"
+        )
+    # the base's filter is chosen on the ranking the test uses: every candidate entity
+    select = val if val_candidates is None else validation_set(store, None, seed, val_protocol)
+    basis, spectral_report = fit_base(store, select, spectral, seed, spectral_file, reuse_spectral)
+    del select
+
+    t0 = time.perf_counter()
+    task_snap, task_report = task_snapshot(snap, task, seed)
+    task_store = load_graph(task_snap, content_dir, ("train",), **graph)
+    targets = validation_set(task_store, None, seed, "masked_new")
+    task_basis = fit_spectral(task_store, basis.rank, basis.stage_base, int(spectral.n_iter), seed, basis.filter,
+                              basis.sample_cap)
+    task_base = task_basis.base_for(task_store)
+    if basis.frame is None:  # (a resumed run reloads the basis with its frame)
+        q = procrustes(store, basis.base_for(store).vectors, task_basis.base_for(store).vectors)
+        basis = replace(basis, frame=q)
+        basis.save(spectral_file)
+    del task_basis
+    task_sampler = ContextSampler(task_store, **context)
+    task_report |= {"target_users": len(targets), "target_pairs": int(sum(map(len, targets.positives))),
+                    "planned_steps": task.planned_steps(len(targets)), "seconds": round(time.perf_counter() - t0, 2)}
+
+    base = basis.base_for(store)
+    sampler = ContextSampler(store, **context)
+    task_report["inputs"] = {
+        "train (task view)": input_stats(task_store, task_base, task_sampler, targets, seed),
+        "val (train split)": input_stats(store, base, sampler, val, seed)}
+    return {"store": store, "val": val, "basis": basis, "spectral_report": spectral_report, "task_store": task_store,
+            "task_report": task_report, "targets": targets, "task_base": task_base, "base": base, "sampler": sampler,
+            "task_sampler": task_sampler}
+
+
+def _fingerprint(args: dict[str, Any]) -> dict[str, Any]:
+    """What a layout was built from: the arguments, and the size and time of every input file (a
+    re-prepared snapshot or re-enriched content is laid out again)."""
+    files = {}
+    for key in ("graph_dir", "content_dir"):
+        for f in sorted(Path(args[key]).rglob("*")):
+            if f.is_file():
+                st = f.stat()
+                files[str(f)] = [st.st_size, st.st_mtime_ns]
+    plain = {k: (asdict(v) if is_dataclass(v) else v) for k, v in args.items()}
+    return json.loads(json.dumps({"args": plain, "files": files}, default=str))
+
+
+def _lay_out(directory: str, args: dict[str, Any], fingerprint: dict[str, Any]) -> dict[str, Any]:
+    """(In a child process) :func:`build_state`, written under ``directory`` as mapped files."""
+    logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] (layout) %(message)s")
+    return save_mapped(build_state(**args), directory, fingerprint)
+
+
+def shared_state(directory: Path, args: dict[str, Any], wait_s: float = 3600.0) -> dict[str, Any]:
+    """:func:`build_state`'s result, laid out once per machine under ``directory`` and mapped.
+
+    Local rank 0 (``LOCAL_RANK`` unset or 0) builds it in a child process, which writes every
+    array as a ``.npy`` file (:func:`hir.model.mapped.save_mapped`) and exits, so the build's
+    transient memory (the snapshot's frames, the spectral fits' working sets) is returned before
+    training starts and is paid once, not once per rank. Every rank then maps the files
+    read-only: the page cache holds one copy for all of them. Lightning's DDP launcher starts the
+    other ranks after rank 0's set-up, so they find the layout done; under a launcher that starts
+    every rank at once (torchrun), the others wait up to ``wait_s`` for it. A layout of the same
+    inputs (:func:`_fingerprint`: arguments, input files' sizes and times) is reused (a resumed
+    run), so long as its ``spectral_file`` exists.
+    """
+    fingerprint = _fingerprint(args)
+    ready = lambda: mapped_ready(directory, fingerprint) and Path(args["spectral_file"]).exists()  # noqa: E731
+    t0 = time.perf_counter()
+    if int(os.environ.get("LOCAL_RANK", 0)) == 0:
+        if ready():
+            log.info("data layout %s: reusing it (same inputs)", directory)
+        else:
+            # spawn, not fork: the child starts clean (no copy of this process's torch state)
+            with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+                done = pool.submit(_lay_out, str(directory), args, fingerprint).result()
+            log.info("data layout %s: %d files, %.3f GiB, laid out in %.1fs by a child process", directory,
+                     done["files"], done["array_bytes"] / 2**30, time.perf_counter() - t0)
+    else:
+        while not ready():
+            if time.perf_counter() - t0 > wait_s:
+                raise HirError(f"{directory}: local rank 0 did not finish the data layout within {wait_s:.0f}s; "
+                               "check its log (a failed or killed set-up), delete the directory and start again")
+            time.sleep(1.0)
+    state = load_mapped(directory)
+    missing = set(STATE) - set(state)
+    if missing:
+        raise HirError(f"{directory}: the layout lacks {sorted(missing)} (written by another hir version?); "
+                       "delete the directory and start again")
+    return state

@@ -9,9 +9,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -54,12 +56,16 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     from hydra.utils import instantiate
 
     from hir.model import SPECTRAL_FILE
-    from hir.train.trainer import build_trainer, fit_report, log_setup, prepare_process, trainer_world
+    from hir.train.trainer import build_trainer, fit_report, is_ddp, log_setup, prepare_process, trainer_world
 
     prepare_process(cfg, ckpt_dir)
     t0 = time.perf_counter()
     # the snapshot, its val set and spectral base: the network's sizes come from them
-    dm = instantiate(cfg.datamodule, spectral_file=str(ckpt_dir / SPECTRAL_FILE), reuse_spectral=bool(cfg.get("ckpt_path")))
+    # DDP: the data is laid out once per machine as memory-mapped files that every rank maps
+    # (hir.train.datamodule.shared_state); one process builds it in memory, as always
+    mapped = mapped_dir(cfg) if is_ddp(cfg) and trainer_world(cfg) > 1 else None
+    dm = instantiate(cfg.datamodule, spectral_file=str(ckpt_dir / SPECTRAL_FILE), reuse_spectral=bool(cfg.get("ckpt_path")),
+                     mapped_dir=None if mapped is None else str(mapped))
     dm.setup("fit")
     t_data = time.perf_counter() - t0
     L.seed_everything(cfg.seed, workers=True, verbose=False)
@@ -92,4 +98,16 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 
             log.info("the correction's evidence gate (export applies it): %s", gate_line(best.get("gate") or {}))
         print(f"checkpoints: {ckpt_dir}")
+    if mapped is not None and trainer.local_rank == 0:
+        # a finished training is reused, not resumed: its layout has no further reader (a rank
+        # still mapping it keeps its pages until it exits)
+        shutil.rmtree(mapped, ignore_errors=True)
+        with contextlib.suppress(OSError):  # (another node's layout may still be there)
+            mapped.parent.rmdir()
     return report["metrics"]
+
+
+def mapped_dir(cfg: DictConfig) -> Path:
+    """Where a DDP training lays its data out for the ranks of this machine (one directory per
+    node: ``NODE_RANK``, so nodes sharing a filesystem do not collide)."""
+    return Path(cfg.paths.output_dir) / "train_data" / f"node{int(os.environ.get('NODE_RANK', 0))}"

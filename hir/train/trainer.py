@@ -27,7 +27,7 @@ from hir_kernels import attention_backend
 log = logging.getLogger(__name__)
 
 
-def _is_ddp(cfg: DictConfig) -> bool:
+def is_ddp(cfg: DictConfig) -> bool:
     strategy = cfg.trainer.get("strategy")
     return isinstance(strategy, str) and strategy.startswith("ddp")
 
@@ -54,7 +54,7 @@ def prepare_process(cfg: DictConfig, ckpt_dir: Path) -> None:
     drop the checkpoints of an earlier run when retraining (``force=true`` without ``ckpt_path``)."""
     # the teacher is in eval mode on purpose (no dropout, full ids): not worth a warning per fit
     warnings.filterwarnings("ignore", message=r".*module\(s\) in eval mode at the start of training.*")
-    if _is_ddp(cfg):
+    if is_ddp(cfg):
         _ddp_relaunch_argv()
     if cfg.get("ckpt_path") is None and cfg.force and ckpt_dir.exists():
         for old in ckpt_dir.glob("*.ckpt"):

@@ -165,6 +165,11 @@ def test_ddp_two_cpu_processes(tiny_run: Path, tmp_path: Path):
     # each rank draws its own shard of the seeds: both say so, with the same batch count
     assert "batches per epoch per rank (rank 0 of 2)" in log
     assert "batches per epoch per rank (rank 1 of 2)" in log + rank1
+    # the data was laid out once, by a child process of rank 0, and both ranks mapped it: rank 1
+    # neither loaded the graph nor fitted a base; the layout goes when the training is done
+    assert "by a child process" in log and "(layout) spectral base" in log
+    assert "[hir.model.store]" not in rank1 and "[hir.model.spectral]" not in rank1
+    assert not (run / "train_data").exists()
     report = json.loads((run / "checkpoints" / "train_metrics.json").read_text())
     assert report["world_size"] == 2
     # seeds are sharded: 192 seeds / 48 per batch = 4 global batches -> 2 steps per rank and epoch
