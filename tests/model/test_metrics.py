@@ -28,7 +28,7 @@ def test_one_ranking_gives_the_recall_of_every_k() -> None:
 
 
 def test_replacing_some_rows_ranks_as_the_replaced_matrix() -> None:
-    u, c, masked, positives = _data(1)
+    u, c, masked, _ = _data(1)
     rng = np.random.default_rng(5)
     rows = np.sort(rng.choice(len(c), 40, replace=False))
     variants = [rng.normal(size=(len(rows), c.shape[1])).astype(np.float32) * s for s in (0.5, 1.0, 3.0)]
