@@ -19,7 +19,9 @@ feature                     Feast type              what (position i of every ar
 ==========================  ======================  ===============================================
 
 Arrays hold the user's first ``max_pairs`` pairs of the plain order (``pos`` 0 first, the order
-:func:`hir.funnel.source.plain_order` gives); a scorer rebuilds every per-pair feature from them.
+:func:`hir.funnel.source.plain_order` gives). The repurchase-cycle columns of
+:mod:`hir.funnel.cycle` are not in this view yet, so a scorer cannot rebuild its features from the
+Feast row alone: `hir recommend` reads the whole table from ``funnel/open_funnel.parquet``.
 """
 
 from __future__ import annotations
