@@ -158,6 +158,16 @@ def bootstrap_ratio(num: np.ndarray, den: np.ndarray, resamples: int = 1000, see
             "hi": float(np.quantile(ratios, 0.975)), "users": int(ok.sum())}
 
 
+def shown(path: Path) -> str:
+    """``path`` as the results record it: relative to the repo, or from its ``outputs/`` folder
+    (a snapshot of another checkout), never an absolute machine path."""
+    path = path.resolve()
+    if path.is_relative_to(ROOT):
+        return str(path.relative_to(ROOT))
+    parts = path.parts
+    return str(Path(*parts[parts.index("outputs"):])) if "outputs" in parts else path.name
+
+
 def run_dataset(name: str, graph: Path, seeds: list[int], config: FunnelConfig, max_users: int,
                 extra: tuple[str, ...] = (), head: tuple[int, int] = (2, 64)) -> dict[str, Any]:
     """Every arm of ``name`` over ``seeds``; ``extra``: arms of :data:`EXTRA` (paired with
@@ -235,7 +245,7 @@ def run_dataset(name: str, graph: Path, seeds: list[int], config: FunnelConfig, 
                  np.nanmean(r["deep_funnel"]["plain"]["all"]["hit@10"]), max(np.nanmean(r["deep_funnel"][a]["all"]["hit@10"]) for a in ("open_funnel", "open_funnel_pop")),
                  np.nanmean(r["full"]["recommend"]["all"]["recall@20"]), np.nanmean(r["full"]["repeat"]["all"]["recall@20"]),
                  time.perf_counter() - t0)
-    out: dict[str, Any] = {"graph": str(graph), "users": len(users), "target_stage": stage, "arms": list(arms),
+    out: dict[str, Any] = {"graph": shown(graph), "users": len(users), "target_stage": stage, "arms": list(arms),
                            "split_mode": split_mode, "fits": fits, "protocols": {}}
     for proto in masks:
         part: dict[str, Any] = {}

@@ -4,7 +4,7 @@ grocery log, and that nothing after the as-of time reaches them."""
 from __future__ import annotations
 
 import math
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 import numpy as np
 import polars as pl
@@ -14,19 +14,9 @@ from hir.funnel.candidates import CYCLE_FEATURES, FEATURES
 from hir.funnel.cycle import DECAYS
 from hir.funnel.fit import FunnelConfig, FunnelTables
 from hir.funnel.source import open_funnel, visible_events
+from tests.funnel.test_source import T0, events
 
-T0 = datetime(2024, 1, 1, tzinfo=UTC)
 ASOF = T0 + timedelta(days=21)
-
-
-def events(rows: list[tuple[int, int, int, float]]) -> pl.DataFrame:
-    """(user, entity, stage_rank, day) rows -> snapshot event rows (stage 2 = purchase)."""
-    return pl.DataFrame({
-        "user_id": [r[0] for r in rows], "entity_id": [r[1] for r in rows], "entity_type": ["product"] * len(rows),
-        "stage_rank": [r[2] for r in rows], "timestamp": [T0 + timedelta(days=r[3]) for r in rows],
-        "split": ["train"] * len(rows),
-    }).with_columns(pl.col("timestamp").cast(pl.Datetime("us", "UTC")))
-
 
 # user 0 shops on days 0, 3, 7 and 14: milk (1) weekly, coffee (2) fortnightly, a cake (3) once;
 # two purchases of milk on day 7 (morning and evening) are one trip. User 1 buys the cake every 10
