@@ -166,7 +166,7 @@ def seed_mean_draws(
     n = n_seeds.pop()
     per_seed = [bootstrap_ranking(y, {arm: ps[s] for arm, ps in preds.items()}, weights, baseline) for s in range(n)]
     # (R, S) how often each draw takes each seed (all ones with a single seed)
-    picks = np.random.default_rng([seed, 29]).integers(0, n, size=(len(weights), n)) if n > 1 else np.zeros((len(weights), 1), int)
+    picks = np.random.default_rng([seed, 29]).integers(0, n, size=(len(weights), n))
     share = np.stack([np.bincount(p, minlength=n) for p in picks]).astype(np.float64) / n
     out: dict[str, dict[str, np.ndarray]] = {}
     for arm in preds:
