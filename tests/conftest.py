@@ -80,6 +80,30 @@ def run_hir(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: i
     )
 
 
+def built_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], object]) -> Path:
+    """A read-only directory ``name`` that ``build(dir)`` fills once per test session, also across
+    pytest-xdist workers: the first worker to ask builds it under the session's common temp dir,
+    holding a file lock, and the others wait for it and read it (each worker building its own
+    copy cost the suite tens of seconds). Without xdist: a fresh temp dir of this session."""
+    from filelock import FileLock
+
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        out = tmp_path_factory.mktemp(name)
+        build(out)
+        return out
+    # under xdist each worker's base temp is <session>/popen-gwN: the parent is this session's
+    root = tmp_path_factory.getbasetemp().parent / "built_once"
+    root.mkdir(exist_ok=True)
+    out = root / name
+    with FileLock(str(root / f"{name}.lock")):
+        if not (out / ".built").exists():
+            shutil.rmtree(out, ignore_errors=True)  # a worker that failed half-way
+            out.mkdir()
+            build(out)
+            (out / ".built").touch()
+    return out
+
+
 @pytest.fixture(scope="session")
 def tiny_graph(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A prepared synthetic snapshot (graph/) of tests/publish/fixtures.py's TINY, built once per
@@ -87,9 +111,25 @@ def tiny_graph(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from hir.data import prepare
     from tests.publish.fixtures import compose_at
 
-    out = tmp_path_factory.mktemp("tiny") / "run"
-    prepare.run(compose_at(out, stage="prepare"))
-    return out / "graph"
+    out = built_once(tmp_path_factory, "tiny", lambda d: prepare.run(compose_at(d / "run", stage="prepare")))
+    return out / "run" / "graph"
+
+
+def _validated(tmp_path_factory: pytest.TempPathFactory, tiny_graph: Path, version: str, seed: int) -> Iterator[Path]:
+    """The run dir of :func:`validated_v1` for export ``version`` (``seed``, created ``seed``
+    days after CREATED); it must still be the validated export at the end of the session."""
+    from datetime import timedelta
+
+    from hir.validate import stage as validate
+    from hir.validate.binding import require_validated
+    from tests.publish.fixtures import CREATED, export_run
+
+    def build(d: Path) -> None:
+        validate.run(export_run(tiny_graph, d / version, version, created=CREATED + timedelta(days=seed), seed=seed))
+
+    run = built_once(tmp_path_factory, f"validated_{version}", build) / version
+    yield run
+    require_validated(run / "embeddings", run / "validation")  # no test edited the shared export
 
 
 @pytest.fixture(scope="session")
@@ -98,14 +138,14 @@ def validated_v1(tiny_graph: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     tests/publish/fixtures.py's CREATED) and its passing validation (against an empty store),
     built once per session. Read only: ``reading(validated_v1, base)`` publishes it into a store
     of its own. At the end of the session the export must still be the validated one."""
-    from hir.validate import stage as validate
-    from hir.validate.binding import require_validated
-    from tests.publish.fixtures import CREATED, export_run
+    yield from _validated(tmp_path_factory, tiny_graph, "v1", 0)
 
-    run = tmp_path_factory.mktemp("validated") / "v1"
-    validate.run(export_run(tiny_graph, run, "v1", created=CREATED))
-    yield run
-    require_validated(run / "embeddings", run / "validation")  # no test edited the shared export
+
+@pytest.fixture(scope="session")
+def validated_v2(tiny_graph: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Like ``validated_v1`` for the export ``v2`` (seed 1, created a day after v1), validated
+    against an empty store: the next version the publish tests switch to. Read only (``reading``)."""
+    yield from _validated(tmp_path_factory, tiny_graph, "v2", 1)
 
 
 @pytest.fixture

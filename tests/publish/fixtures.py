@@ -49,6 +49,17 @@ def export_run(graph: Path, run: Path, version: str, *overrides: str, **export: 
     return compose_at(run, *overrides)
 
 
+def copy_run(run: Path, to: Path, *overrides: str) -> DictConfig:
+    """The config of a copy of the validated run dir ``run`` at ``to`` (its store: ``to.parent /
+    "store"``): it stays validated, as validation binds the files' contents. Its validation result
+    still names the original's graph/ and funnel/, which publish reads: a copy publishes ``run``
+    from a run dir of its own (its manifest, its hydra dir), it is not for editing those."""
+    import shutil
+
+    shutil.copytree(run, to)
+    return compose_at(to, *overrides)
+
+
 def reading(run: Path, base: Path, *overrides: str) -> DictConfig:
     """A config that publishes the validated export of ``run`` (read only: its graph/, embeddings/
     and validation/) into the store ``base / "store"``, with this run's manifest in

@@ -32,19 +32,27 @@ from hir.validate import stage as validate
 from hir.validate.binding import sha256
 from tests.conftest import run_hir
 from tests.publish.export_fixture import contract_rows
-from tests.publish.fixtures import CREATED, READER, TINY, assert_serving, export_run, reading, served_objects
+from tests.publish.fixtures import (
+    CREATED,
+    READER,
+    TINY,
+    assert_serving,
+    copy_run,
+    export_run,
+    reading,
+    served_objects,
+)
 
 FAST_SPACE_POINTS = ["feast_materialize", "milvus_insert"]
 SLOW_SPACE_POINTS = [p for p in faults.POINTS if p not in FAST_SPACE_POINTS and p != "cleanup"]
 
 
 @pytest.fixture(scope="module")
-def runs(validated_v1: Path, tiny_graph: Path, tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
+def runs(validated_v1: Path, validated_v2: Path, tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
     base = tmp_path_factory.mktemp("faults")
     v1 = reading(validated_v1, base)
     publish.run(v1)
-    v2 = export_run(tiny_graph, base / "v2", "v2", created=CREATED + timedelta(days=1), seed=1)
-    validate.run(v2)
+    v2 = copy_run(validated_v2, base / "v2")
     return SimpleNamespace(v1=v1, v2=v2, store_dir=base / "store", base=base)
 
 

@@ -22,7 +22,7 @@ from hir.publish.funnel import PAIR_COLUMNS
 from hir.serving import read_state
 from hir.validate import stage as validate
 from hir.validate.binding import NotValidated
-from tests.publish.fixtures import funnel_run
+from tests.publish.fixtures import copy_run, funnel_run
 
 
 def _store(store_dir: Path) -> tuple[dict, object]:
@@ -34,11 +34,20 @@ def _store(store_dir: Path) -> tuple[dict, object]:
 
 
 @pytest.fixture(scope="module")
-def served(tiny_graph: Path, tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
+def validated_f1(tiny_graph: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Run ``f1`` (export + funnel/ of the tiny snapshot), validated once for the module. Read
+    only: a test takes a copy (``copy_run``), which stays validated, as validation is bound to
+    the files' contents, not to their paths."""
+    run = tmp_path_factory.mktemp("funnel_validated") / "f1"
+    validate.run(funnel_run(tiny_graph, run, "f1"))
+    return run
+
+
+@pytest.fixture(scope="module")
+def served(validated_f1: Path, tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
     """Run ``f1`` (export + funnel/ of the tiny snapshot) validated and published."""
     run = tmp_path_factory.mktemp("funnel") / "f1"
-    cfg = funnel_run(tiny_graph, run, "f1")
-    validate.run(cfg)
+    cfg = copy_run(validated_f1, run)
     publish.run(cfg)
     manifest, store = _store(run.parent / "store")
     return SimpleNamespace(run=run, cfg=cfg, manifest=manifest, store=store,
@@ -106,6 +115,8 @@ def test_rankers_service_is_unchanged(served: SimpleNamespace) -> None:
 
 
 def test_edited_funnel_is_refused(make_run_funnel: callable) -> None:
+    # a run of its own: a copy of ``validated_f1`` would publish the funnel/ its validation
+    # result names, the original's
     cfg, run = make_run_funnel("e1")
     validate.run(cfg)
     path = run / "funnel" / "open_funnel.parquet"
@@ -123,14 +134,15 @@ def make_run_funnel(tiny_graph: Path, tmp_path: Path) -> callable:
     return _make
 
 
-def test_versions_switch_the_funnel_and_a_failed_switch_keeps_the_old_one(make_run_funnel: callable,
+def test_versions_switch_the_funnel_and_a_failed_switch_keeps_the_old_one(validated_f1: Path, make_run_funnel: callable,
+                                                                         tmp_path: Path,
                                                                          caplog: pytest.LogCaptureFixture) -> None:
-    cfg1, run1 = make_run_funnel("a1")
-    validate.run(cfg1)
+    run1 = tmp_path / "f1"
+    cfg1 = copy_run(validated_f1, run1)
     publish.run(cfg1)
     store_dir = run1.parent / "store"
     manifest, store = _store(store_dir)
-    assert service_views(store, "rankers_funnel") == {"open_funnel": "open_funnel_a1"}
+    assert service_views(store, "rankers_funnel") == {"open_funnel": "open_funnel_f1"}
 
     # idempotent: the same files again are a no-op; a recomputed funnel under the same version is refused
     assert publish.run(cfg1)["noop"]
@@ -140,7 +152,7 @@ def test_versions_switch_the_funnel_and_a_failed_switch_keeps_the_old_one(make_r
     with pytest.raises(HirError, match="different open funnel"):
         publish.run(cfg1)
 
-    # a switch that fails after the funnel service moved: everything back to a1
+    # a switch that fails after the funnel service moved: everything back to f1
     cfg2, _ = make_run_funnel("a2")
     validate.run(cfg2)
     os.environ[FAIL_ENV] = "switch_funnel"
@@ -150,8 +162,8 @@ def test_versions_switch_the_funnel_and_a_failed_switch_keeps_the_old_one(make_r
     finally:
         del os.environ[FAIL_ENV]
     _, store = _store(store_dir)
-    assert read_state(store_dir)["live"] == "a1"
-    assert service_views(store, "rankers_funnel") == {"open_funnel": "open_funnel_a1"}
+    assert read_state(store_dir)["live"] == "f1"
+    assert service_views(store, "rankers_funnel") == {"open_funnel": "open_funnel_f1"}
     assert "open_funnel_a2" not in {v.name for v in store.list_feature_views()}
 
     # a version without funnel/ (funnel.enabled=false): published as before, the funnel service goes

@@ -23,7 +23,16 @@ from hir.publish import stage as publish
 from hir.serving import read_state
 from hir.validate import stage as validate
 from tests.conftest import run_hir
-from tests.publish.fixtures import CREATED, TINY, assert_serving, export_run, pointers, read_live, reading
+from tests.publish.fixtures import (
+    CREATED,
+    TINY,
+    assert_serving,
+    copy_run,
+    export_run,
+    pointers,
+    read_live,
+    reading,
+)
 
 T0 = CREATED  # v1's created
 # every point before the commit record is written; the full list runs with -m slow
@@ -32,17 +41,15 @@ SLOW_POINTS = [p for p in faults.POINTS if p not in FAST_POINTS and p != "cleanu
 
 
 @pytest.fixture(scope="module")
-def runs(tiny_graph: Path, validated_v1: Path, tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
-    """v1 (the session's validated export, created T0, seed 0) published; v2 and v3 exported and
-    validated (validated before any publish, so the drift report compares against v1 and stays
-    valid)."""
+def runs(tiny_graph: Path, validated_v1: Path, validated_v2: Path, tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
+    """v1 (the session's validated export, created T0, seed 0) published; v2 (a copy of the
+    session's, validated against an empty store) and v3 (exported here and validated while v1 is
+    live, before any other publish, so its drift report compares against v1 and stays valid)."""
     base = tmp_path_factory.mktemp("reliability")
-    cfgs = {"v1": reading(validated_v1, base)}
-    for i, version in enumerate(("v2", "v3"), start=1):
-        cfgs[version] = export_run(tiny_graph, base / version, version, created=T0 + timedelta(days=i), seed=i)
+    cfgs = {"v1": reading(validated_v1, base), "v2": copy_run(validated_v2, base / "v2"),
+            "v3": export_run(tiny_graph, base / "v3", "v3", created=T0 + timedelta(days=2), seed=2)}
     publish.run(cfgs["v1"])
-    for v in ("v2", "v3"):
-        validate.run(cfgs[v])
+    validate.run(cfgs["v3"])
     return SimpleNamespace(cfg=cfgs, store_dir=base / "store", base=base, v1_dir=validated_v1)
 
 

@@ -45,10 +45,19 @@ def _leaves(obj: Any, path: str, out: dict[str, Any], seen: set[int]) -> dict[st
     return out
 
 
-def test_mapped_state_equals_the_in_process_build(tiny_run: Path, tmp_path: Path):
+@pytest.fixture(scope="module")
+def mapped(tiny_run: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[HirDataModule, Path]:
+    """Local rank 0's datamodule, its state laid out by a child process (``out/layout``), and ``out``
+    (built once: the child's imports take most of a test's time)."""
+    out = tmp_path_factory.mktemp("shared_state")
+    return _datamodule(tiny_run, out, out / "layout"), out
+
+
+def test_mapped_state_equals_the_in_process_build(tiny_run: Path, tmp_path: Path,
+                                                  mapped: tuple[HirDataModule, Path]):
     built = _datamodule(tiny_run, tmp_path / "a", None)
-    mapped = _datamodule(tiny_run, tmp_path / "b", tmp_path / "b" / "layout")
-    assert (tmp_path / "b" / "layout" / "done.json").exists()
+    mapped, out = mapped
+    assert (out / "layout" / "done.json").exists()
     n_mapped = 0
     for key in STATE:
         a, b = _leaves(getattr(built, key), key, {}, set()), _leaves(getattr(mapped, key), key, {}, set())
@@ -65,15 +74,16 @@ def test_mapped_state_equals_the_in_process_build(tiny_run: Path, tmp_path: Path
                 assert va == vb, k
     assert n_mapped > 0  # the large arrays (content rows, bases) are the files' pages
     # the child process wrote the saved basis, the same as the in-process build's
-    with np.load(tmp_path / "a" / "spectral.npz") as fa, np.load(tmp_path / "b" / "spectral.npz") as fb:
+    with np.load(tmp_path / "a" / "spectral.npz") as fa, np.load(out / "spectral.npz") as fb:
         assert fa.files == fb.files and all(np.array_equal(fa[k], fb[k]) for k in fa.files)
 
 
-def test_other_ranks_map_the_layout_of_local_rank_zero(tiny_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    first = _datamodule(tiny_run, tmp_path, tmp_path / "layout")
-    stamp = (tmp_path / "layout" / "done.json").stat().st_mtime_ns
+def test_other_ranks_map_the_layout_of_local_rank_zero(tiny_run: Path, mapped: tuple[HirDataModule, Path],
+                                                       monkeypatch: pytest.MonkeyPatch):
+    first, out = mapped
+    stamp = (out / "layout" / "done.json").stat().st_mtime_ns
     monkeypatch.setenv("LOCAL_RANK", "1")
-    other = _datamodule(tiny_run, tmp_path, tmp_path / "layout")
-    assert (tmp_path / "layout" / "done.json").stat().st_mtime_ns == stamp  # mapped, not laid out again
+    other = _datamodule(tiny_run, out, out / "layout")
+    assert (out / "layout" / "done.json").stat().st_mtime_ns == stamp  # mapped, not laid out again
     assert np.array_equal(other.base.vectors, first.base.vectors) and not other.base.vectors.flags.writeable
     assert os.environ["LOCAL_RANK"] == "1"
