@@ -97,6 +97,15 @@ def ranking_section(
 RETRIEVAL_USERS_FILE = "retrieval_users.parquet"
 
 
+def search_depth(snap: Snapshot, arms: dict[str, Any], run: Any) -> int:
+    """How deep the HIR search goes once for every arm that reads it: the recommend arm's
+    discovery depth (the run's funnel/meta.json) when that arm runs, else 0 (the hir arm's k)."""
+    meta = snap.dir.parent / "funnel" / "meta.json"
+    if "recommend" not in arms or (run and "recommend" not in run) or not meta.exists():
+        return 0
+    return int(json.loads(meta.read_text()).get("discovery") or 0)
+
+
 def retrieval_section(
     cfg: DictConfig, snap: Snapshot, task: RetrievalTask, sources: Sources, cache: FitCache | None = None,
     history_splits: list[str] | None = None,
@@ -108,8 +117,10 @@ def retrieval_section(
     from hir_evaluation.retrieval.registry import build_arms
 
     ev = cfg.eval
+    arms = build_arms(ev.retrieval)
     return evaluate_retrieval(
-        snap, task, build_arms(ev.retrieval), int(ev.seed), hir_search(sources), sources.content_vectors(),
+        snap, task, arms, int(ev.seed), hir_search(sources, search_depth(snap, arms, ev.get("retrieval_arms"))),
+        sources.content_vectors(),
         history_splits or sources.history_splits(ev.get("retrieval_history_splits")),
         list(ev.retrieval_arms) if ev.get("retrieval_arms") else None,
         int(ev.retrieval_few_events), cache, Path(cfg.paths.report_dir) / RETRIEVAL_USERS_FILE,
