@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -108,10 +108,11 @@ def search_depth(snap: Snapshot, arms: dict[str, Any], run: Any) -> int:
 
 def retrieval_section(
     cfg: DictConfig, snap: Snapshot, task: RetrievalTask, sources: Sources, cache: FitCache | None = None,
-    history_splits: list[str] | None = None,
+    history_splits: list[str] | None = None, wait: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
     """metrics.json's ``retrieval``: every arm of ``eval.retrieval`` (or of ``eval.retrieval_arms``);
-    ``history_splits``: the periods the arms learn from (default: as the sources say)."""
+    ``history_splits``: the periods the arms learn from (default: as the sources say); ``wait``:
+    joins the background baselines (called before the first arm they fit)."""
     from hir_evaluation.retrieval.evaluate import evaluate_retrieval
     from hir_evaluation.retrieval.hir_search import hir_search
     from hir_evaluation.retrieval.registry import build_arms
@@ -123,7 +124,7 @@ def retrieval_section(
         sources.content_vectors(),
         history_splits or sources.history_splits(ev.get("retrieval_history_splits")),
         list(ev.retrieval_arms) if ev.get("retrieval_arms") else None,
-        int(ev.retrieval_few_events), cache, Path(cfg.paths.report_dir) / RETRIEVAL_USERS_FILE,
+        int(ev.retrieval_few_events), cache, Path(cfg.paths.report_dir) / RETRIEVAL_USERS_FILE, wait,
     )
 
 
@@ -187,11 +188,15 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                 background.stop()
             raise
         step("retrieval")
+        def join() -> None:
+            assert background is not None
+            with timed(timings, "retrieval_wait"):
+                background.join(cache)
+
         with timed(timings, "retrieval"):
-            if background is not None:
-                with timed(timings, "retrieval_wait"):
-                    background.join(cache)
-            retrieval = retrieval_section(cfg, snap, ret_task, sources, cache, history)
+            # the HIR and content arms run while the background baselines finish
+            retrieval = retrieval_section(cfg, snap, ret_task, sources, cache, history,
+                                          join if background is not None else None)
         step("diagnostics")
         with timed(timings, "diagnostics"):
             diagnostics, points = diagnostics_section(
