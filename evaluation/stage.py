@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -97,22 +97,34 @@ def ranking_section(
 RETRIEVAL_USERS_FILE = "retrieval_users.parquet"
 
 
+def search_depth(snap: Snapshot, arms: dict[str, Any], run: Any) -> int:
+    """How deep the HIR search goes once for every arm that reads it: the recommend arm's
+    discovery depth (the run's funnel/meta.json) when that arm runs, else 0 (the hir arm's k)."""
+    meta = snap.dir.parent / "funnel" / "meta.json"
+    if "recommend" not in arms or (run and "recommend" not in run) or not meta.exists():
+        return 0
+    return int(json.loads(meta.read_text()).get("discovery") or 0)
+
+
 def retrieval_section(
     cfg: DictConfig, snap: Snapshot, task: RetrievalTask, sources: Sources, cache: FitCache | None = None,
-    history_splits: list[str] | None = None,
+    history_splits: list[str] | None = None, wait: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
     """metrics.json's ``retrieval``: every arm of ``eval.retrieval`` (or of ``eval.retrieval_arms``);
-    ``history_splits``: the periods the arms learn from (default: as the sources say)."""
+    ``history_splits``: the periods the arms learn from (default: as the sources say); ``wait``:
+    joins the background baselines (called before the first arm they fit)."""
     from hir_evaluation.retrieval.evaluate import evaluate_retrieval
     from hir_evaluation.retrieval.hir_search import hir_search
     from hir_evaluation.retrieval.registry import build_arms
 
     ev = cfg.eval
+    arms = build_arms(ev.retrieval)
     return evaluate_retrieval(
-        snap, task, build_arms(ev.retrieval), int(ev.seed), hir_search(sources), sources.content_vectors(),
+        snap, task, arms, int(ev.seed), hir_search(sources, search_depth(snap, arms, ev.get("retrieval_arms"))),
+        sources.content_vectors(),
         history_splits or sources.history_splits(ev.get("retrieval_history_splits")),
         list(ev.retrieval_arms) if ev.get("retrieval_arms") else None,
-        int(ev.retrieval_few_events), cache, Path(cfg.paths.report_dir) / RETRIEVAL_USERS_FILE,
+        int(ev.retrieval_few_events), cache, Path(cfg.paths.report_dir) / RETRIEVAL_USERS_FILE, wait,
     )
 
 
@@ -176,11 +188,15 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                 background.stop()
             raise
         step("retrieval")
+        def join() -> None:
+            assert background is not None
+            with timed(timings, "retrieval_wait"):
+                background.join(cache)
+
         with timed(timings, "retrieval"):
-            if background is not None:
-                with timed(timings, "retrieval_wait"):
-                    background.join(cache)
-            retrieval = retrieval_section(cfg, snap, ret_task, sources, cache, history)
+            # the HIR and content arms run while the background baselines finish
+            retrieval = retrieval_section(cfg, snap, ret_task, sources, cache, history,
+                                          join if background is not None else None)
         step("diagnostics")
         with timed(timings, "diagnostics"):
             diagnostics, points = diagnostics_section(

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any
@@ -56,6 +56,7 @@ def evaluate_retrieval(
     few_events: int | None = None,
     cache: FitCache | None = None,
     per_user_path: Path | None = None,
+    wait: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
     """The ``retrieval`` section of metrics.json: both protocols for every arm.
 
@@ -80,6 +81,10 @@ def evaluate_retrieval(
             ``<arm>__deep@20`` (recall), ``<arm>__deep_hr@10`` / ``<arm>__deep_hr@20`` (hit),
             ``<arm>__deep_repeat@20`` / ``<arm>__deep_explore@20`` (recall on each slice). NaN
             where the user has nothing relevant in that set.
+        wait: called once before the first arm that needs no optional input (the arms the
+            background process fits, evaluation/retrieval/background.py); the arms that read the
+            HIR export or the content vectors run first, while it still works. The output is
+            in report order either way.
     """
     if run is not None and (unknown := sorted(set(run) - set(arms))):
         raise ValueError(f"eval.retrieval_arms: unknown arms {unknown}; expected some of {list(arms)}")
@@ -93,7 +98,14 @@ def evaluate_retrieval(
     fits: dict[str, Any] = {}
     per_user: dict[str, np.ndarray] = {}
     k20 = 20 if 20 in ks else ks[-1]
-    for name, arm in arms.items():
+    # the arms with inputs first (stable: report order within each group) when a background
+    # process still fits the others; each arm's figures do not depend on when it runs
+    order = sorted(arms, key=lambda n: not arms[n].info.needs) if wait is not None else list(arms)
+    for name in order:
+        arm = arms[name]
+        if wait is not None and not arm.info.needs:
+            wait()
+            wait = None
         if (run is not None and name not in run) or not ctx.has(arm.info.needs):
             continue
         t0 = time.perf_counter()
@@ -119,6 +131,10 @@ def evaluate_retrieval(
         log.info("retrieval %s: recall@20 %.4f full, %.4f %s, %.4f %s (%.1fs)", name,
                  scores[name]["all"].get("recall@20", math.nan), scores[name].get(MASKED, {}).get("recall@20", math.nan),
                  MASKED, scores[name].get(DEEP, {}).get("recall@20", math.nan), DEEP, seconds[name])
+    if wait is not None:  # no arm without inputs ran: the background process is still joined
+        wait()
+    scores, seconds, fits = ({n: d[n] for n in arms if n in d} for d in (scores, seconds, fits))
+    per_user = {key: per_user[key] for n in arms for key in per_user if key == n or key.startswith(f"{n}__")}
     if per_user_path is not None and per_user:
         per_user_path.parent.mkdir(parents=True, exist_ok=True)
         pl.DataFrame({"user_id": data.users, "few_events": few if few is not None else np.zeros(len(data.users), bool),

@@ -6,12 +6,20 @@ Milvus: each user's search returns k + max(|history|, |target-stage history|) hi
 :func:`masked_limits`); the masked list drops the history entities from them and the deep list the
 target-stage history entities, each keeping the first k, which is exactly the exact top-k of its
 protocol when the index is exact (one search serves both: each drops at most as many hits as the
-limit holds beyond k).
+limit holds beyond k). The full list is the first k of the same hits (the limit is at least k), so
+each user is searched once.
+
+:class:`SharedSearch` runs that search once per test set at the deepest k any arm asks (the hir
+arm's k, the recommend arm's discovery depth) and cuts it for each: with an exact index the first
+k of a top-K list are the top-k (equal scores aside), so the figures are those of separate searches
+(measured on completejourney's make-run export: Milvus Lite's FLAT search costs ~30 us a returned
+hit, and the two arms' searches took 69 s and 81 s of `hir evaluate`).
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -68,15 +76,15 @@ def published_topk(manifest: dict[str, Any], snap: Snapshot, entity_type: str) -
         if short:
             log.warning("hir retrieval (milvus): %d users have more than %d history entities; their masked / deep lists "
                         "may hold fewer than %d entities", short, MILVUS_MAX_LIMIT - k, k)
-        (full_hits, masked_hits), present = published_search(
-            manifest, entity_type, _keys(snap, "user")[data.users].tolist(), [np.full(len(data.users), k), limits])
+        # one search per user: its first k hits are the full list (every limit is at least k)
+        (masked_hits,), present = published_search(
+            manifest, entity_type, _keys(snap, "user")[data.users].tolist(), [limits])
         key_to_id = {key: i for i, key in enumerate(_keys(snap, entity_type).tolist())}
         rows = np.flatnonzero(present)
-        full = np.full((len(data.users), k), -1, dtype=np.int64)
-        for row, keys in zip(rows, full_hits):
-            ids = [key_to_id.get(key, -1) for key in keys[:k]]
-            full[row, : len(ids)] = ids
         hits = [[key_to_id.get(key, -1) for key in keys] for keys in masked_hits]
+        full = np.full((len(data.users), k), -1, dtype=np.int64)
+        for row, ids in zip(rows, hits):
+            full[row, : len(ids[:k])] = ids[:k]
         masked = np.full((len(data.users), k), -1, dtype=np.int64)
         masked[rows] = drop_seen(hits, seen[rows], k)
         deep = np.full((len(data.users), k), -1, dtype=np.int64)
@@ -120,10 +128,36 @@ def files_topk(emb_dir: Path, snap: Snapshot, entity_type: str) -> TopK:
     return run
 
 
-def hir_search(sources: Sources) -> TopK | None:
-    """The HIR search of ``sources`` (Milvus or exact search over the files), None without embeddings."""
+def cut(ranked: Ranked, k: int) -> Ranked:
+    """``ranked``'s lists cut to their first ``k`` columns (U, k)."""
+    return Ranked(ranked.full[:, :k], None if ranked.masked is None else ranked.masked[:, :k], ranked.fit,
+                  None if ranked.deep is None else ranked.deep[:, :k])
+
+
+@dataclass
+class SharedSearch:
+    """``search`` run once per test set at ``depth`` (or the largest k asked, if deeper), each
+    call answered with the first k columns. Exact for an exact index (FLAT; equal scores aside):
+    the first k of a top-K list, masked or not, are the top-k."""
+
+    search: TopK
+    depth: int = 0
+    _data: RetrievalData | None = field(default=None, repr=False)
+    _ranked: Ranked | None = field(default=None, repr=False)
+
+    def __call__(self, data: RetrievalData, k: int) -> Ranked:
+        held = 0 if self._ranked is None else self._ranked.full.shape[1]
+        if self._data is not data or held < k:
+            self._ranked, self._data = self.search(data, max(k, self.depth)), data
+        assert self._ranked is not None
+        return cut(self._ranked, k)
+
+
+def hir_search(sources: Sources, depth: int = 0) -> TopK | None:
+    """The HIR search of ``sources`` (Milvus or exact search over the files), None without
+    embeddings; searched once per test set at ``depth`` (at least) and shared by the arms."""
     if sources.hir == "published":
-        return published_topk(sources.manifest, sources.snap, sources.entity_type)
+        return SharedSearch(published_topk(sources.manifest, sources.snap, sources.entity_type), depth)
     if sources.hir == "files":
-        return files_topk(sources.emb_dir, sources.snap, sources.entity_type)
+        return SharedSearch(files_topk(sources.emb_dir, sources.snap, sources.entity_type), depth)
     return None

@@ -53,26 +53,55 @@ def mean_entropy_gap(log_probs: list[Tensor]) -> Tensor:
     return torch.stack(gaps).mean()
 
 
+class _Distances:
+    """``torch.cdist(x, c)`` for a fixed x (n, d) and many c (k, d), bit for bit: the same
+    matrix-product form as cdist's (aten's ``_euclidean_dist``, which it takes when n > 25 or
+    k > 25), with x's half ``[-2x, |x|^2, 1]`` built once instead of on every call. Measured on
+    completejourney's export (69,857 x 257, k = 8): 0.14 s a cdist call against 0.02 s, where
+    the hierarchy refit makes ~330 such calls at level 0 alone."""
+
+    def __init__(self, x: Tensor) -> None:
+        self.x = x
+        self.fast = x.shape[0] > 25
+        if self.fast:
+            norm = x.pow(2).sum(-1, keepdim=True)  # (n, 1)
+            self.x_ = torch.cat([x.mul(-2), norm, torch.ones_like(norm)], -1)  # (n, d + 2)
+
+    def __call__(self, c: Tensor) -> Tensor:
+        """(n, k) Euclidean distances of x's rows to c's rows."""
+        if not self.fast:
+            return torch.cdist(self.x, c)  # cdist's direct path (n, k <= 25 here); same as the caller's cdist
+        norm = c.pow(2).sum(-1, keepdim=True)  # (k, 1)
+        c_ = torch.cat([c, torch.ones_like(norm), norm], -1)  # (k, d + 2)
+        return self.x_.matmul(c_.mT).clamp_min_(0).sqrt_()
+
+
 def kmeans(x: Tensor, k: int, iters: int = 25, generator: torch.Generator | None = None, n_init: int = 1) -> Tensor:
     """Plain k-means with k-means++ seeding: (n, d) points -> (k, d) centroids (n >= k); with
     ``n_init`` > 1 the best of that many seedings (lowest sum of squared distances), so two
     generators land on the same solution far more often."""
+    dists = _Distances(x)
     if n_init > 1:
-        runs = [kmeans(x, k, iters, generator) for _ in range(n_init)]
-        return min(runs, key=lambda c: float(torch.cdist(x, c).min(dim=1).values.pow(2).sum()))
+        runs = [_kmeans(dists, k, iters, generator) for _ in range(n_init)]
+        return min(runs, key=lambda c: float(dists(c).min(dim=1).values.pow(2).sum()))
+    return _kmeans(dists, k, iters, generator)
+
+
+def _kmeans(dists: _Distances, k: int, iters: int, generator: torch.Generator | None) -> Tensor:
+    x = dists.x
     n = x.shape[0]
     cents = [x[torch.randint(n, (1,), generator=generator)]]
     # each point's distance to its nearest seed so far, updated with the newest seed only: O(n k d)
     # (recomputing it against every seed each round was O(n k^2 d): 43 s of completejourney's export)
-    dist = torch.cdist(x, cents[0])[:, 0]
+    dist = dists(cents[0])[:, 0]
     for _ in range(1, k):
         d2 = dist.pow(2)
         probs = d2 / d2.sum() if d2.sum() > 0 else torch.full((n,), 1.0 / n)
         cents.append(x[torch.multinomial(probs, 1, generator=generator)])
-        dist = torch.minimum(dist, torch.cdist(x, cents[-1])[:, 0])
+        dist = torch.minimum(dist, dists(cents[-1])[:, 0])
     c = torch.cat(cents)  # (k, d)
     for _ in range(iters):
-        assign = torch.cdist(x, c).argmin(dim=1)
+        assign = dists(c).argmin(dim=1)
         sums = torch.zeros_like(c).index_add_(0, assign, x)
         counts = torch.bincount(assign, minlength=k).to(x.dtype)[:, None]
         c = torch.where(counts > 0, sums / counts.clamp_min(1), c)  # an empty cluster keeps its centroid

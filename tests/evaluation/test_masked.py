@@ -18,7 +18,7 @@ from hir_evaluation.retrieval.arms.itemknn import itemknn_topk
 from hir_evaluation.retrieval.arms.lightgcn import fit_lightgcn
 from hir_evaluation.retrieval.arms.popularity import popularity_topk
 from hir_evaluation.retrieval.data import RetrievalData, interaction_matrix, retrieval_data
-from hir_evaluation.retrieval.hir_search import drop_seen, files_topk, masked_limits
+from hir_evaluation.retrieval.hir_search import SharedSearch, drop_seen, files_topk, masked_limits
 from hir_evaluation.retrieval.rank import Ranked, score_arm
 from hir_evaluation.sources.content import user_profiles
 from hir_evaluation.sources.published import MILVUS_MAX_LIMIT, grouped_search, search_params_for
@@ -145,6 +145,26 @@ def test_files_arm_masked_matches_brute_force(tiny_graph: Path, tmp_path: Path) 
     ranked = files_topk(tmp_path / "embeddings", snap, "product")(data, 3)
     _check(ranked, (users @ items.T)[data.users], data, 3)
     assert data.seen[data.users].nnz > 0  # the tiny test users do have history to mask
+
+
+def test_shared_search_is_one_search_cut_per_k(tiny_graph: Path, tmp_path: Path) -> None:
+    write_export(tiny_graph, tmp_path / "embeddings", dim=4, levels=(2,), top_k=1)
+    snap = load_snapshot(tiny_graph)
+    data = retrieval_data(snap, RetrievalTask(), "test", history_splits=["train"])
+    exact = files_topk(tmp_path / "embeddings", snap, "product")
+    calls: list[int] = []
+
+    def counted(d: RetrievalData, k: int) -> Ranked:
+        calls.append(k)
+        return exact(d, k)
+
+    shared = SharedSearch(counted, depth=5)
+    for k in (2, 3, 5):
+        got, want = shared(data, k), exact(data, k)
+        for a, b in zip(got.lists(), want.lists(), strict=True):
+            assert a.shape == b.shape and (a == b).all(), (k, a, b)
+    shared(data, 6)  # deeper than held: searched again, at 6
+    assert calls == [5, 6]
 
 
 def test_masked_scores_only_new_to_user_entities() -> None:

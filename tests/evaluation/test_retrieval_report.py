@@ -15,8 +15,10 @@ from hir_evaluation.retrieval.arms.hir import HirSearch
 from hir_evaluation.retrieval.arms.itemknn import ItemKNN
 from hir_evaluation.retrieval.arms.popularity import Popularity
 from hir_evaluation.retrieval.arms.repeat import Repeat
+from hir_evaluation.retrieval.data import RetrievalData
 from hir_evaluation.retrieval.evaluate import MASKED, best_arms, best_baseline_ratio, evaluate_retrieval
 from hir_evaluation.retrieval.hir_search import files_topk
+from hir_evaluation.retrieval.rank import Ranked
 from hir_evaluation.sources.content import load_content
 from hir_evaluation.tasks import RetrievalTask
 from tests.evaluation.fixtures import shipped_arm, write_content, write_export
@@ -142,3 +144,28 @@ def test_the_retrieval_answer_calls_no_win_inside_two_percent(ratio: float, verd
     best = {"metric": "recall@20", "best_baseline": "gfcf", "best_value": 0.02, "hir": 0.02 * ratio, "ratio": ratio}
     answer = retrieval_answer({MASKED: {"hir_over_best_baseline": best}})
     assert answer.startswith(verdict) and f"{ratio:.2f}× the best baseline (gfcf, 0.0200)" in answer
+
+
+def test_arms_with_inputs_run_before_the_background_join(tiny_graph: Path, tmp_path: Path, retrieval: dict) -> None:
+    # evaluate joins the background baselines only before the first arm they fit: hir and content
+    # run first; the section (its figures, its order) is the one without a join
+    snap = load_snapshot(tiny_graph)
+    content = load_content(tmp_path / "content", "product", snap.num_nodes("product"))
+    exact = files_topk(tmp_path / "embeddings", snap, "product")
+    events: list[str] = []
+
+    def hir(data: RetrievalData, k: int) -> Ranked:
+        events.append("hir")
+        return exact(data, k)
+
+    got = clean(evaluate_retrieval(snap, RetrievalTask(ks=KS), ARMS, 0, hir, content, history_splits=["train"],
+                                   wait=lambda: events.append("join")))
+    assert events == ["hir", "join"]
+    assert list(got["seconds"]) == list(ARMS)
+
+    def untimed(x: object) -> object:  # wall times (any "seconds" key, at any depth) differ run to run
+        if isinstance(x, dict):
+            return {k: untimed(v) for k, v in x.items() if "second" not in k}
+        return [untimed(v) for v in x] if isinstance(x, list) else x
+
+    assert untimed(got) == untimed(retrieval)

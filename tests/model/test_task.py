@@ -10,6 +10,7 @@ base fit on all train pairs, the target's included) fail this check: the last te
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
@@ -252,3 +253,12 @@ def test_cold_candidates_hold_no_engagement(tiny: Path):
     assert {k for k in batch if k.startswith("cold")} <= set(COLD)
     assert len(batch["cold_cols"]) and not (batch["cold.relation"] == ENGAGEMENT).any()
     assert not (batch["cold.stage"] > 0).any()
+
+
+def test_a_dataset_caps_the_planned_steps(compose: Callable) -> None:
+    # completejourney's `make run` trains one epoch (conf/data/completejourney.yaml says why); the
+    # other datasets keep the default bounds
+    cj = instantiate(compose("data=completejourney").datamodule.task)
+    assert cj.planned_steps(2053) == 100 and cj.planned_steps(50) == 100  # the cap wins over min_steps
+    other = instantiate(compose("data=online_retail").datamodule.task)
+    assert other.max_steps == 2000 and other.planned_steps(2053) == 200

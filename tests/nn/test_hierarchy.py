@@ -94,3 +94,16 @@ def test_kmeans_best_of_n_init_is_no_worse_than_its_first_seeding():
     one = kmeans(x, 6, 10, torch.Generator().manual_seed(1))
     best = kmeans(x, 6, 10, torch.Generator().manual_seed(1), n_init=5)  # the first of its 5 runs is `one`
     assert best.shape == (6, 4) and inertia(best) <= inertia(one) + 1e-6
+
+
+@pytest.mark.parametrize("n,k", [(20, 3), (20, 30), (26, 1), (300, 8), (1000, 64)])
+def test_kmeans_distances_are_cdist_bit_for_bit(n: int, k: int):
+    # k-means' assignments must not move: the prepared distances equal torch.cdist exactly (its
+    # matrix-product path above 25 rows, its direct path below), not only to a tolerance
+    from hir.nn.hierarchy import _Distances
+
+    gen = torch.Generator().manual_seed(n + k)
+    x = F.normalize(torch.randn(n, 33, generator=gen), dim=1)
+    c = torch.randn(k, 33, generator=gen)
+    got, want = _Distances(x)(c), torch.cdist(x, c)
+    assert torch.equal(got, want), (got - want).abs().max()
