@@ -152,12 +152,18 @@ def fit_boosted(x: np.ndarray, y: np.ndarray, offsets: np.ndarray, total: np.nda
     model = HistGradientBoostingClassifier(
         learning_rate=config.tree_lr, max_iter=0, max_leaf_nodes=config.leaves, min_samples_leaf=config.min_leaf,
         l2_regularization=config.l2, early_stopping=False, warm_start=True, random_state=seed)
+    # per_user: every user's rows weigh 1 / its target count, as recall averages over users (a user
+    # with 40 next-period conversions would otherwise outweigh 40 users with one each)
+    weight = None
+    if config.per_user:
+        per_row = np.repeat(1.0 / np.maximum(total[fit_users], 1.0), np.diff(fit_off))
+        weight = per_row / per_row.mean()
     every = max(config.trees // config.checks, 1)
     history: list[tuple[int, float]] = []
     best: tuple[float, int, Any] = (-1.0, 0, None)
     for trees in range(every, config.trees + every, every):
         model.set_params(max_iter=min(trees, config.trees))
-        model.fit(xf, y[fit_rows])
+        model.fit(xf, y[fit_rows], sample_weight=weight)
         value = recall_at(model.decision_function(xh), y[hold_rows], hold_off, config.k, total[hold]) \
             if len(hold) else float(model.n_iter_)
         history.append((int(model.n_iter_), value))

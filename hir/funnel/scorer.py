@@ -42,7 +42,7 @@ class ScorerConfig:
     kind: ``mlp`` (this module) or ``gbdt`` (hir/funnel/boost.py: gradient-boosted trees, pointwise,
     the same holdout, checks, patience and k). The gbdt's own: trees (boosting rounds at most),
     tree_lr, leaves (per tree), min_leaf (rows per leaf), l2 (leaf regularisation), relative (feature
-    names whose within-user rank is an input)."""
+    names whose within-user rank is an input), per_user (weigh a user's rows by 1 / its targets)."""
 
     hidden: list[int] = field(default_factory=lambda: [64, 64])
     steps: int = 300
@@ -56,12 +56,14 @@ class ScorerConfig:
     heads: int = 0
     context: int = 20
     kind: str = "mlp"
-    trees: int = 300
+    trees: int = 200
     tree_lr: float = 0.1
     leaves: int = 31
-    min_leaf: int = 200
+    min_leaf: int = 500
     l2: float = 1.0
-    relative: list[str] = field(default_factory=list)
+    relative: list[str] = field(default_factory=lambda: ["trip_share_97", "trip_share_90", "log_target", "base_score",
+                                                         "log_due", "log_target_age"])
+    per_user: bool = False
 
 
 class FunnelScorer(nn.Module):

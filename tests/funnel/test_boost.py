@@ -43,7 +43,8 @@ def due_overdue(users: int = 400, per_user: int = 8, seed: int = 0):
 
 def test_orders_the_planted_due_over_overdue_case() -> None:
     x, y, offsets, total = due_overdue()
-    config = ScorerConfig(kind="gbdt", trees=60, tree_lr=0.2, leaves=8, min_leaf=10, holdout=0.2, checks=3, k=1)
+    config = ScorerConfig(kind="gbdt", trees=60, tree_lr=0.2, leaves=8, min_leaf=10, holdout=0.2, checks=3, k=1,
+                          relative=[])
     scorer, record = fit_boosted(x, y, offsets, total, config, seed=0, features=NAMES)
     assert record["best_recall"] > 0.9, record
     x2, y2, off2, tot2 = due_overdue(seed=1)
@@ -75,7 +76,8 @@ def test_relative_ranks_are_read_by_the_scorer() -> None:
     y = np.zeros(users * per, np.float32)
     for u in range(users):
         y[u * per + np.argmax(x[u * per:(u + 1) * per, 0])] = 1.0
-    base = ScorerConfig(kind="gbdt", trees=40, tree_lr=0.2, leaves=8, min_leaf=10, holdout=0.25, checks=2, k=1)
+    base = ScorerConfig(kind="gbdt", trees=40, tree_lr=0.2, leaves=8, min_leaf=10, holdout=0.25, checks=2, k=1,
+                        relative=[])
     _, r0 = fit_boosted(x, y, offsets, np.ones(users, np.float32), base, 0, ["a", "b"])
     _, r1 = fit_boosted(x, y, offsets, np.ones(users, np.float32), ScorerConfig(**{**vars(base), "relative": ["a"]}),
                         0, ["a", "b"])
