@@ -48,6 +48,8 @@ from hir.funnel.fit import (  # noqa: E402
     Candidates,
     FunnelConfig,
     FunnelModel,
+    fit_training_set,
+    score_candidates,
     top_per_user,
     training_set,
     view_candidates,
@@ -58,8 +60,10 @@ from hir.funnel.source import plain_order  # noqa: E402
 KS = (10, 20, 50)
 ARMS = ("recommend", "plain", "open_funnel", "open_funnel_pop", "discovery", "repeat")
 # optional arms (--extra): the scorer without the affinity features, without the repurchase-cycle
-# features, and with the target-aware head
-EXTRA = ("no_affinity", "no_cycle", "head")
+# features, with the target-aware head, and either kind of scorer (hir/funnel/boost.py: the one
+# that is not funnel.config.scorer.kind is the paired arm; the ablations refit the default kind)
+KINDS = ("mlp", "gbdt")
+EXTRA = ("no_affinity", "no_cycle", "head", *KINDS)
 AFFINITY_COLUMNS = [i for i, n in enumerate(FEATURES) if n.startswith(("aff_", "log_ctx_"))]
 CYCLE_COLUMNS = [list(FEATURES).index(n) for n in CYCLE_FEATURES]
 # the arms that refit the scorer on the same candidates with some columns inert (0)
@@ -204,7 +208,7 @@ def run_dataset(name: str, graph: Path, seeds: list[int], config: FunnelConfig, 
     for seed in seeds:
         t0 = time.perf_counter()
         train = training_set(visible, target_rank, split_mode, snap.val_start, snap.test_start, n_users, n_ent, build, seed)
-        scorer, record = fit_scorer(train.x, train.y, train.offsets, train.total, config.scorer, seed, train.context)
+        scorer, record = fit_training_set(train, config.scorer, seed)
         model = FunnelModel(scorer, config, target_rank, record | train.record)
         t_fit = time.perf_counter() - t0
         cands = view_candidates(visible, users, asof, target_rank, n_users, n_ent, build, seed)
@@ -219,9 +223,17 @@ def run_dataset(name: str, graph: Path, seeds: list[int], config: FunnelConfig, 
                 continue
             x0, xt = train.x.copy(), cands.x.copy()
             x0[:, cols], xt[:, cols] = 0.0, 0.0
-            s0, rec0 = fit_scorer(x0, train.y, train.offsets, train.total, replace(config.scorer, heads=0), seed)
-            scores[arm] = s0.score(xt).astype(np.float64)
+            s0, rec0 = fit_training_set(replace(train, x=x0, context=None), replace(config.scorer, heads=0), seed)
+            scores[arm] = score_candidates(s0, replace(cands, x=xt, context=None)).astype(np.float64)
             model.record[f"{arm}_fit"] = {"best_step": rec0["best_step"], "best_recall": rec0["best_recall"]}
+        for arm in KINDS:  # the other kind of scorer on the same training and test candidates
+            if arm not in extra:
+                continue
+            t_kind = time.perf_counter()
+            sk, rec_k = fit_training_set(train, replace(config.scorer, kind=arm), seed)
+            scores[arm] = score_candidates(sk, cands).astype(np.float64)
+            model.record[f"{arm}_fit"] = {"best_step": rec_k["best_step"], "best_recall": rec_k["best_recall"],
+                                          "seconds": round(time.perf_counter() - t_kind, 1)}
         if "head" in extra:
             t_head = time.perf_counter()
             head_cfg = replace(config.scorer, heads=head[0], batch=head[1])
@@ -261,6 +273,7 @@ def run_dataset(name: str, graph: Path, seeds: list[int], config: FunnelConfig, 
         pairs += [("no_cycle", "repeat")] if "no_cycle" in arms else []
         pairs += [("recommend", a) for a in ABLATIONS if a in arms]
         pairs += [("head", "recommend"), ("head", "plain")] if "head" in arms else []
+        pairs += [p for a in KINDS if a in arms for p in ((a, "recommend"), (a, "repeat"), (a, "plain"))]
         for a, b in pairs:
             for sl in slices:
                 for m in ("recall@20", "hit@10", "hit@20"):
@@ -310,7 +323,9 @@ def render(result: dict[str, Any]) -> str:
                         "recommend/no_affinity:all:recall@20", "recommend/no_affinity:all:hit@10",
                         "recommend/no_cycle:all:recall@20", "recommend/no_cycle:repeat:recall@20",
                         "recommend/no_cycle:all:hit@10", "no_cycle/repeat:all:recall@20",
-                        "head/recommend:all:recall@20", "head/recommend:all:hit@10"):
+                        "head/recommend:all:recall@20", "head/recommend:all:hit@10",
+                        *(f"{a}/{b}:all:{m}" for a in KINDS for b, m in (("recommend", "recall@20"), ("recommend", "hit@10"),
+                                                                        ("repeat", "recall@20"), ("plain", "recall@20")))):
                 if part["ratios"].get(key, {}).get("ratio") is not None:
                     r = part["ratios"][key]
                     lines.append(f"| {proto}: {key} | {r['ratio']:.3f} | [{r['lo']:.3f}, {r['hi']:.3f}] |")
@@ -330,6 +345,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--affinity-context", type=int, default=None, help="FunnelConfig.affinity_context (0 = off)")
     p.add_argument("--heads", type=int, default=None, help="ScorerConfig.heads (0 = no target-aware head)")
     p.add_argument("--cuts", type=int, default=None, help="FunnelConfig.cuts (next_period training views)")
+    p.add_argument("--kind", default=None, choices=KINDS, help="ScorerConfig.kind of the recommend arm")
     p.add_argument("--extra", default="", help=f"optional arms, comma-separated, of {EXTRA}")
     p.add_argument("--head-arm", default="2,64", help="the head arm's heads,batch")
     p.add_argument("--docs", default=str(ROOT / "docs" / "results.md"), help="results page to update ('' = none)")
@@ -342,6 +358,8 @@ def main(argv: list[str] | None = None) -> None:
         config.cuts = args.cuts
     if args.heads is not None:
         config.scorer.heads = args.heads
+    if args.kind is not None:
+        config.scorer.kind = args.kind
     if args.affinity_context is not None:
         config.affinity_context = args.affinity_context
     seeds = [int(s) for s in args.seeds.split(",")]

@@ -27,6 +27,7 @@ import scipy.sparse as sp
 
 from hir.funnel.affinity import COLUMNS as AFFINITY
 from hir.funnel.affinity import context_affinity, user_context
+from hir.funnel.boost import BoostedScorer, fit_boosted
 from hir.funnel.candidates import FEATURES, build_candidates, feature_matrix
 from hir.funnel.discovery import ViewBase
 from hir.funnel.head import Context
@@ -35,6 +36,7 @@ from hir.funnel.source import TIME_COLUMNS, entity_stats, open_funnel, user_stat
 
 log = logging.getLogger(__name__)
 TASKS = ("auto", "next_period", "denoise")
+SCORERS = ("mlp", "gbdt")
 
 
 @dataclass
@@ -227,7 +229,7 @@ def choose_task(kind: str, split_mode: str) -> str:
 class FunnelModel:
     """A trained scorer and how its candidates are built."""
 
-    scorer: FunnelScorer
+    scorer: FunnelScorer | BoostedScorer
     config: FunnelConfig
     target_rank: int
     record: dict[str, Any]
@@ -238,7 +240,14 @@ class FunnelModel:
 
     def score(self, cands: Candidates) -> np.ndarray:
         """(n,) scores of every candidate row."""
-        return self.scorer.score(cands.x, cands.context)
+        return score_candidates(self.scorer, cands)
+
+
+def score_candidates(scorer: FunnelScorer | BoostedScorer, cands: Candidates) -> np.ndarray:
+    """(n,) scores of every row of ``cands`` by either kind of scorer."""
+    if isinstance(scorer, BoostedScorer):
+        return scorer.score(cands.x, offsets=cands.offsets)
+    return scorer.score(cands.x, cands.context)
 
 
 def top_per_user(cands: Candidates, scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -299,9 +308,21 @@ def training_set(events: pl.DataFrame, target_rank: int, split_mode: str, val_st
     return TrainingSet(np.concatenate([p.x for p in parts]), y, np.concatenate(offsets), total, context, record)
 
 
+def fit_training_set(train: TrainingSet, config: ScorerConfig, seed: int) -> tuple[FunnelScorer | BoostedScorer,
+                                                                                  dict[str, Any]]:
+    """The scorer of ``config.kind`` fitted on ``train`` and the record of its fit."""
+    if config.kind not in SCORERS:
+        raise ValueError(f"funnel.config.scorer.kind={config.kind!r}; expected one of {list(SCORERS)}")
+    if config.kind == "gbdt":
+        if config.heads:
+            raise ValueError("funnel.config.scorer.heads > 0 is the MLP's target-aware head; set heads=0 with kind=gbdt")
+        return fit_boosted(train.x, train.y, train.offsets, train.total, config, seed, list(train.record["features"]))
+    return fit_scorer(train.x, train.y, train.offsets, train.total, config, seed, train.context)
+
+
 def fit_funnel(events: pl.DataFrame, target_rank: int, split_mode: str, val_start: datetime, test_start: datetime,
                n_users: int, n_entities: int, config: FunnelConfig, seed: int) -> FunnelModel:
     """Train the scorer on the training views of ``events`` (:func:`training_set`)."""
     train = training_set(events, target_rank, split_mode, val_start, test_start, n_users, n_entities, config, seed)
-    scorer, record = fit_scorer(train.x, train.y, train.offsets, train.total, config.scorer, seed, train.context)
+    scorer, record = fit_training_set(train, config.scorer, seed)
     return FunnelModel(scorer, config, target_rank, record | train.record)

@@ -37,7 +37,12 @@ class ScorerConfig:
     AdamW; holdout: share of training users held out for the checks; checks: how many checks;
     patience: stop after this many checks without a new best; k: the recall@k the checks compare;
     heads: attention heads of the target-aware head (0 = none: the MLP reads the features alone);
-    context: the user's pairs the head attends to (the plain order's first; its cost grows with it)."""
+    context: the user's pairs the head attends to (the plain order's first; its cost grows with it).
+
+    kind: ``mlp`` (this module) or ``gbdt`` (hir/funnel/boost.py: gradient-boosted trees, pointwise,
+    the same holdout, checks, patience and k). The gbdt's own: trees (boosting rounds at most),
+    tree_lr, leaves (per tree), min_leaf (rows per leaf), l2 (leaf regularisation), relative (feature
+    names whose within-user rank is an input), per_user (weigh a user's rows by 1 / its targets)."""
 
     hidden: list[int] = field(default_factory=lambda: [64, 64])
     steps: int = 300
@@ -50,6 +55,15 @@ class ScorerConfig:
     k: int = 20
     heads: int = 0
     context: int = 20
+    kind: str = "mlp"
+    trees: int = 200
+    tree_lr: float = 0.1
+    leaves: int = 31
+    min_leaf: int = 500
+    l2: float = 1.0
+    relative: list[str] = field(default_factory=lambda: ["trip_share_97", "trip_share_90", "log_target", "base_score",
+                                                         "log_due", "log_target_age"])
+    per_user: bool = False
 
 
 class FunnelScorer(nn.Module):

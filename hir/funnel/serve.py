@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -22,8 +22,9 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from hir.funnel.boost import BoostedScorer
 from hir.funnel.discovery import ViewBase
-from hir.funnel.fit import Candidates, FunnelConfig, FunnelTables, top_per_user
+from hir.funnel.fit import Candidates, FunnelConfig, FunnelTables, score_candidates, top_per_user
 from hir.funnel.scorer import FunnelScorer, ScorerConfig
 
 # a discovery search: (U,) user ids, k -> (U, k) entity ids (-1 = none) and scores, the user's
@@ -57,6 +58,29 @@ class Recommendations:
                             "entity": entity_keys[e] if entity_keys else e, "score": round(float(self.scores[r, j]), 4),
                             "source": SOURCES[self.sources[r, j]], "why": self.why[r][j]})
         return out
+
+
+def scorer_state(scorer: FunnelScorer | BoostedScorer, config: FunnelConfig, features: list[str]) -> dict[str, Any]:
+    """What ``scorer.pt`` holds for either kind: the MLP's state dict and widths, or the boosted
+    model pickled with its scikit-learn version (hir/funnel/boost.py), plus the config and features."""
+    if isinstance(scorer, BoostedScorer):
+        return scorer.state() | {"features": features, "config": asdict(config)}
+    return {"kind": "mlp", "state_dict": scorer.state_dict(), "hidden": list(config.scorer.hidden),
+            "features": features, "config": asdict(config)}
+
+
+def load_scorer(saved: dict[str, Any], config: ScorerConfig, path: str = "scorer.pt") -> FunnelScorer | BoostedScorer:
+    """The scorer of :func:`scorer_state` (a ``scorer.pt`` written before the gbdt has no kind: an MLP)."""
+    kind = saved.get("kind", "mlp")
+    if kind == "gbdt":
+        return BoostedScorer.from_state(saved, path)
+    if kind != "mlp":
+        raise ValueError(f"{path}: unknown funnel scorer kind {kind!r}; expected mlp or gbdt (refit with `hir funnel force=true`)")
+    state = saved["state_dict"]
+    scorer = FunnelScorer(state["mean"].numpy(), state["std"].numpy(), list(saved["hidden"]), config.heads)
+    scorer.load_state_dict(state)
+    scorer.eval()
+    return scorer
 
 
 def _why(row: dict[str, Any], stages: list[str], target: str) -> str:
@@ -97,11 +121,7 @@ class Recommender:
         cfg = dict(saved["config"])
         cfg["scorer"] = ScorerConfig(**cfg["scorer"])
         self.config = FunnelConfig(**cfg)
-        state = saved["state_dict"]
-        self.scorer = FunnelScorer(state["mean"].numpy(), state["std"].numpy(), list(saved["hidden"]),
-                                   self.config.scorer.heads)
-        self.scorer.load_state_dict(state)
-        self.scorer.eval()
+        self.scorer = load_scorer(saved, self.config.scorer, str(self.dir / "scorer.pt"))
         base = np.load(self.dir / "base.npz")
         source = pl.read_parquet(self.dir / "open_funnel.parquet").drop("pos", "event_timestamp", strict=False)
         user_table = pl.read_parquet(self.dir / "users.parquet")
@@ -132,7 +152,7 @@ class Recommender:
         """The top ``k`` of each user (ids of the snapshot; unknown users get popular entities)."""
         users = np.unique(np.asarray(users, dtype=np.int64))
         cands = self.candidates(users)
-        scores = self.scorer.score(cands.x, cands.context)
+        scores = score_candidates(self.scorer, cands)
         ids, vals = top_per_user(cands, scores, k)
         # rows of each chosen candidate, for its source and reason
         pos = {(u, e): i for i, (u, e) in enumerate(zip(cands.rows["user_id"].to_list(), cands.rows["entity_id"].to_list(),

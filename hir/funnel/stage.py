@@ -13,7 +13,8 @@ file                         what
 ``base.npz``                 the view base's ``users`` (U, K) and ``entities`` (E, K) vectors, fit on
                              the visible events (the scorer's affinity feature, and discovery when
                              no ANN index is given), and ``popular`` (P,) entity ids
-``scorer.pt``                the trained scorer (state dict, widths, feature names)
+``scorer.pt``                the trained scorer (MLP: state dict, widths; gbdt: the pickled model and
+                             the scikit-learn version it needs), feature names, config
 ``meta.json``                the cut-off, the task, the fit's record, counts and seconds
 ===========================  ========================================================================
 
@@ -26,7 +27,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import asdict
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -53,6 +53,7 @@ def write_funnel(graph_dir: Path, out_dir: Path, visible_splits: list[str], conf
 
     from hir.data.snapshot import load_snapshot
     from hir.funnel.fit import FunnelTables, fit_funnel
+    from hir.funnel.serve import scorer_state
     from hir.funnel.source import plain_order, visible_events
 
     t0 = time.perf_counter()
@@ -83,8 +84,7 @@ def write_funnel(graph_dir: Path, out_dir: Path, visible_splits: list[str], conf
     tables.entities.sort("entity_id").write_parquet(tmp / "entities.parquet")
     tables.users.sort("user_id").write_parquet(tmp / "users.parquet")
     np.savez(tmp / "base.npz", users=tables.base.users, entities=tables.base.entities, popular=tables.popular)
-    torch.save({"state_dict": model.scorer.state_dict(), "hidden": list(config.scorer.hidden),
-                "features": model.record["features"], "config": asdict(config)}, tmp / "scorer.pt")
+    torch.save(scorer_state(model.scorer, config, model.record["features"]), tmp / "scorer.pt")
     meta = {
         "asof": end.isoformat(), "visible_splits": list(visible_splits), "entity_type": entity_type,
         "target_stage": stage, "target_rank": target_rank, "stage_order": snap.stage_order,

@@ -8,20 +8,28 @@ feature                     Feast type              what (position i of every ar
 ==========================  ======================  ===============================================
 ``funnel_entity``           Array(String)           the entity's key (the product view's key)
 ``funnel_<col>``            Array(Int32|Float32|    the pair column ``<col>`` of
-                            Bool)                   :data:`hir.funnel.source.COLUMNS`;
-                                                    ``funnel_target_age_days`` is NaN where the
-                                                    pair never reached the target stage
-``user_events``,            Int32, Int32, Float32   the user's scalars of the same table
-``user_entities``,
-``user_last_days``
+                            Bool)                   :data:`hir.funnel.source.COLUMNS` (the entity's
+                                                    statistics and repurchase cycle included); a
+                                                    null is NaN in a Float32 array
+                                                    (``funnel_target_age_days``: never converted;
+                                                    ``funnel_cycle_median``: fewer than two trips)
+                                                    and 0 in an Int32 one (``funnel_n_trips``:
+                                                    no trip; ``funnel_entity_recent``: no recent
+                                                    conversion)
+``user_events``,            Int32 or Float32        the user's scalars of the same table, the
+``user_entities``,                                  repurchase ones of :mod:`hir.funnel.cycle`
+``user_last_days``,                                 included (``user_trips`` 0 and the decays and
+``user_trips``, ...                                 the trip rate NaN, read online as None, for a
+                                                    user who never converted)
 ``funnel_pairs``            Int32                   the user's pairs before the cut to ``max_pairs``
 ``model_version``           String                  the published version
 ==========================  ======================  ===============================================
 
 Arrays hold the user's first ``max_pairs`` pairs of the plain order (``pos`` 0 first, the order
-:func:`hir.funnel.source.plain_order` gives). The repurchase-cycle columns of
-:mod:`hir.funnel.cycle` are not in this view yet, so a scorer cannot rebuild its features from the
-Feast row alone: `hir recommend` reads the whole table from ``funnel/open_funnel.parquet``.
+:func:`hir.funnel.source.plain_order` gives). Every column of :data:`hir.funnel.source.COLUMNS`
+is served, the repurchase cycles of :mod:`hir.funnel.cycle` included, so a scorer reads every pair,
+entity and user input of a funnel candidate from the Feast row (the view-base affinities come from
+``funnel/base.npz``; `hir recommend` itself reads ``funnel/open_funnel.parquet``, the same rows).
 """
 
 from __future__ import annotations
@@ -31,20 +39,23 @@ from typing import Any
 
 import polars as pl
 
+from hir.funnel import cycle
+
 TABLE = "open_funnel"
 FILE = "open_funnel.parquet"
 ETYPE = "user"
 # per-pair columns of hir.funnel.source.COLUMNS (entity_id is served as its key: funnel_entity)
 PAIR_COLUMNS = ("deepest", "gap", "converted", "n_events", "n_deepest", "n_target", "age_days", "target_age_days",
-                "entity_users", "entity_buyers", "entity_conversion", "entity_repeat")
-USER_COLUMNS = ("user_events", "user_entities", "user_last_days")
+                "entity_users", "entity_buyers", "entity_conversion", "entity_repeat", *cycle.PAIR_COLUMNS,
+                *cycle.ENTITY_COLUMNS)
+USER_COLUMNS = ("user_events", "user_entities", "user_last_days", *cycle.USER_COLUMNS)
+FLOATS = ("age_days", "target_age_days", "user_last_days", "entity_conversion", "entity_repeat", *cycle.FLOAT_COLUMNS)
 # Feast dtype names per served column (feature_repo/features.py maps them; Int8 is served as Int32)
 SCHEMA: dict[str, str] = {
     "funnel_entity": "Array(String)",
-    **{f"funnel_{c}": "Array(Bool)" if c == "converted" else
-       "Array(Float32)" if c in ("age_days", "target_age_days", "entity_conversion", "entity_repeat")
-       else "Array(Int32)" for c in PAIR_COLUMNS},
-    "user_events": "Int32", "user_entities": "Int32", "user_last_days": "Float32",
+    **{f"funnel_{c}": "Array(Bool)" if c == "converted" else "Array(Float32)" if c in FLOATS else "Array(Int32)"
+       for c in PAIR_COLUMNS},
+    **{c: "Float32" if c in FLOATS else "Int32" for c in USER_COLUMNS},
     "funnel_pairs": "Int32", "model_version": "String",
 }
 
@@ -85,18 +96,17 @@ def user_rows(source: pl.DataFrame, max_pairs: int, version: str, created: Any) 
     """
     pairs = source.with_columns(pl.len().over("user_key").cast(pl.Int32).alias("funnel_pairs")) \
         .filter(pl.col("pos") < max_pairs).sort("user_key", "pos")
-    casts = {c: pl.Float32 if SCHEMA[f"funnel_{c}"] == "Array(Float32)" else pl.Boolean
-             if c == "converted" else pl.Int32 for c in PAIR_COLUMNS}
+    # a null is NaN in a float column and 0 in a count (module table): Feast arrays hold no nulls
+    casts = {c: pl.Boolean if c == "converted" else pl.Float32 if c in FLOATS else pl.Int32
+             for c in (*PAIR_COLUMNS, *USER_COLUMNS)}
     return (
-        pairs.with_columns(*[pl.col(c).cast(t) for c, t in casts.items()])
-        .with_columns(pl.col("target_age_days").fill_null(float("nan")))
+        pairs.with_columns(*[pl.col(c).cast(t).fill_null(float("nan") if t == pl.Float32 else 0 if t == pl.Int32 else False)
+                             for c, t in casts.items()])
         .group_by("user_key", maintain_order=True)
         .agg(pl.col("entity_key").alias("funnel_entity"), *[pl.col(c).alias(f"funnel_{c}") for c in PAIR_COLUMNS],
              *[pl.col(c).first() for c in (*USER_COLUMNS, "funnel_pairs", "event_timestamp")])
         .rename({"user_key": "user_id"})
-        .with_columns(pl.col("user_events").cast(pl.Int32), pl.col("user_entities").cast(pl.Int32),
-                      pl.col("user_last_days").cast(pl.Float32), pl.lit(version).alias("model_version"),
-                      pl.lit(created).cast(pl.Datetime("us", "UTC")).alias("created"))
+        .with_columns(pl.lit(version).alias("model_version"), pl.lit(created).cast(pl.Datetime("us", "UTC")).alias("created"))
         .select("user_id", *SCHEMA.keys(), "event_timestamp", "created")
     )
 

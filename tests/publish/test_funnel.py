@@ -18,7 +18,7 @@ from hir.errors import HirError
 from hir.publish import stage as publish
 from hir.publish.faults import FAIL_ENV, InjectedFailure
 from hir.publish.feast_store import service_views
-from hir.publish.funnel import PAIR_COLUMNS
+from hir.publish.funnel import FLOATS, PAIR_COLUMNS, USER_COLUMNS
 from hir.serving import read_state
 from hir.validate import stage as validate
 from hir.validate.binding import NotValidated
@@ -68,7 +68,9 @@ def test_online_rows_are_the_parquet_rows_in_plain_order(served: SimpleNamespace
     assert m["live_feature_service"] == "rankers_funnel" and m["feature_service"] == "rankers_funnel_f1"
     # users with the most pairs, one with a single pair, one without any (not in the table)
     counts = s.pairs.group_by("user_id").len().sort(["len", "user_id"], descending=[True, False])
-    users = [*counts["user_id"].head(2).to_list(), counts["user_id"][-1]]
+    # and a user with a converted pair among the served ones (its trip columns are set)
+    cycled = s.pairs.filter(pl.col("n_trips").is_not_null() & (pl.col("pos") < m["max_pairs"]))["user_id"][0]
+    users = [*counts["user_id"].head(2).to_list(), counts["user_id"][-1], cycled]
     no_funnel = next(i for i in range(s.users.height) if i not in set(s.pairs["user_id"].to_list()))
     keys = [s.users["key"][i] for i in [*users, no_funnel]]
     got = s.store.get_online_features(features=s.store.get_feature_service(m["live_feature_service"]),
@@ -81,14 +83,22 @@ def test_online_rows_are_the_parquet_rows_in_plain_order(served: SimpleNamespace
             served_values, wanted = got[f"open_funnel__funnel_{col}"][row], want[col].to_list()
             assert len(served_values) == len(wanted), col
             for a, b in zip(served_values, wanted, strict=True):
-                if b is None:  # never reached the target stage: served as NaN
-                    assert math.isnan(a), (col, a)
+                if b is None:  # e.g. never reached the target stage: NaN in a float array, 0 in a count
+                    assert (math.isnan(a) if col in FLOATS else a == 0), (col, a)
                 else:
                     assert a == pytest.approx(b, rel=1e-6), (col, a, b)
-        assert got["open_funnel__user_events"][row] == want["user_events"][0]
-        assert got["open_funnel__user_last_days"][row] == pytest.approx(want["user_last_days"][0], rel=1e-6)
+        for col in USER_COLUMNS:  # a NaN scalar comes back from the online store as None
+            a, b = got[f"open_funnel__{col}"][row], want[col][0]
+            if b is None:
+                assert (a is None or math.isnan(a)) if col in FLOATS else a == 0, (col, a)
+            else:
+                assert a == pytest.approx(b, rel=1e-6), (col, a, b)
         assert got["open_funnel__model_version"][row] == "f1"
     assert got["open_funnel__funnel_entity"][-1] is None  # a user without a funnel: no row
+    # the repurchase-cycle columns are served (hir/funnel/cycle.py), with real trips among them
+    assert {"n_trips", "cycle_median", "trip_decay_97", "entity_cycle", "entity_recent"} <= set(PAIR_COLUMNS)
+    assert any(v > 0 for v in got["open_funnel__funnel_trip_decay_97"][len(users) - 1])
+    assert got["open_funnel__user_trips"][len(users) - 1] > 0
 
 
 def test_offline_rows_are_point_in_time(served: SimpleNamespace) -> None:
