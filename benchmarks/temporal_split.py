@@ -30,7 +30,9 @@ from pathlib import Path
 import polars as pl
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCE = ROOT.parent.parent / "shared" / "data" / "uci_online_retail" / "online_retail.csv.gz"
+# the data directory as conf/paths/default.yaml finds it: $HIR_DATA_DIR, else ../shared/data beside the
+# repository (it was ROOT.parent.parent, which only a checkout one folder deeper, a worktree, resolved)
+SOURCE = Path(os.environ.get("HIR_DATA_DIR") or ROOT.parent / "shared" / "data") / "uci_online_retail" / "online_retail.csv.gz"
 # the online_retail adapter's non-product codes (hir/data/adapters/online_retail.py)
 NON_PRODUCT = ("POST", "DOT", "M", "D", "S", "BANK CHARGES", "AMAZONFEE", "CRUK", "DCGSSGIRL", "DCGSSBOY", "PADS", "B")
 # the events_csv overrides that map these files (the test file is given by data.test_path)

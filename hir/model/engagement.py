@@ -44,7 +44,8 @@ class Engagement:
     half_life: float  # recency decay of the weights (days)
 
 
-def _ts(value: str) -> float:
+def iso_seconds(value: str) -> float:
+    """Seconds since the epoch of an ISO time (the split bounds of a snapshot)."""
     return datetime.fromisoformat(value).timestamp()
 
 
@@ -57,7 +58,7 @@ def _recency_edges(age_days: np.ndarray) -> list[float]:
 
 def span_days(start: str, end: str) -> float:
     """Days between two ISO times (at least 1e-6: ages are fractions of it)."""
-    return max((_ts(end) - _ts(start)) / SECONDS_PER_DAY, 1e-6)
+    return max((iso_seconds(end) - iso_seconds(start)) / SECONDS_PER_DAY, 1e-6)
 
 
 def visible_end(snap: Snapshot, visible_splits: tuple[str, ...]) -> str:
@@ -81,7 +82,7 @@ def load_engagement(snap: Snapshot, offsets: np.ndarray, visible_splits: tuple[s
     stage_order = snap.stage_order
     deep_stage = snap.deep_stage
     # contexts see edges up to the end of the visible window
-    t_ref = _ts(visible_end(snap, visible_splits))
+    t_ref = iso_seconds(visible_end(snap, visible_splits))
     span = span_days(snap.split_bounds["min"], visible_end(snap, visible_splits))
     stage_rank = pl.col("stage").replace_strict(stage_order, list(range(len(stage_order))), return_dtype=pl.Int8)
 

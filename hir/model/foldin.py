@@ -34,6 +34,7 @@ import scipy.sparse as sp
 from hir.data.schema import ENTITY_TYPES
 from hir.data.snapshot import Snapshot
 from hir.errors import InputError
+from hir.model.engagement import SECONDS_PER_DAY, iso_seconds, visible_end
 from hir.model.filters import user_filter
 from hir.model.spectral import SpectralBasis
 
@@ -58,12 +59,15 @@ def offsets_of(snap: Snapshot) -> np.ndarray:
 
 
 def iter_pairs(snap: Snapshot, visible_splits: Sequence[str], stage_base: float,
-               bucket_users: int) -> Iterator[tuple[int, int, np.ndarray, np.ndarray, np.ndarray]]:
+               bucket_users: int, user_half_life: float = 0.0,
+               ) -> Iterator[tuple[int, int, np.ndarray, np.ndarray, np.ndarray]]:
     """The visible (user, entity) pairs, one user bucket at a time.
 
     Yields ``(lo, hi, user, dst, weight)``: the bucket's user ids ``[lo, hi)``; (P,) int64 user
     ids, (P,) int64 global entity ids, (P,) float64 ``stage_base ** (r - S)`` of the pair's
-    deepest visible stage r (1..S), one row per pair, as :func:`hir.model.spectral.engagement_matrix`.
+    deepest visible stage r (1..S), one row per pair, as :func:`hir.model.spectral.engagement_matrix`
+    (with ``user_half_life`` H > 0 days: times ``2^(-age / H)``, age from the pair's last visible
+    event to the end of the visible window, the users' decayed rows).
     """
     if bucket_users < 1:
         raise ValueError(f"bucket_users={bucket_users}; expected >= 1 users per bucket")
@@ -76,15 +80,23 @@ def iter_pairs(snap: Snapshot, visible_splits: Sequence[str], stage_base: float,
     if not scans:
         raise InputError(f"{snap.dir / 'edges'}: no user__engages__<type>.parquet; the snapshot has no engagement")
     vis = pl.col("split").is_in(list(visible_splits))
+    decay = user_half_life > 0
+    aggs = [rank.max().alias("r")] + ([pl.col("last_ts").max().dt.epoch("us").alias("last_us")] if decay else [])
+    t_ref = iso_seconds(visible_end(snap, tuple(visible_splits))) if decay else 0.0
     for lo in range(0, n_users, bucket_users):
         hi = min(lo + bucket_users, n_users)
         frames = [s.filter((pl.col("src_id") >= lo) & (pl.col("src_id") < hi) & vis)
-                  .group_by("src_id", "dst_id").agg(rank.max().alias("r"))
-                  .select(pl.col("src_id").cast(pl.Int64), (pl.col("dst_id").cast(pl.Int64) + off).alias("dst"), "r")
+                  .group_by("src_id", "dst_id").agg(*aggs)
+                  .select(pl.col("src_id").cast(pl.Int64), (pl.col("dst_id").cast(pl.Int64) + off).alias("dst"),
+                          pl.exclude("src_id", "dst_id"))
                   for off, s in scans]
         got = pl.concat(pl.collect_all(frames))
         r = got["r"].to_numpy().astype(np.float64)
-        yield lo, hi, got["src_id"].to_numpy(), got["dst"].to_numpy(), np.power(float(stage_base), r - len(stages))
+        w = np.power(float(stage_base), r - len(stages))
+        if decay:  # the ages of hir.model.engagement.load_engagement (clipped at the window's end)
+            age = np.clip((t_ref - got["last_us"].to_numpy().astype(np.float64) / 1e6) / SECONDS_PER_DAY, 0, None)
+            w = w * np.exp2(-age / float(user_half_life))
+        yield lo, hi, got["src_id"].to_numpy(), got["dst"].to_numpy(), w
 
 
 def entity_frame(snap: Snapshot, visible_splits: Sequence[str], basis: SpectralBasis,
@@ -140,7 +152,8 @@ def iter_user_base(snap: Snapshot, visible_splits: Sequence[str], basis: Spectra
     scaled *= inv[:, None].astype(np.float32)  # (n, K) D^-b V, computed once
     g = user_filter(basis.sigma, f.response, f.ideal_weight)
     n = len(frame.deg)
-    for lo, hi, user, dst, w in iter_pairs(snap, visible_splits, basis.stage_base, bucket_users):
+    for lo, hi, user, dst, w in iter_pairs(snap, visible_splits, basis.stage_base, bucket_users,
+                                           f.user_half_life):
         r = sp.csr_matrix((w, (user - lo, dst)), shape=(hi - lo, n))
         out = np.asarray(r @ scaled, np.float32) * g[None, :]
         if basis.frame is not None:

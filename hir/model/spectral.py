@@ -7,20 +7,25 @@ best published training-free recommenders filter it (GF-CF, Shen et al. 2021; BS
     R[u, e]  = stage_base ** (r_ue - S)       deepest funnel stage r_ue of the pair, S the deepest
     R~       = D_u^-1/2 R D_e^-1/2  ~  U_K diag(s_K) V_K^T          (randomised SVD)
     entity:  b_e = t_e d_e^b V_K[e]                                 (t_e: trend factor, default 1)
-    user:    b_u = (r_u D_e^-b V_K) diag(g(s_K))                    (fold-in of the user's history)
+    user:    b_u = (r~_u D_e^-b V_K) diag(g(s_K))                   (fold-in of the user's history)
+
+with ``r~_u = r_u 2^(-age / H)``: the user's own pairs decayed by their age (days from the pair's
+last event to the end of the visible window) at the user-side half-life H (H = 0: none, r~ = r).
 
 ``b_u . b_e = t_e r_u D^-b V g(s) V^T D^b [:, e]``: the filter ``g(s) = a + h(s^2)`` (the ideal
 low-pass at weight ``a`` plus a polynomial of the item-item graph, :mod:`hir.model.filters`) with
 the item-degree re-weighting of BSPM/ChebyCF (input x D^-b, output x D^b; b = 1/2 is GF-CF's).
 The trend factor ``t_e = ((users of e in the last W days + 1) / (users of e + 1)) ** p`` lifts
-what is engaged now on data with time (p = 0: none). Users are folded in from their history, so
+what is engaged now on data with time (p = 0: none); the half-life H weighs what *this user*
+engaged lately above what it engaged long ago (the entity side and the SVD are unchanged). Users are folded in from their history, so
 a user's vector follows whatever engagement is visible (export can see more than training did)
 and users unseen at fit time get one too. Entities engaged in the visible window but absent at
 fit time are folded in through U (``V[e] = R~[:, e]^T U_K / s_K``); entities nobody engages
 with (categories, advertisers) get the mean vector of their members (a category's products);
 the rest (cold start) get none and are embedded by the knowledge view.
 
-Every choice (rank, b, the response h, a, the trend window and power, and the stage weighting)
+Every choice (rank, b, the response h, a, the trend window and power, the user half-life and the
+stage weighting)
 is made on the validation split from one SVD per stage weighting (:func:`select_filter`): a
 prefix of the SVD is the lower-rank solution, and the filter only rescales its columns.
 """
@@ -60,17 +65,20 @@ R_MIN = 1e-4
 class Filter:
     """The filter of the base (see the module doc): ``beta`` = b, the item-degree exponent;
     ``response`` = h and ``ideal_weight`` = a of ``g(s) = a + h(s^2)``; ``trend_days`` = W and
-    ``trend_power`` = p of the entity trend factor (p = 0: none)."""
+    ``trend_power`` = p of the entity trend factor (p = 0: none); ``user_half_life`` = H, days, of
+    the decay of a user's own pairs in its fold-in (0: none)."""
 
     beta: float = 0.5
     response: str = "linear"
     ideal_weight: float = 1.0
     trend_days: float = 28.0
     trend_power: float = 0.0
+    user_half_life: float = 0.0
 
     def label(self) -> str:
         trend = f", trend {self.trend_power:g} over {self.trend_days:g} d" if self.trend_power else ""
-        return f"{self.response} + {self.ideal_weight:g} ideal, degree {self.beta:g}{trend}"
+        decay = f", user half-life {self.user_half_life:g} d" if self.user_half_life else ""
+        return f"{self.response} + {self.ideal_weight:g} ideal, degree {self.beta:g}{trend}{decay}"
 
 
 @dataclass
@@ -80,7 +88,7 @@ class SpectralConfig:
     rank: an int, or ``"auto"`` = the best of ``ranks`` on the val split; stage_base: a pair r
     stages short of the deepest weighs ``stage_base ** -r``, or ``"auto"`` = the best of
     ``stage_bases`` (one SVD each; single-stage data skips it); betas, responses, ideal_weights,
-    trend_days, trend_powers: the filter candidates (:class:`Filter`; ``filter`` is the starting
+    trend_days, trend_powers, user_half_lives: the filter candidates (:class:`Filter`; ``filter`` is the starting
     point of the search and what a one-candidate list leaves); published: filter settings of the
     published family members, tried last; select_users: val users the choice is scored on (a
     seeded sample, null = all); noise_z, min_gain: a step must beat the current choice by more
@@ -101,6 +109,7 @@ class SpectralConfig:
     ideal_weights: list[float] = field(default_factory=list)
     trend_days: list[float] = field(default_factory=list)
     trend_powers: list[float] = field(default_factory=list)
+    user_half_lives: list[float] = field(default_factory=list)
     select_users: int | None = None
     min_gain: float = 0.0
     probe_rank: int = 256
@@ -147,7 +156,8 @@ class SpectralBase:
     def leave_one_out(self, users: np.ndarray, entities: np.ndarray, weight: np.ndarray,
                       remaining: np.ndarray | None = None) -> np.ndarray:
         """Users' base vectors without one engaged entity each: (P,) users, (P,) entities, (P,)
-        the pair's weight in ``R`` -> (P, K) ``b_u - w d_e^-b V[e] g`` with ``V[e] = b_e / (t_e
+        the pair's weight in the user's row ``r~`` (stage weight, times its decay under a user
+        half-life) -> (P, K) ``b_u - w d_e^-b V[e] g`` with ``V[e] = b_e / (t_e
         d_e^b)`` (the trend factor included: exactly the entity's term of the user's fold-in).
         ``remaining`` (P,) bool, False where the pair was the user's only visible engagement:
         those users get a zero row (no base: the network's fallback), not a unit vector of
@@ -162,14 +172,19 @@ class SpectralBase:
         return out
 
 
-def engagement_matrix(store: GraphStore, stage_base: float) -> sp.csr_matrix:
-    """(n_users, n_nodes) CSR of visible user -> entity pairs, weighted by their deepest stage."""
+def engagement_matrix(store: GraphStore, stage_base: float, user_half_life: float = 0.0) -> sp.csr_matrix:
+    """(n_users, n_nodes) CSR of visible user -> entity pairs, weighted by their deepest stage and,
+    with ``user_half_life`` H > 0 (days), by ``2^(-age / H)`` of the pair's age at the end of the
+    visible window: the users' decayed rows ``r~`` of their fold-in (the SVD and the entity side
+    read H = 0)."""
     lo, hi = store.type_range("user")
     eng = store.eng
     rows = np.repeat(np.arange(store.n_nodes), np.diff(eng.indptr))
     keep = (rows >= lo) & (rows < hi)
     deepest = len(store.stage_order)
     w = np.power(float(stage_base), eng.stage[keep].astype(np.float64) - deepest)
+    if user_half_life > 0:
+        w = w * np.exp2(-eng.age[keep].astype(np.float64) * store.span_days / float(user_half_life))
     m = sp.csr_matrix((w, (rows[keep] - lo, eng.dst[keep])), shape=(hi - lo, store.n_nodes))
     m.sum_duplicates()
     return m
@@ -241,6 +256,7 @@ class SpectralBasis:
             np.savez(fh, cols=self.cols, v=self.v, u=self.u, sigma=self.sigma, col_degree=self.col_degree,
                      scale_ref=self.scale_ref, stage_base=self.stage_base, beta=f.beta, response=f.response,
                      ideal_weight=f.ideal_weight, trend_days=f.trend_days, trend_power=f.trend_power,
+                     user_half_life=f.user_half_life,
                      **({} if self.frame is None else {"frame": self.frame}),
                      **({} if self.rows is None else {"rows": self.rows, "row_weight": self.row_weight}),
                      **({} if self.sample_cap is None else {"sample_cap": self.sample_cap}))
@@ -257,8 +273,10 @@ class SpectralBasis:
     def load(cls, path: str | Path) -> SpectralBasis:
         with np.load(path) as f:
             if "beta" in f:
+                # (a basis written before the user half-life has none: 0)
                 filt = Filter(float(f["beta"]), str(f["response"]), float(f["ideal_weight"]), float(f["trend_days"]),
-                              float(f["trend_power"]))
+                              float(f["trend_power"]),
+                              float(f["user_half_life"]) if "user_half_life" in f else 0.0)
             else:
                 # written before the filter family: g = 1 + c s^2 (c = sigma_weight), degree 1/2
                 c = float(f["sigma_weight"])
@@ -424,10 +442,12 @@ def _compute_base(store: GraphStore, basis: SpectralBasis) -> tuple[np.ndarray, 
     item_v, deg_fit, ent = _entity_frame(store, basis, r)
     trend = trend_of(store, f)
     out[ent] = item_v[ent] * (np.power(deg_fit[ent], f.beta) * trend[ent])[:, None].astype(np.float32)
-    # users: r_u D^-b V g(s), over every visible entity column with a vector
+    # users: r~_u D^-b V g(s), over every visible entity column with a vector
     inv = np.where(ent, np.power(np.maximum(deg_fit, 1e-12), -f.beta), 0.0)
     lo, hi = store.type_range("user")
     filt = user_filter(basis.sigma, f.response, f.ideal_weight)
+    if f.user_half_life > 0:
+        r = engagement_matrix(store, basis.stage_base, f.user_half_life)
     out[lo:hi] = np.asarray(r @ sp.diags(inv) @ item_v) * filt[None, :]
     # entities nobody engages with: the mean of their members' vectors (a category's products)
     down = store.down
@@ -488,16 +508,21 @@ class FilterScorer:
         self.item_v, self.deg, self.ent = _entity_frame(store, basis, r)
         lo, _ = store.type_range("user")
         self.r_users = r[self.users - lo]
-        self._fold: dict[float, np.ndarray] = {}
+        self._fold: dict[tuple[float, float], np.ndarray] = {}
         self._trend: dict[tuple[float, float], np.ndarray] = {}
         self.timed = engaged_users(store, 0.0)[2]
 
-    def fold(self, beta: float) -> np.ndarray:
-        """(U, K) users' fold-in ``r_u D^-b V`` at full rank."""
-        if beta not in self._fold:
+    def fold(self, beta: float, half_life: float = 0.0) -> np.ndarray:
+        """(U, K) users' fold-in ``r~_u D^-b V`` at full rank (``half_life``: the user-side decay)."""
+        key = (beta, half_life)
+        if key not in self._fold:
             inv = np.where(self.ent, np.power(np.maximum(self.deg, 1e-12), -beta), 0.0)
-            self._fold[beta] = np.asarray(self.r_users @ sp.diags(inv) @ self.item_v, np.float32)
-        return self._fold[beta]
+            rows = self.r_users
+            if half_life > 0:
+                lo, _ = self.store.type_range("user")
+                rows = engagement_matrix(self.store, self.basis.stage_base, half_life)[self.users - lo]
+            self._fold[key] = np.asarray(rows @ sp.diags(inv) @ self.item_v, np.float32)
+        return self._fold[key]
 
     def trend(self, filt: Filter) -> np.ndarray:
         key = (filt.trend_days, filt.trend_power)
@@ -512,7 +537,7 @@ class FilterScorer:
         """(U,) val recall@20 of each scored user under the candidate (paired comparisons)."""
         k = min(int(rank), self.basis.rank)
         g = user_filter(self.basis.sigma[:k], filt.response, filt.ideal_weight)
-        users = self.fold(filt.beta)[:, :k] * g[None, :]
+        users = self.fold(filt.beta, filt.user_half_life)[:, :k] * g[None, :]
         users /= np.maximum(np.linalg.norm(users, axis=1, keepdims=True), 1e-12)
         scale = np.power(np.maximum(self.deg[self.cands], 1e-12), filt.beta) * self.trend(filt)
         cands = self.item_v[self.cands, :k] * (scale * self.ent[self.cands])[:, None].astype(np.float32)
@@ -551,7 +576,7 @@ def select_filter(store: GraphStore, basis: SpectralBasis, val: ValSet, config: 
                   tried: list[dict[str, Any]], start: Filter | None = None,
                   start_rank: int | None = None) -> tuple[int, Filter]:
     """Coordinate ascent on val over the rank, then the degree exponent, the response and the
-    ideal weight, the rank again, then the trend (on data with time), from ``config.start``, and
+    ideal weight, the rank again, then the trend and the user half-life (on data with time), from ``config.start``, and
     last the ``config.published`` settings of the family; a step is taken only when the candidate
     beats the current choice beyond the paired noise over the scored val users (:func:`beats`
     with ``config.noise_z`` and ``config.min_gain``), so noise does not move the choice. Every
@@ -594,6 +619,7 @@ def select_filter(store: GraphStore, basis: SpectralBasis, val: ValSet, config: 
     if score.timed:
         step([(best_k, replace(best_f, trend_days=float(d), trend_power=float(p)))
               for d in config.trend_days for p in config.trend_powers])
+        step([(best_k, replace(best_f, user_half_life=float(h))) for h in config.user_half_lives])
     step([(best_k, replace(best_f, **p)) for p in config.published])
     return best_k, best_f
 

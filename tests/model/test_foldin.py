@@ -36,7 +36,9 @@ def test_the_streaming_fold_in_is_the_in_memory_one(tiny: Path, cap: float | Non
     from tests.train.fixtures import graph_options
 
     train = load_graph(tiny / "graph", tiny / "content", ("train",), **graph_options())
-    basis = fit_spectral(train, 8, 4.0, 4, 0, Filter(beta=0.4, response="cheby", ideal_weight=0.3), sample_users=cap)
+    # a user half-life on: the streamed pairs' ages are the store's
+    basis = fit_spectral(train, 8, 4.0, 4, 0, Filter(beta=0.4, response="cheby", ideal_weight=0.3, user_half_life=5.0),
+                         sample_users=cap)
     # the window the basis was fit on, and a wider one (export: train + val) with new columns
     # folded in through the (sampled) users, in a rotated frame
     q, _ = np.linalg.qr(np.random.default_rng(1).standard_normal((basis.rank, basis.rank)))

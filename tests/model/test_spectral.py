@@ -28,9 +28,14 @@ def _same(a: SpectralBasis, b: SpectralBasis) -> None:
 
 
 def test_round_trip_and_prefix(tmp_path: Path) -> None:
-    basis = _basis(Filter(beta=0.4, response="cheby", ideal_weight=0.3, trend_days=14.0, trend_power=0.5))
+    basis = _basis(Filter(beta=0.4, response="cheby", ideal_weight=0.3, trend_days=14.0, trend_power=0.5,
+                          user_half_life=60.0))
     basis.save(tmp_path / "spectral.npz")
     _same(SpectralBasis.load(tmp_path / "spectral.npz"), basis)
+    # a basis written before the user half-life loads without one
+    with np.load(tmp_path / "spectral.npz") as f:
+        np.savez(tmp_path / "before.npz", **{k: f[k] for k in f.files if k != "user_half_life"})
+    assert SpectralBasis.load(tmp_path / "before.npz").filter == replace(basis.filter, user_half_life=0.0)
     assert basis.truncate(1).rank == 1 and basis.truncate(1).v.shape == (3, 1)
     assert basis.truncate(1).filter == basis.filter
 

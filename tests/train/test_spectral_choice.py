@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import scipy.sparse as sp
 
 from hir.model import Filter, SpectralConfig, fit_base, load_graph, refit_aligned, validation_set
 from hir.model.spectral import (
@@ -72,6 +73,51 @@ def test_the_trend_factor_needs_time(store) -> None:
     np.testing.assert_allclose(ratio, ((recent + 1) / (total + 1))[total > 0], rtol=1e-4)
     val = validation_set(store, None, 0, "masked_new")
     assert FilterScorer(store, basis, val, None, 0).timed
+
+
+def test_the_user_half_life_decays_only_the_users_own_rows(store) -> None:
+    """A user's base under half-life H is the fold-in of its row with each pair weighed
+    ``2^(-age / H)``; entities, and every user at H = 0, are unchanged; the scorer and the
+    search see the same vectors, and the choice of H is recorded."""
+    from hir.model.spectral import engagement_matrix
+
+    basis = fit_spectral(store, 8, 4.0, 4, 0)
+    plain = base_vectors(store, basis)
+    decayed = base_vectors(store, basis.with_filter(replace(basis.filter, user_half_life=3.0)))
+    lo, hi = store.type_range("user")
+    np.testing.assert_array_equal(np.delete(plain, np.s_[lo:hi], 0), np.delete(decayed, np.s_[lo:hi], 0))
+    # the decayed rows, from the store's pair arrays directly
+    eng = store.eng
+    src = np.repeat(np.arange(store.n_nodes), np.diff(eng.indptr))
+    keep = (src >= lo) & (src < hi)
+    age = eng.age[keep].astype(np.float64) * store.span_days
+    assert np.ptp(age) > 0  # data with time: the decay has something to weigh
+    w = 4.0 ** (eng.stage[keep].astype(np.float64) - len(store.stage_order)) * np.exp2(-age / 3.0)
+    rd = sp.csr_matrix((w, (src[keep] - lo, eng.dst[keep])), shape=(hi - lo, store.n_nodes))
+    assert rd.nnz == engagement_matrix(store, basis.stage_base).nnz
+    item_v = np.zeros((store.n_nodes, basis.rank))
+    item_v[basis.cols] = basis.v
+    deg = np.zeros(store.n_nodes)
+    deg[basis.cols] = basis.col_degree
+    inv = np.where(deg > 0, np.maximum(deg, 1e-12) ** -basis.filter.beta, 0.0)
+    from hir.model.filters import user_filter
+
+    g = user_filter(basis.sigma, basis.filter.response, basis.filter.ideal_weight)
+    np.testing.assert_allclose(decayed[lo:hi], (rd @ (item_v * inv[:, None])) * g, rtol=1e-4, atol=1e-6)
+    assert not np.allclose(decayed[lo:hi], plain[lo:hi], atol=1e-4)
+    # the val scorer ranks with exactly these users' vectors
+    val = validation_set(store, None, 0, "masked_new")
+    f = replace(basis.filter, user_half_life=3.0)
+    from hir.model import masked_recall
+
+    users = decayed[val.users] / np.maximum(np.linalg.norm(decayed[val.users], axis=1, keepdims=True), 1e-12)
+    want = masked_recall(users, decayed[val.cands], val.positives, val.masked)
+    assert FilterScorer(store, basis, val, None, 0)(basis.rank, f) == pytest.approx(want, abs=2e-5)
+    # the search scores every half-life candidate and records it
+    tried: list = []
+    select_filter(store, basis, val, _config(ranks=[8], betas=[], responses=[], ideal_weights=[], trend_powers=[],
+                                             user_half_lives=[3.0, 30.0]), 0, tried)
+    assert {c["user_half_life"] for c in tried} == {0.0, 3.0, 30.0}
 
 
 def test_refit_scores_as_a_direct_fit_in_the_train_coordinates(tiny_run: Path) -> None:
