@@ -261,9 +261,18 @@ class SpectralBasis:
                      **({} if self.rows is None else {"rows": self.rows, "row_weight": self.row_weight}),
                      **({} if self.sample_cap is None else {"sample_cap": self.sample_cap}))
 
-    def base_for(self, store: GraphStore) -> SpectralBase:
-        """The :class:`SpectralBase` of ``store``'s visible engagement (users folded in from it)."""
-        vectors, degree, filt = _base(store, self)
+    def parts(self, store: GraphStore) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """What :meth:`base_for` is computed from: (n, K) float32 base vectors in the SVD's own
+        frame (:func:`base_vectors`), (n,) float32 column degrees, (K,) float32 user filter. A
+        caller that needs the base of one store both before and after :attr:`frame` is set
+        computes this once and passes it to :meth:`base_for`."""
+        return _base(store, self)
+
+    def base_for(self, store: GraphStore,
+                 parts: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> SpectralBase:
+        """The :class:`SpectralBase` of ``store``'s visible engagement (users folded in from it);
+        ``parts``: :meth:`parts` of this basis (its frame aside) on ``store``, when already computed."""
+        vectors, degree, filt = parts if parts is not None else _base(store, self)
         if self.frame is not None:
             vectors = vectors @ self.frame
         return SpectralBase(vectors, scale_logits(store, self, vectors), degree, filt, self.filter.beta,
@@ -411,30 +420,9 @@ def trend_of(store: GraphStore, filt: Filter) -> np.ndarray:
     return trend_factor(recent, total, filt.trend_power) if timed else np.ones(store.n_nodes, np.float32)
 
 
-# the last _BASE_KEEP results of _base, by the identity of what they read: `hir train` asks for the
-# chosen basis's base on the train store three times (its scale reference, the task frame's
-# procrustes, the training base), ~3 s each on completejourney. Copies go out, so a caller that
-# writes into its arrays never changes the kept ones.
-_BASE_KEEP = 2
-_base_kept: list[tuple[tuple[Any, ...], tuple[np.ndarray, np.ndarray, np.ndarray]]] = []
-
-
 def _base(store: GraphStore, basis: SpectralBasis) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """:func:`base_vectors`, plus each node's column degree d (n,) and the user filter (K,)."""
-    # the inputs themselves are held (not their ids), so a kept key's objects cannot be reused
-    key = (store, basis.cols, basis.v, basis.u, basis.sigma, basis.col_degree, basis.rows, basis.row_weight,
-           basis.filter, basis.stage_base)
-    for i, (kept, value) in enumerate(_base_kept):
-        if all(a is b for a, b in zip(kept[:8], key[:8], strict=True)) and kept[8:] == key[8:]:
-            _base_kept.insert(0, _base_kept.pop(i))
-            return tuple(a.copy() for a in value)  # type: ignore[return-value]
-    value = _compute_base(store, basis)
-    _base_kept.insert(0, (key, value))
-    del _base_kept[_BASE_KEEP:]
-    return tuple(a.copy() for a in value)  # type: ignore[return-value]
-
-
-def _compute_base(store: GraphStore, basis: SpectralBasis) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`base_vectors` (in the SVD's own frame), plus each node's column degree d (n,) and the
+    user filter (K,)."""
     n, k = store.n_nodes, basis.rank
     f = basis.filter
     out = np.zeros((n, k), np.float32)

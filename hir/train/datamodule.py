@@ -349,8 +349,9 @@ def build_state(graph_dir: Path, content_dir: Path, graph: dict[str, Any], conte
     task_basis = fit_spectral(task_store, basis.rank, basis.stage_base, int(spectral.n_iter), seed, basis.filter,
                               basis.sample_cap)
     task_base = task_basis.base_for(task_store)
+    parts = basis.parts(store)  # the chosen base on train, in the SVD's frame: computed once for both uses
     if basis.frame is None:  # (a resumed run reloads the basis with its frame)
-        q = procrustes(store, basis.base_for(store).vectors, task_basis.base_for(store).vectors)
+        q = procrustes(store, parts[0], task_basis.base_for(store).vectors)
         basis = replace(basis, frame=q)
         basis.save(spectral_file)
     del task_basis
@@ -358,7 +359,8 @@ def build_state(graph_dir: Path, content_dir: Path, graph: dict[str, Any], conte
     task_report |= {"target_users": len(targets), "target_pairs": int(sum(map(len, targets.positives))),
                     "planned_steps": task.planned_steps(len(targets)), "seconds": round(time.perf_counter() - t0, 2)}
 
-    base = basis.base_for(store)
+    base = basis.base_for(store, parts)
+    del parts
     sampler = ContextSampler(store, **context)
     task_report["inputs"] = {
         "train (task view)": input_stats(task_store, task_base, task_sampler, targets, seed),

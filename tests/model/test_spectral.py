@@ -148,26 +148,22 @@ def test_leave_one_out_is_the_fold_in_without_the_pair_trend_included(tiny: Path
     assert not alone.any()
 
 
-def test_a_base_asked_again_is_the_kept_one_and_a_copy(tiny: Path) -> None:
-    # `hir train` asks for one basis's base on one store several times: the second answer is
-    # the first's values (not recomputed), a copy the caller may write into; another rank, filter
-    # or store is computed anew
+def test_a_base_from_its_parts_is_the_base(tiny: Path) -> None:
+    # `hir train` needs the chosen base on train both before the task frame is set (the frame's
+    # procrustes) and after (the training base): computed once, given twice
     from hir.model import load_graph, spectral
     from tests.train.fixtures import graph_options
 
     store = load_graph(tiny / "graph", tiny / "content", ("train",), **graph_options())
     basis = spectral.fit_spectral(store, 8, 4.0, 4, 0, Filter())
-    first = spectral.base_vectors(store, basis)
-    first_again = first.copy()
-    first[:] = 7.0  # a caller writing into its copy
-    again = spectral.base_vectors(store, replace(basis, scale_ref=basis.scale_ref * 2))  # scale_ref: not an input
-    assert np.array_equal(again, first_again) and spectral._base_kept[0][0][2] is basis.v
-    other = [spectral.base_vectors(store, basis.truncate(4)), spectral.base_vectors(store, replace(
-        basis, filter=replace(basis.filter, beta=0.3))),
-             spectral.base_vectors(load_graph(tiny / "graph", tiny / "content", ("train",), **graph_options()), basis)]
-    assert other[0].shape[1] == 4 and not np.array_equal(other[1], first_again)
-    assert np.array_equal(other[2], first_again)  # another store of the same window: the same values, computed
-    assert len(spectral._base_kept) == spectral._BASE_KEEP
+    parts = basis.parts(store)
+    np.testing.assert_array_equal(parts[0], spectral.base_vectors(store, basis))
+    q, _ = np.linalg.qr(np.random.default_rng(2).standard_normal((basis.rank, basis.rank)))
+    framed = replace(basis, frame=q.astype(np.float32))
+    want, got = framed.base_for(store), framed.base_for(store, parts)
+    for name in ("vectors", "logit", "degree", "filter", "trend"):
+        np.testing.assert_array_equal(getattr(got, name), getattr(want, name), err_msg=name)
+    assert not np.allclose(got.vectors, parts[0])  # the frame applied
 
 
 @pytest.fixture(scope="module")
