@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -90,3 +91,29 @@ def test_a_scorer_with_the_target_aware_head_is_served(tiny_graph: Path, tmp_pat
     out = rec.recommend(users, k=5)
     top = np.sort(rec.scorer.score(cands.x, cands.context)[cands.offsets[0]:cands.offsets[1]])[::-1][:5]
     np.testing.assert_allclose(out.scores[0], top, rtol=1e-5)
+
+
+class _Planted:
+    """Unpickling this creates the directory ``path``: a stand-in for what a hostile pickle can do."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (os.mkdir, (str(self.path),))
+
+
+def test_the_mlp_scorer_loads_weights_only(funnel_run: Path, tmp_path: Path) -> None:
+    """scorer.pt is read with torch.load(weights_only=True): the served MLP loads, and a
+    scorer.pt that holds any other object is refused without running its pickle."""
+    import torch
+
+    funnel = tmp_path / "funnel"
+    shutil.copytree(funnel_run / "funnel", funnel)
+    saved = torch.load(funnel / "scorer.pt", weights_only=True)
+    assert saved["kind"] == "mlp"
+    marker = tmp_path / "ran"
+    torch.save(saved | {"extra": _Planted(marker)}, funnel / "scorer.pt")
+    with pytest.raises(ValueError, match="not loaded: refit"):
+        Recommender(funnel)
+    assert not marker.exists(), "scorer.pt's pickle ran on load"
