@@ -385,6 +385,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--kind", default=None, choices=KINDS, help="ScorerConfig.kind of the recommend arm")
     p.add_argument("--select", default=None, choices=("holdout", "period"), help="FunnelConfig.select of the recommend arm")
     p.add_argument("--no-refit", action="store_true", help="FunnelConfig.refit=false (keep the period-checked fit)")
+    p.add_argument("--whole", type=float, default=None, help="FunnelConfig.whole (denoise: hidden pairs that lose every event)")
+    p.add_argument("--max-train-users", type=int, default=None, help="FunnelConfig.max_train_users (per view; 0 = all)")
     p.add_argument("--extra", default="", help=f"optional arms, comma-separated, of {EXTRA}")
     p.add_argument("--head-arm", default="2,64", help="the head arm's heads,batch")
     p.add_argument("--docs", default=str(ROOT / "docs" / "results.md"), help="results page to update ('' = none)")
@@ -403,6 +405,10 @@ def main(argv: list[str] | None = None) -> None:
         config.select = args.select
     if args.no_refit:
         config.refit = False
+    if args.whole is not None:
+        config.whole = args.whole
+    if args.max_train_users is not None:
+        config.max_train_users = args.max_train_users
     if args.affinity_context is not None:
         config.affinity_context = args.affinity_context
     seeds = [int(s) for s in args.seeds.split(",")]

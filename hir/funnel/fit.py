@@ -64,7 +64,7 @@ class FunnelConfig:
 
     task: str = "auto"
     cuts: int = 2
-    select: str = "holdout"
+    select: str = "period"
     refit: bool = True
     drop: float = 0.2
     whole: float = 0.0
@@ -385,8 +385,15 @@ def fit_funnel(events: pl.DataFrame, target_rank: int, split_mode: str, val_star
     if config.select == "period" and kind == "next_period":
         parts, views = view_sets(events, target_rank, kind, val_start, test_start, n_users, n_entities, config, seed,
                                  config.cuts + 1)
-        scorer, record, _ = fit_period(parts, views, kind, config.scorer, seed, config.refit)
-        return FunnelModel(scorer, config, target_rank, record)
+        if len(parts) > 1:
+            scorer, record, _ = fit_period(parts, views, kind, config.scorer, seed, config.refit)
+            return FunnelModel(scorer, config, target_rank, record)
+        # a log too short for a view before the val one: the val view's held-out users check it
+        log.warning("funnel: no conversions before %s to fit on ahead of the val period; checked on held-out users",
+                    views[0]["asof"])
+        train = concat_views(parts, kind, views)
+        scorer, record = fit_training_set(train, config.scorer, seed)
+        return FunnelModel(scorer, config, target_rank, record | train.record | {"select": "holdout (one view)"})
     train = training_set(events, target_rank, split_mode, val_start, test_start, n_users, n_entities, config, seed)
     scorer, record = fit_training_set(train, config.scorer, seed)
     return FunnelModel(scorer, config, target_rank, record | train.record | {"select": "holdout"})

@@ -34,6 +34,10 @@ def test_stage_writes_every_file_with_the_cutoff(funnel_run: Path) -> None:
     meta = json.loads((funnel_run / "funnel" / "meta.json").read_text())
     graph = json.loads((funnel_run / "graph" / "meta.json").read_text())
     assert meta["asof"] == graph["split_bounds"]["test_start"]
+    # the default check: the val period's view (its cut the val start), then a refit on the latest views
+    fit = meta["fit"]
+    assert (fit["select"], fit["refit"]) == ("period", True)
+    assert fit["check_view"] == fit["views"][0] and fit["check_view"]["asof"] < graph["split_bounds"]["test_start"]
     rows = pl.read_parquet(funnel_run / "funnel" / "open_funnel.parquet")
     assert rows.height == meta["pairs"] > 0
     # nothing at or after the cut-off is read: every pair's last event is before it
