@@ -69,8 +69,10 @@ KINDS = ("mlp", "gbdt")
 # how the fit is checked (hir/funnel/fit.py ``select``), on the same candidates: ``holdout`` (held-out
 # training users), ``period`` (the val period, then refit), ``period_keep`` (the val period, no
 # refit), ``period_<kind>`` (either kind, period-checked and refitted); next_period data only
+# ``period_all`` refits on every view, the oldest included
 SELECT_ARMS = {"holdout": ("holdout", True, None), "period": ("period", True, None),
-               "period_keep": ("period", False, None), **{f"period_{k}": ("period", True, k) for k in KINDS}}
+               "period_keep": ("period", False, None), "period_all": ("period", "all", None),
+               **{f"period_{k}": ("period", True, k) for k in KINDS}}
 EXTRA = ("no_affinity", "no_cycle", "head", *KINDS, *SELECT_ARMS)
 AFFINITY_COLUMNS = [i for i, n in enumerate(FEATURES) if n.startswith(("aff_", "log_ctx_"))]
 CYCLE_COLUMNS = [list(FEATURES).index(n) for n in CYCLE_FEATURES]
@@ -225,8 +227,10 @@ def run_dataset(name: str, graph: Path, seeds: list[int], config: FunnelConfig, 
         parts, views = view_sets(visible, target_rank, task, snap.val_start, snap.test_start, n_users, n_ent, build, seed,
                                  n_views)
         train = concat_views(parts[:build.cuts], task, views[:build.cuts])
+        checked: dict[str, Any] = {}  # kind -> the period-checked fit (the other period arms reuse it)
         if config.select == "period" and periodic:
-            scorer, record, _ = fit_period(parts, views, task, config.scorer, seed, config.refit)
+            scorer, record, first = fit_period(parts, views, task, config.scorer, seed, config.refit)
+            checked[config.scorer.kind] = (first, {k: v for k, v in record.items() if k != "refit_fit"})
         else:
             scorer, record = fit_training_set(train, config.scorer, seed)
             record = record | train.record | {"select": "holdout"}
@@ -255,17 +259,20 @@ def run_dataset(name: str, graph: Path, seeds: list[int], config: FunnelConfig, 
             scores[arm] = score_candidates(sk, cands).astype(np.float64)
             model.record[f"{arm}_fit"] = {"best_step": rec_k["best_step"], "best_recall": rec_k["best_recall"],
                                           "seconds": round(time.perf_counter() - t_kind, 1)}
-        checked: dict[str, Any] = {}  # kind -> the period-checked fit (period_keep reuses period's)
         for arm, (select, refit, kind) in SELECT_ARMS.items():  # the same candidates, checked another way
             if arm not in extra:
                 continue
             t_sel = time.perf_counter()
             cfg_sel = replace(config.scorer, kind=kind or config.scorer.kind)
-            if select == "period" and not refit and cfg_sel.kind in checked:
+            if select == "period" and refit is False and cfg_sel.kind in checked:
                 ss, rec_s = checked[cfg_sel.kind]
             elif select == "period":
-                ss, rec_s, first = fit_period(parts, views, task, cfg_sel, seed, refit)
-                checked[cfg_sel.kind] = (first, {k: v for k, v in rec_s.items() if k != "refit_fit"})
+                if refit == "all" and cfg_sel.kind in checked:  # the same check, refitted on every view
+                    ss, rec_s = fit_training_set(concat_views(parts, task, views), cfg_sel, seed,
+                                                 stop_at=max(int(checked[cfg_sel.kind][1]["best_step"]), 1))
+                else:
+                    ss, rec_s, first = fit_period(parts, views, task, cfg_sel, seed, bool(refit), refit == "all")
+                    checked[cfg_sel.kind] = (first, {k: v for k, v in rec_s.items() if k != "refit_fit"})
             else:
                 ss, rec_s = fit_training_set(train, cfg_sel, seed)
             scores[arm] = score_candidates(ss, cands).astype(np.float64)

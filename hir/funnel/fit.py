@@ -358,11 +358,13 @@ def check_set(cands: Candidates) -> CheckSet:
 
 
 def fit_period(parts: list[Candidates], views: list[dict[str, Any]], kind: str, config: ScorerConfig, seed: int,
-               refit: bool) -> tuple[FunnelScorer | BoostedScorer, dict[str, Any], FunnelScorer | BoostedScorer]:
+               refit: bool, refit_all: bool = False,
+               ) -> tuple[FunnelScorer | BoostedScorer, dict[str, Any], FunnelScorer | BoostedScorer]:
     """The period check (module doc): fit on the views ``parts[1:]``, check on ``parts[0]`` (the
-    latest view, its targets the val period), then refit on ``parts[:-1]`` at the chosen step
-    (``refit``) or keep the checked fit. ``parts``: ``cuts + 1`` views, latest first. Returns the
-    scorer, its record and the checked fit (the scorer itself without ``refit``)."""
+    latest view, its targets the val period), then refit on ``parts[:-1]`` (``refit_all``: on
+    every view) at the chosen step (``refit``) or keep the checked fit. ``parts``: ``cuts + 1``
+    views, latest first. Returns the scorer, its record and the checked fit (the scorer itself
+    without ``refit``)."""
     if len(parts) < 2:
         raise ValueError(f"funnel.config.select=period needs a view before the val one; got {len(parts)} "
                          "(no earlier period with conversions: set funnel.config.select=holdout)")
@@ -371,7 +373,8 @@ def fit_period(parts: list[Candidates], views: list[dict[str, Any]], kind: str, 
     record = record | {"select": "period", "check_view": views[0]}
     if not refit:
         return scorer, record | early.record | {"refit": False}, scorer
-    late = concat_views(parts[:-1], kind, views[:-1])
+    n = len(parts) if refit_all else len(parts) - 1
+    late = concat_views(parts[:n], kind, views[:n])
     refitted, rec = fit_training_set(late, config, seed, stop_at=max(int(record["best_step"]), 1))
     return refitted, record | late.record | {"refit": True, "refit_fit": rec}, scorer
 
