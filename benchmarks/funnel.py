@@ -347,7 +347,8 @@ def render(result: dict[str, Any]) -> str:
              f"with before / new to the user. Measured {result['when']} on {result['cpus']} shared cores.", ""]
     for name, d in result["datasets"].items():
         lines += [f"### {name}", "", f"{d['users']} test users, target `{d['target_stage']}`, split `{d['split_mode']}`, "
-                  f"scorer task `{d['fits'][0]['task']}`; target: {TARGETS.get(name, '-')}."
+                  f"scorer task `{d['fits'][0]['task']}`, checked on `{d['fits'][0].get('select', 'holdout')}`; "
+                  f"target: {TARGETS.get(name, '-')}."
                   + (f" Measured {d['when']}." if "when" in d else ""), "",
                   *(["Candidate-set ceiling (any ordering of the candidates, mean over seeds): " + "; ".join(
                       f"{proto} recall {np.mean([f['ceiling'][proto]['recall'] for f in d['fits']]):.4f}, "
@@ -432,7 +433,8 @@ def main(argv: list[str] | None = None) -> None:
             p.error(f"--extra {args.extra!r}: expected arms of {EXTRA}")
         head = tuple(int(v) for v in args.head_arm.split(","))
         result["datasets"][name] = run_dataset(name, graph, seeds, config, args.max_users, extra, head) | {
-            "seconds": round(time.perf_counter() - t0, 1)}
+            "seconds": round(time.perf_counter() - t0, 1), "when": datetime.now(UTC).isoformat(timespec="seconds"),
+            "config": json.loads(json.dumps(config, default=vars))}
         out_path.parent.mkdir(parents=True, exist_ok=True)
         out_path.write_text(json.dumps(result, indent=1))
         log.info("wrote %s (%s)", out_path, name)
