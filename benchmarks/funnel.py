@@ -344,7 +344,7 @@ def render(result: dict[str, Any]) -> str:
              f"the user's open funnel and the repeat reference; seeds {result['seeds']}, means over seeds; ratios "
              "pooled over seeds with a paired bootstrap over users (95%). `full`: nothing masked; `deep_funnel`: "
              "only the user's target-stage history masked (GHCF). repeat / explore: test entities the user engaged "
-             f"with before / new to the user. Measured {result['when']} on {result['cpus']} shared cores.", ""]
+             f"with before / new to the user. On {result['cpus']} shared cores; each dataset gives the time of its run.", ""]
     for name, d in result["datasets"].items():
         lines += [f"### {name}", "", f"{d['users']} test users, target `{d['target_stage']}`, split `{d['split_mode']}`, "
                   f"scorer task `{d['fits'][0]['task']}`, checked on `{d['fits'][0].get('select', 'holdout')}`; "
