@@ -103,9 +103,9 @@ def write_funnel(graph_dir: Path, out_dir: Path, visible_splits: list[str], conf
     for name in FILES:  # meta.json last: its presence marks a whole output
         (tmp / name).replace(out_dir / name)
     tmp.rmdir()
-    log.info("funnel: %d pairs (%d open) of %d users as of %s; scorer best held-out recall@%d %.4f (%s task), %.0fs",
-             meta["pairs"], meta["open_pairs"], meta["users"], end, config.scorer.k, model.record["best_recall"],
-             model.record["task"], meta["seconds"]["total"])
+    log.info("funnel: %d pairs (%d open) of %d users as of %s; scorer's best check recall@%d %.4f (%s task, %s check), "
+             "%.0fs", meta["pairs"], meta["open_pairs"], meta["users"], end, config.scorer.k, model.record["best_recall"],
+             model.record["task"], model.record["select"], meta["seconds"]["total"])
     return meta
 
 
