@@ -48,11 +48,14 @@ from hir.funnel.fit import (  # noqa: E402
     Candidates,
     FunnelConfig,
     FunnelModel,
+    choose_task,
+    concat_views,
+    fit_period,
     fit_training_set,
     score_candidates,
     top_per_user,
-    training_set,
     view_candidates,
+    view_sets,
 )
 from hir.funnel.scorer import fit_scorer  # noqa: E402
 from hir.funnel.source import plain_order  # noqa: E402
@@ -63,7 +66,14 @@ ARMS = ("recommend", "plain", "open_funnel", "open_funnel_pop", "discovery", "re
 # features, with the target-aware head, and either kind of scorer (hir/funnel/boost.py: the one
 # that is not funnel.config.scorer.kind is the paired arm; the ablations refit the default kind)
 KINDS = ("mlp", "gbdt")
-EXTRA = ("no_affinity", "no_cycle", "head", *KINDS)
+# how the fit is checked (hir/funnel/fit.py ``select``), on the same candidates: ``holdout`` (held-out
+# training users), ``period`` (the val period, then refit), ``period_keep`` (the val period, no
+# refit), ``period_<kind>`` (either kind, period-checked and refitted); next_period data only
+# ``period_all`` refits on every view, the oldest included
+SELECT_ARMS = {"holdout": ("holdout", True, None), "period": ("period", True, None),
+               "period_keep": ("period", False, None), "period_all": ("period", "all", None),
+               **{f"period_{k}": ("period", True, k) for k in KINDS}}
+EXTRA = ("no_affinity", "no_cycle", "head", *KINDS, *SELECT_ARMS)
 AFFINITY_COLUMNS = [i for i, n in enumerate(FEATURES) if n.startswith(("aff_", "log_ctx_"))]
 CYCLE_COLUMNS = [list(FEATURES).index(n) for n in CYCLE_FEATURES]
 # the arms that refit the scorer on the same candidates with some columns inert (0)
@@ -205,11 +215,26 @@ def run_dataset(name: str, graph: Path, seeds: list[int], config: FunnelConfig, 
     asof = snap.test_start - timedelta(microseconds=1)
     per_seed: dict[str, dict[str, dict[str, dict[str, np.ndarray]]]] = {}
     fits = []
+    task = choose_task(build.task, split_mode)
+    periodic = task == "next_period"
+    if not periodic and any(a in SELECT_ARMS for a in extra):
+        raise ValueError(f"{name}: the select arms {list(SELECT_ARMS)} need next_period data (task {task} has no period)")
     for seed in seeds:
         t0 = time.perf_counter()
-        train = training_set(visible, target_rank, split_mode, snap.val_start, snap.test_start, n_users, n_ent, build, seed)
-        scorer, record = fit_training_set(train, config.scorer, seed)
-        model = FunnelModel(scorer, config, target_rank, record | train.record)
+        # cuts + 1 views when any fit is period-checked (the latest is the check view); the first
+        # ``cuts`` are the holdout fit's training views exactly
+        n_views = build.cuts + 1 if periodic and (config.select == "period" or set(extra) & set(SELECT_ARMS)) else build.cuts
+        parts, views = view_sets(visible, target_rank, task, snap.val_start, snap.test_start, n_users, n_ent, build, seed,
+                                 n_views)
+        train = concat_views(parts[:build.cuts], task, views[:build.cuts])
+        checked: dict[str, Any] = {}  # kind -> the period-checked fit (the other period arms reuse it)
+        if config.select == "period" and periodic:
+            scorer, record, first = fit_period(parts, views, task, config.scorer, seed, config.refit)
+            checked[config.scorer.kind] = (first, {k: v for k, v in record.items() if k != "refit_fit"})
+        else:
+            scorer, record = fit_training_set(train, config.scorer, seed)
+            record = record | train.record | {"select": "holdout"}
+        model = FunnelModel(scorer, config, target_rank, record)
         t_fit = time.perf_counter() - t0
         cands = view_candidates(visible, users, asof, target_rank, n_users, n_ent, build, seed)
         assert np.array_equal(cands.users, users), "every test user must get candidates"
@@ -234,6 +259,25 @@ def run_dataset(name: str, graph: Path, seeds: list[int], config: FunnelConfig, 
             scores[arm] = score_candidates(sk, cands).astype(np.float64)
             model.record[f"{arm}_fit"] = {"best_step": rec_k["best_step"], "best_recall": rec_k["best_recall"],
                                           "seconds": round(time.perf_counter() - t_kind, 1)}
+        for arm, (select, refit, kind) in SELECT_ARMS.items():  # the same candidates, checked another way
+            if arm not in extra:
+                continue
+            t_sel = time.perf_counter()
+            cfg_sel = replace(config.scorer, kind=kind or config.scorer.kind)
+            if select == "period" and refit is False and cfg_sel.kind in checked:
+                ss, rec_s = checked[cfg_sel.kind]
+            elif select == "period":
+                if refit == "all" and cfg_sel.kind in checked:  # the same check, refitted on every view
+                    ss, rec_s = fit_training_set(concat_views(parts, task, views), cfg_sel, seed,
+                                                 stop_at=max(int(checked[cfg_sel.kind][1]["best_step"]), 1))
+                else:
+                    ss, rec_s, first = fit_period(parts, views, task, cfg_sel, seed, bool(refit), refit == "all")
+                    checked[cfg_sel.kind] = (first, {k: v for k, v in rec_s.items() if k != "refit_fit"})
+            else:
+                ss, rec_s = fit_training_set(train, cfg_sel, seed)
+            scores[arm] = score_candidates(ss, cands).astype(np.float64)
+            model.record[f"{arm}_fit"] = {"best_step": rec_s["best_step"], "best_recall": rec_s["best_recall"],
+                                          "seconds": round(time.perf_counter() - t_sel, 1)}
         if "head" in extra:
             t_head = time.perf_counter()
             head_cfg = replace(config.scorer, heads=head[0], batch=head[1])
@@ -273,7 +317,7 @@ def run_dataset(name: str, graph: Path, seeds: list[int], config: FunnelConfig, 
         pairs += [("no_cycle", "repeat")] if "no_cycle" in arms else []
         pairs += [("recommend", a) for a in ABLATIONS if a in arms]
         pairs += [("head", "recommend"), ("head", "plain")] if "head" in arms else []
-        pairs += [p for a in KINDS if a in arms for p in ((a, "recommend"), (a, "repeat"), (a, "plain"))]
+        pairs += [p for a in (*KINDS, *SELECT_ARMS) if a in arms for p in ((a, "recommend"), (a, "repeat"), (a, "plain"))]
         for a, b in pairs:
             for sl in slices:
                 for m in ("recall@20", "hit@10", "hit@20"):
@@ -300,10 +344,11 @@ def render(result: dict[str, Any]) -> str:
              f"the user's open funnel and the repeat reference; seeds {result['seeds']}, means over seeds; ratios "
              "pooled over seeds with a paired bootstrap over users (95%). `full`: nothing masked; `deep_funnel`: "
              "only the user's target-stage history masked (GHCF). repeat / explore: test entities the user engaged "
-             f"with before / new to the user. Measured {result['when']} on {result['cpus']} shared cores.", ""]
+             f"with before / new to the user. On {result['cpus']} shared cores; each dataset gives the time of its run.", ""]
     for name, d in result["datasets"].items():
         lines += [f"### {name}", "", f"{d['users']} test users, target `{d['target_stage']}`, split `{d['split_mode']}`, "
-                  f"scorer task `{d['fits'][0]['task']}`; target: {TARGETS.get(name, '-')}."
+                  f"scorer task `{d['fits'][0]['task']}`, checked on `{d['fits'][0].get('select', 'holdout')}`; "
+                  f"target: {TARGETS.get(name, '-')}."
                   + (f" Measured {d['when']}." if "when" in d else ""), "",
                   *(["Candidate-set ceiling (any ordering of the candidates, mean over seeds): " + "; ".join(
                       f"{proto} recall {np.mean([f['ceiling'][proto]['recall'] for f in d['fits']]):.4f}, "
@@ -324,7 +369,7 @@ def render(result: dict[str, Any]) -> str:
                         "recommend/no_cycle:all:recall@20", "recommend/no_cycle:repeat:recall@20",
                         "recommend/no_cycle:all:hit@10", "no_cycle/repeat:all:recall@20",
                         "head/recommend:all:recall@20", "head/recommend:all:hit@10",
-                        *(f"{a}/{b}:all:{m}" for a in KINDS for b, m in (("recommend", "recall@20"), ("recommend", "hit@10"),
+                        *(f"{a}/{b}:all:{m}" for a in (*KINDS, *SELECT_ARMS) for b, m in (("recommend", "recall@20"), ("recommend", "hit@10"),
                                                                         ("repeat", "recall@20"), ("plain", "recall@20")))):
                 if part["ratios"].get(key, {}).get("ratio") is not None:
                     r = part["ratios"][key]
@@ -346,6 +391,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--heads", type=int, default=None, help="ScorerConfig.heads (0 = no target-aware head)")
     p.add_argument("--cuts", type=int, default=None, help="FunnelConfig.cuts (next_period training views)")
     p.add_argument("--kind", default=None, choices=KINDS, help="ScorerConfig.kind of the recommend arm")
+    p.add_argument("--select", default=None, choices=("holdout", "period"), help="FunnelConfig.select of the recommend arm")
+    p.add_argument("--no-refit", action="store_true", help="FunnelConfig.refit=false (keep the period-checked fit)")
+    p.add_argument("--whole", type=float, default=None, help="FunnelConfig.whole (denoise: hidden pairs that lose every event)")
+    p.add_argument("--max-train-users", type=int, default=None, help="FunnelConfig.max_train_users (per view; 0 = all)")
     p.add_argument("--extra", default="", help=f"optional arms, comma-separated, of {EXTRA}")
     p.add_argument("--head-arm", default="2,64", help="the head arm's heads,batch")
     p.add_argument("--docs", default=str(ROOT / "docs" / "results.md"), help="results page to update ('' = none)")
@@ -360,6 +409,14 @@ def main(argv: list[str] | None = None) -> None:
         config.scorer.heads = args.heads
     if args.kind is not None:
         config.scorer.kind = args.kind
+    if args.select is not None:
+        config.select = args.select
+    if args.no_refit:
+        config.refit = False
+    if args.whole is not None:
+        config.whole = args.whole
+    if args.max_train_users is not None:
+        config.max_train_users = args.max_train_users
     if args.affinity_context is not None:
         config.affinity_context = args.affinity_context
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -376,7 +433,8 @@ def main(argv: list[str] | None = None) -> None:
             p.error(f"--extra {args.extra!r}: expected arms of {EXTRA}")
         head = tuple(int(v) for v in args.head_arm.split(","))
         result["datasets"][name] = run_dataset(name, graph, seeds, config, args.max_users, extra, head) | {
-            "seconds": round(time.perf_counter() - t0, 1)}
+            "seconds": round(time.perf_counter() - t0, 1), "when": datetime.now(UTC).isoformat(timespec="seconds"),
+            "config": json.loads(json.dumps(config, default=vars))}
         out_path.parent.mkdir(parents=True, exist_ok=True)
         out_path.write_text(json.dumps(result, indent=1))
         log.info("wrote %s (%s)", out_path, name)

@@ -11,17 +11,23 @@ pointwise on the MLP's training candidates and targets (scikit-learn's
 HistGradientBoostingClassifier). ``r_uc`` are within-user ranks of a few features (``relative``):
 a tree compares a candidate with a fixed threshold, never with the user's other candidates, so
 "the user's most-bought item" has to be a feature of its own. Boosting grows ``trees`` rounds in
-``checks`` steps; after each, the held-out users' recall@K (the same check as the MLP's) decides,
-and the model of the best check is kept (patience as the MLP's).
+``checks`` steps; after each, the held-out users' recall@K (the same check as the MLP's, on a
+later period's view when given one) decides, and the model of the best check is kept (patience as
+the MLP's); ``stop_at`` grows exactly that many trees instead (the refit after a period check).
 
-The fitted model is saved pickled inside ``scorer.pt`` with the scikit-learn version that wrote
-it; :func:`BoostedScorer.from_state` refuses another version (a pickled estimator is only
-guaranteed to load in the release that wrote it).
+The fitted model is saved pickled, as bytes, inside ``scorer.pt`` with the scikit-learn version
+that wrote it; ``scorer.pt`` itself loads with ``torch.load(weights_only=True)`` (no code runs).
+:func:`BoostedScorer.from_state` unpickles the bytes only when their sha256 equals the one the
+funnel stage recorded in ``meta.json`` (``scorer_sha256``), and refuses another scikit-learn
+version (a pickled estimator is only guaranteed to load in the release that wrote it). The hash
+stops a ``scorer.pt`` swapped or altered apart from its ``meta.json``; a funnel directory whose
+every file comes from someone untrusted is as unsafe as their code.
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
 import logging
 import pickle
 from typing import Any
@@ -100,15 +106,34 @@ class BoostedScorer:
                 "relative": self.relative, "sklearn": sklearn.__version__}
 
     @classmethod
-    def from_state(cls, saved: dict[str, Any], path: str = "scorer.pt") -> BoostedScorer:
-        """The scorer of :meth:`state`; refuses a model pickled by another scikit-learn release."""
+    def from_state(cls, saved: dict[str, Any], path: str = "scorer.pt", sha256: str | None = None) -> BoostedScorer:
+        """The scorer of :meth:`state`; unpickles the model only when its bytes hash to ``sha256``
+        (the funnel meta's ``scorer_sha256``), and refuses a model pickled by another
+        scikit-learn release."""
         import sklearn
+
+        model = saved.get("model")
+        if not isinstance(model, bytes):
+            raise ValueError(f"{path}: the boosted funnel scorer's model is {type(model).__name__}, not pickled bytes; "
+                             "refit it (`hir funnel force=true`)")
+        if sha256 is None:
+            raise ValueError(f"{path}: no sha256 recorded for the boosted funnel scorer (meta.json scorer_sha256), so its "
+                             "pickle is not loaded; refit it (`hir funnel force=true`) to record one")
+        found = model_sha256(model)
+        if found != sha256:
+            raise ValueError(f"{path}: the boosted funnel scorer's sha256 is {found}, meta.json records {sha256}; the "
+                             "file was altered or swapped, so its pickle is not loaded. Refit (`hir funnel force=true`)")
 
         if saved.get("sklearn") != sklearn.__version__:
             raise RuntimeError(f"{path}: the boosted funnel scorer was saved with scikit-learn {saved.get('sklearn')}, "
                                f"this environment has {sklearn.__version__}; install scikit-learn=={saved.get('sklearn')} "
                                "or refit it (`hir funnel force=true`)")
         return cls(pickle.loads(saved["model"]), list(saved["features"]), list(saved["relative"]))
+
+
+def model_sha256(model: bytes) -> str:
+    """The hex sha256 of a pickled model's bytes (what ``meta.json`` records as ``scorer_sha256``)."""
+    return hashlib.sha256(model).hexdigest()
 
 
 def _group_rows(offsets: np.ndarray, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -120,7 +145,8 @@ def _group_rows(offsets: np.ndarray, groups: np.ndarray) -> tuple[np.ndarray, np
 
 
 def fit_boosted(x: np.ndarray, y: np.ndarray, offsets: np.ndarray, total: np.ndarray, config: Any, seed: int,
-                features: list[str]) -> tuple[BoostedScorer, dict[str, object]]:
+                features: list[str], check_set: Any = None,
+                stop_at: int | None = None) -> tuple[BoostedScorer, dict[str, object]]:
     """Fit the boosted scorer on grouped candidate rows (the MLP's inputs, :func:`fit_scorer`).
 
     Args:
@@ -128,6 +154,9 @@ def fit_boosted(x: np.ndarray, y: np.ndarray, offsets: np.ndarray, total: np.nda
             row offsets of each user's candidates; total: (U,) each user's target count.
         config: a :class:`hir.funnel.scorer.ScorerConfig` (``trees``, ``tree_lr``, ``leaves``,
             ``min_leaf``, ``l2``, ``relative``, ``holdout``, ``checks``, ``patience``, ``k``).
+        check_set: a :class:`hir.funnel.scorer.CheckSet` the checks score (every training user is
+            then fitted); None = a ``config.holdout`` share of the training users.
+        stop_at: grow exactly this many trees, no checks (a refit at a size chosen elsewhere).
     Returns:
         The scorer at its best check and a record of the fit (checks as (trees, recall), the best
         number of trees, users).
@@ -139,16 +168,19 @@ def fit_boosted(x: np.ndarray, y: np.ndarray, offsets: np.ndarray, total: np.nda
     gen = np.random.default_rng(seed)
     users = np.arange(len(offsets) - 1)
     perm = gen.permutation(users)
-    n_hold = round(config.holdout * len(users))
+    n_hold = 0 if check_set is not None or stop_at is not None else round(config.holdout * len(users))
     hold, fit_users = np.sort(perm[:n_hold]), np.sort(perm[n_hold:])
     fit_rows, fit_off = _group_rows(offsets, fit_users)
     if not y[fit_rows].any():
         raise ValueError("the boosted funnel scorer has no training user with a target among its candidates; "
                          "the candidate sources reach none of the next period's conversions")
-    hold_rows, hold_off = _group_rows(offsets, hold)
     shell = BoostedScorer(None, features, list(config.relative))
     xf = shell.inputs(x[fit_rows], fit_off)
-    xh = shell.inputs(x[hold_rows], hold_off)
+    if check_set is not None:
+        xh, yh, hold_off, th = shell.inputs(check_set.x, check_set.offsets), check_set.y, check_set.offsets, check_set.total
+    else:
+        hold_rows, hold_off = _group_rows(offsets, hold)
+        xh, yh, th = shell.inputs(x[hold_rows], hold_off), y[hold_rows], total[hold]
     model = HistGradientBoostingClassifier(
         learning_rate=config.tree_lr, max_iter=0, max_leaf_nodes=config.leaves, min_samples_leaf=config.min_leaf,
         l2_regularization=config.l2, early_stopping=False, warm_start=True, random_state=seed)
@@ -158,14 +190,22 @@ def fit_boosted(x: np.ndarray, y: np.ndarray, offsets: np.ndarray, total: np.nda
     if config.per_user:
         per_row = np.repeat(1.0 / np.maximum(total[fit_users], 1.0), np.diff(fit_off))
         weight = per_row / per_row.mean()
+    if stop_at is not None:
+        if not 1 <= stop_at <= config.trees:
+            raise ValueError(f"boosted funnel scorer: stop_at={stop_at} outside 1..{config.trees} trees")
+        model.set_params(max_iter=stop_at)
+        model.fit(xf, y[fit_rows], sample_weight=weight)
+        return BoostedScorer(model, features, list(config.relative)), {
+            "checks": [], "best_step": int(model.n_iter_), "best_recall": None, "fit_users": len(fit_users),
+            "holdout_users": 0, "fit_rows": len(fit_rows)}
     every = max(config.trees // config.checks, 1)
     history: list[tuple[int, float]] = []
     best: tuple[float, int, Any] = (-1.0, 0, None)
     for trees in range(every, config.trees + every, every):
         model.set_params(max_iter=min(trees, config.trees))
         model.fit(xf, y[fit_rows], sample_weight=weight)
-        value = recall_at(model.decision_function(xh), y[hold_rows], hold_off, config.k, total[hold]) \
-            if len(hold) else float(model.n_iter_)
+        value = recall_at(model.decision_function(xh), yh, hold_off, config.k, th) \
+            if len(hold_off) > 1 else float(model.n_iter_)
         history.append((int(model.n_iter_), value))
         log.info("boosted funnel scorer: %d trees, held-out recall@%d %.4f", model.n_iter_, config.k, value)
         if value > best[0]:
@@ -176,5 +216,5 @@ def fit_boosted(x: np.ndarray, y: np.ndarray, offsets: np.ndarray, total: np.nda
         if model.n_iter_ >= config.trees:
             break
     scorer = BoostedScorer(best[2], features, list(config.relative))
-    return scorer, {"checks": history, "best_step": best[1], "best_recall": best[0],
-                    "fit_users": len(fit_users), "holdout_users": len(hold), "fit_rows": len(fit_rows)}
+    return scorer, {"checks": history, "best_step": best[1], "best_recall": best[0], "fit_users": len(fit_users),
+                    "holdout_users": len(hold), "check_users": len(hold_off) - 1, "fit_rows": len(fit_rows)}

@@ -12,6 +12,16 @@ the targets, exactly the shape of serving (everything up to now, the next conver
   targets; their shallower events stay, as a cart stays when its purchase has not happened yet.
 
 Either way no event of the target period reaches a candidate's features (tests/funnel).
+
+How the fit is checked (``select``; the check picks the MLP's step or the trees' count):
+
+- ``holdout``: a share of the training views' users, never fitted, at the same cuts.
+- ``period`` (``next_period`` only; ``denoise`` has no later period and keeps ``holdout``): the
+  views move one period back (cuts at the val start minus 1..``cuts`` periods) and the check is
+  the view at the val start, its targets the val period: the same users, one period later, as
+  test is to the served fit. With ``refit`` the scorer is then refitted, at the chosen step, on
+  the ``cuts`` latest views (the val view included), so it learns from the freshest period;
+  without, the checked fit is kept. No view reads an event at or after the test start.
 """
 
 from __future__ import annotations
@@ -31,18 +41,20 @@ from hir.funnel.boost import BoostedScorer, fit_boosted
 from hir.funnel.candidates import FEATURES, build_candidates, feature_matrix
 from hir.funnel.discovery import ViewBase
 from hir.funnel.head import Context
-from hir.funnel.scorer import FunnelScorer, ScorerConfig, fit_scorer
+from hir.funnel.scorer import CheckSet, FunnelScorer, ScorerConfig, fit_scorer
 from hir.funnel.source import TIME_COLUMNS, entity_stats, open_funnel, user_stats
 
 log = logging.getLogger(__name__)
 TASKS = ("auto", "next_period", "denoise")
 SCORERS = ("mlp", "gbdt")
+SELECTS = ("holdout", "period")
 
 
 @dataclass
 class FunnelConfig:
     """task: how training views are cut (module doc); cuts: next_period views; drop: the share of
-    converted pairs denoise hides; whole: the share of those
+    converted pairs denoise hides; select, refit: how the fit is checked and whether it is refitted
+    after a period check (module doc); whole: the share of those
     that lose every event (a conversion with no shallower engagement before it), the rest lose only
     their target-stage events; max_funnel, discovery, popular: candidates per user from each
     source; affinity_context: the user's pairs a candidate's affinity features compare it with
@@ -52,6 +64,8 @@ class FunnelConfig:
 
     task: str = "auto"
     cuts: int = 2
+    select: str = "period"
+    refit: bool = True
     drop: float = 0.2
     whole: float = 0.0
     max_funnel: int = 200
@@ -192,13 +206,15 @@ def _hashed(pairs: pl.DataFrame, share: float, seed: int) -> pl.Expr:
 
 
 def training_views(events: pl.DataFrame, target_rank: int, kind: str, val_start: datetime, test_start: datetime,
-                   config: FunnelConfig, seed: int) -> list[tuple[pl.DataFrame, datetime, pl.DataFrame]]:
-    """(view events, asof, target pairs) of every training view (module doc). ``events``: the
-    visible events (before the test period) of the entity type."""
+                   config: FunnelConfig, seed: int, n_views: int | None = None,
+                   ) -> list[tuple[pl.DataFrame, datetime, pl.DataFrame]]:
+    """(view events, asof, target pairs) of every training view (module doc), latest first.
+    ``events``: the visible events (before the test period) of the entity type; ``n_views``:
+    next_period cuts (default ``config.cuts``; the period check asks one more)."""
     if kind == "next_period":
         period = test_start - val_start
         out = []
-        for i in range(config.cuts):
+        for i in range(config.cuts if n_views is None else n_views):
             cut = val_start - i * period
             view = events.filter(pl.col("timestamp") < cut)
             nxt = events.filter((pl.col("timestamp") >= cut) & (pl.col("timestamp") < cut + period)
@@ -277,24 +293,31 @@ class TrainingSet:
     record: dict[str, Any]
 
 
-def training_set(events: pl.DataFrame, target_rank: int, split_mode: str, val_start: datetime, test_start: datetime,
-                 n_users: int, n_entities: int, config: FunnelConfig, seed: int) -> TrainingSet:
-    """The scorer's training candidates from the training views of ``events`` (the visible events
-    of the entity type: every row before the test period)."""
-    kind = choose_task(config.task, split_mode)
-    parts = []
-    views = training_views(events, target_rank, kind, val_start, test_start, config, seed)
+def view_sets(events: pl.DataFrame, target_rank: int, kind: str, val_start: datetime, test_start: datetime,
+              n_users: int, n_entities: int, config: FunnelConfig, seed: int, n_views: int | None = None,
+              ) -> tuple[list[Candidates], list[dict[str, Any]]]:
+    """The candidates of every training view (:func:`training_views`, latest first) and a record
+    of each (as-of time, users, targets)."""
+    views = training_views(events, target_rank, kind, val_start, test_start, config, seed, n_views)
     if not views:
         raise ValueError(f"funnel task {kind}: no view with next-period {target_rank=} targets; "
                          "set funnel.task=denoise")
     gen = np.random.default_rng(seed)
+    parts, record = [], []
     for view, asof, targets in views:
         users = np.unique(targets["user_id"].to_numpy())
         if config.max_train_users and len(users) > config.max_train_users:
             users = np.sort(gen.choice(users, config.max_train_users, replace=False))
         parts.append(view_candidates(view, users, asof, target_rank, n_users, n_entities, config, seed, targets))
+        record.append({"asof": asof.isoformat(), "users": len(np.unique(targets["user_id"].to_numpy())),
+                       "targets": targets.height})
         log.info("funnel view at %s: %d users, %d candidates, %.1f%% of targets reachable", asof, len(users),
                  parts[-1].rows.height, 100 * parts[-1].y.sum() / max(parts[-1].total.sum(), 1))
+    return parts, record
+
+
+def concat_views(parts: list[Candidates], kind: str, views: list[dict[str, Any]]) -> TrainingSet:
+    """One training set of the views' candidates ``parts`` (their groups in order)."""
     y = np.concatenate([p.y for p in parts])
     total = np.concatenate([p.total for p in parts])
     offsets, start = [np.zeros(1, np.int64)], 0
@@ -302,27 +325,78 @@ def training_set(events: pl.DataFrame, target_rank: int, split_mode: str, val_st
         offsets.append(p.offsets[1:] + start)
         start += p.offsets[-1]
     context = Context.concat([p.context for p in parts]) if all(p.context is not None for p in parts) else None
-    record = {"task": kind, "views": [{"asof": a.isoformat(), "users": len(np.unique(t["user_id"].to_numpy())),
-                                       "targets": t.height} for _, a, t in views],
-              "reachable": float(y.sum() / max(total.sum(), 1)), "features": list(FEATURES)}
+    record = {"task": kind, "views": views, "reachable": float(y.sum() / max(total.sum(), 1)), "features": list(FEATURES)}
     return TrainingSet(np.concatenate([p.x for p in parts]), y, np.concatenate(offsets), total, context, record)
 
 
-def fit_training_set(train: TrainingSet, config: ScorerConfig, seed: int) -> tuple[FunnelScorer | BoostedScorer,
-                                                                                  dict[str, Any]]:
-    """The scorer of ``config.kind`` fitted on ``train`` and the record of its fit."""
+def training_set(events: pl.DataFrame, target_rank: int, split_mode: str, val_start: datetime, test_start: datetime,
+                 n_users: int, n_entities: int, config: FunnelConfig, seed: int) -> TrainingSet:
+    """The scorer's training candidates from the training views of ``events`` (the visible events
+    of the entity type: every row before the test period)."""
+    kind = choose_task(config.task, split_mode)
+    parts, views = view_sets(events, target_rank, kind, val_start, test_start, n_users, n_entities, config, seed)
+    return concat_views(parts, kind, views)
+
+
+def fit_training_set(train: TrainingSet, config: ScorerConfig, seed: int, check_set: CheckSet | None = None,
+                     stop_at: int | None = None) -> tuple[FunnelScorer | BoostedScorer, dict[str, Any]]:
+    """The scorer of ``config.kind`` fitted on ``train`` and the record of its fit (``check_set``,
+    ``stop_at``: :func:`hir.funnel.scorer.fit_scorer`)."""
     if config.kind not in SCORERS:
         raise ValueError(f"funnel.config.scorer.kind={config.kind!r}; expected one of {list(SCORERS)}")
     if config.kind == "gbdt":
         if config.heads:
             raise ValueError("funnel.config.scorer.heads > 0 is the MLP's target-aware head; set heads=0 with kind=gbdt")
-        return fit_boosted(train.x, train.y, train.offsets, train.total, config, seed, list(train.record["features"]))
-    return fit_scorer(train.x, train.y, train.offsets, train.total, config, seed, train.context)
+        return fit_boosted(train.x, train.y, train.offsets, train.total, config, seed, list(train.record["features"]),
+                           check_set, stop_at)
+    return fit_scorer(train.x, train.y, train.offsets, train.total, config, seed, train.context, check_set, stop_at)
+
+
+def check_set(cands: Candidates) -> CheckSet:
+    """The check inputs of one view's candidates."""
+    return CheckSet(cands.x, cands.y, cands.offsets, cands.total, cands.context)
+
+
+def fit_period(parts: list[Candidates], views: list[dict[str, Any]], kind: str, config: ScorerConfig, seed: int,
+               refit: bool, refit_all: bool = False,
+               ) -> tuple[FunnelScorer | BoostedScorer, dict[str, Any], FunnelScorer | BoostedScorer]:
+    """The period check (module doc): fit on the views ``parts[1:]``, check on ``parts[0]`` (the
+    latest view, its targets the val period), then refit on ``parts[:-1]`` (``refit_all``: on
+    every view) at the chosen step (``refit``) or keep the checked fit. ``parts``: ``cuts + 1``
+    views, latest first. Returns the scorer, its record and the checked fit (the scorer itself
+    without ``refit``)."""
+    if len(parts) < 2:
+        raise ValueError(f"funnel.config.select=period needs a view before the val one; got {len(parts)} "
+                         "(no earlier period with conversions: set funnel.config.select=holdout)")
+    early = concat_views(parts[1:], kind, views[1:])
+    scorer, record = fit_training_set(early, config, seed, check_set=check_set(parts[0]))
+    record = record | {"select": "period", "check_view": views[0]}
+    if not refit:
+        return scorer, record | early.record | {"refit": False}, scorer
+    n = len(parts) if refit_all else len(parts) - 1
+    late = concat_views(parts[:n], kind, views[:n])
+    refitted, rec = fit_training_set(late, config, seed, stop_at=max(int(record["best_step"]), 1))
+    return refitted, record | late.record | {"refit": True, "refit_fit": rec}, scorer
 
 
 def fit_funnel(events: pl.DataFrame, target_rank: int, split_mode: str, val_start: datetime, test_start: datetime,
                n_users: int, n_entities: int, config: FunnelConfig, seed: int) -> FunnelModel:
-    """Train the scorer on the training views of ``events`` (:func:`training_set`)."""
+    """Train the scorer on the training views of ``events``, checked as ``config.select`` says."""
+    if config.select not in SELECTS:
+        raise ValueError(f"funnel.config.select={config.select!r}; expected one of {list(SELECTS)}")
+    kind = choose_task(config.task, split_mode)
+    if config.select == "period" and kind == "next_period":
+        parts, views = view_sets(events, target_rank, kind, val_start, test_start, n_users, n_entities, config, seed,
+                                 config.cuts + 1)
+        if len(parts) > 1:
+            scorer, record, _ = fit_period(parts, views, kind, config.scorer, seed, config.refit)
+            return FunnelModel(scorer, config, target_rank, record)
+        # a log too short for a view before the val one: the val view's held-out users check it
+        log.warning("funnel: no conversions before %s to fit on ahead of the val period; checked on held-out users",
+                    views[0]["asof"])
+        train = concat_views(parts, kind, views)
+        scorer, record = fit_training_set(train, config.scorer, seed)
+        return FunnelModel(scorer, config, target_rank, record | train.record | {"select": "holdout (one view)"})
     train = training_set(events, target_rank, split_mode, val_start, test_start, n_users, n_entities, config, seed)
     scorer, record = fit_training_set(train, config.scorer, seed)
-    return FunnelModel(scorer, config, target_rank, record | train.record)
+    return FunnelModel(scorer, config, target_rank, record | train.record | {"select": "holdout"})

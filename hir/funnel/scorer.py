@@ -12,8 +12,10 @@ a listwise softmax over each user's candidate set against the entities the user 
 next period (``T_u``; Mult-DAE's multinomial likelihood restricted to the candidates), every user
 weighted equally as the test averages per user. ``head`` (optional, ``heads > 0``) is the
 target-aware attention from the candidate to the user's context items (hir/funnel/head.py),
-trained with the MLP. Training stops at the best check of the
-held-out users' recall@K (a share of the training users, never fitted).
+trained with the MLP. Training stops at the best check of recall@K on users never fitted: a
+share of the training users (``holdout``), or a later period's view of the same users (a
+:class:`CheckSet`, hir/funnel/fit.py's ``select: period``); ``stop_at`` instead trains a fixed
+number of steps and keeps the last (the refit after a period check).
 """
 
 from __future__ import annotations
@@ -64,6 +66,19 @@ class ScorerConfig:
     relative: list[str] = field(default_factory=lambda: ["trip_share_97", "trip_share_90", "log_target", "base_score",
                                                          "log_due", "log_target_age"])
     per_user: bool = False
+
+
+@dataclass
+class CheckSet:
+    """The candidates a fit is checked on instead of held-out training users: ``x`` (n, F), ``y``
+    (n,), ``offsets`` (U + 1,) and ``total`` (U,) as the training rows, ``context`` the head's
+    inputs (None without a head)."""
+
+    x: np.ndarray
+    y: np.ndarray
+    offsets: np.ndarray
+    total: np.ndarray
+    context: Context | None = None
 
 
 class FunnelScorer(nn.Module):
@@ -157,7 +172,8 @@ def recall_at(scores: np.ndarray, y: np.ndarray, offsets: np.ndarray, k: int, to
 
 
 def fit_scorer(x: np.ndarray, y: np.ndarray, offsets: np.ndarray, total: np.ndarray, config: ScorerConfig,
-               seed: int, context: Context | None = None) -> tuple[FunnelScorer, dict[str, object]]:
+               seed: int, context: Context | None = None, check_set: CheckSet | None = None,
+               stop_at: int | None = None) -> tuple[FunnelScorer, dict[str, object]]:
     """Train on grouped candidate rows.
 
     Args:
@@ -165,6 +181,10 @@ def fit_scorer(x: np.ndarray, y: np.ndarray, offsets: np.ndarray, total: np.ndar
             user's candidates (rows sorted by user); total: (U,) the user's target count (also
             the targets missing from its candidates).
         context: the head's inputs of the same groups (needed when ``config.heads > 0``).
+        check_set: the candidates the checks score (every training user is then fitted); None =
+            a ``config.holdout`` share of the training users.
+        stop_at: train exactly this many steps of the ``config.steps`` schedule and keep the last
+            (no checks, no holdout: a refit at a step chosen elsewhere).
     Returns:
         The scorer at its best check and a record of the fit (checks, best step, users).
     """
@@ -173,7 +193,7 @@ def fit_scorer(x: np.ndarray, y: np.ndarray, offsets: np.ndarray, total: np.ndar
     users = np.arange(len(offsets) - 1)
     has = np.array([y[offsets[r]:offsets[r + 1]].any() for r in users])
     perm = gen.permutation(users)
-    n_hold = round(config.holdout * len(users))
+    n_hold = 0 if check_set is not None or stop_at is not None else round(config.holdout * len(users))
     hold, fit_users = np.sort(perm[:n_hold]), perm[n_hold:]
     fit_users = fit_users[has[fit_users]]  # a user without a reachable target gives no gradient
     if len(fit_users) == 0:
@@ -188,14 +208,24 @@ def fit_scorer(x: np.ndarray, y: np.ndarray, offsets: np.ndarray, total: np.ndar
     hold_rows = np.concatenate([np.arange(offsets[r], offsets[r + 1]) for r in hold]) if len(hold) else np.zeros(0, int)
     hold_off = np.concatenate([[0], np.cumsum(offsets[hold + 1] - offsets[hold])]) if len(hold) else np.zeros(1, int)
     hold_ctx = context.subset(hold) if context is not None and config.heads else None
+    if check_set is not None:
+        cx, cy, coff, ctot = check_set.x, check_set.y, check_set.offsets, check_set.total
+        cctx = check_set.context if config.heads else None
+    else:
+        cx, cy, coff, ctot, cctx = x[hold_rows], y[hold_rows], hold_off, total[hold], hold_ctx
 
     def check() -> float:
-        return recall_at(model.score(x[hold_rows], hold_ctx), y[hold_rows], hold_off, config.k, total[hold])
+        if stop_at is not None:
+            return math.nan
+        return recall_at(model.score(cx, cctx), cy, coff, config.k, ctot)
 
+    if stop_at is not None and not 0 <= stop_at <= config.steps:
+        raise ValueError(f"funnel scorer: stop_at={stop_at} outside the schedule's 0..{config.steps} steps")
+    last = config.steps if stop_at is None else stop_at
     every = max(config.steps // config.checks, 1)
     best = (check(), 0, {k: v.clone() for k, v in model.state_dict().items()})
     history = [(0, best[0])]
-    for step in range(1, config.steps + 1):
+    for step in range(1, last + 1):
         model.train()
         batch = gen.choice(fit_users, size=min(config.batch, len(fit_users)), replace=False)
         xb, yb, mb = _padded(x, y, offsets, batch)
@@ -208,7 +238,7 @@ def fit_scorer(x: np.ndarray, y: np.ndarray, offsets: np.ndarray, total: np.ndar
         loss.backward()
         opt.step()
         sched.step()
-        if step % every == 0 or step == config.steps:
+        if stop_at is None and (step % every == 0 or step == config.steps):
             value = check()
             history.append((step, value))
             log.info("funnel scorer step %d: loss %.4f, held-out recall@%d %.4f", step, loss.item(), config.k, value)
@@ -217,6 +247,9 @@ def fit_scorer(x: np.ndarray, y: np.ndarray, offsets: np.ndarray, total: np.ndar
             elif len(history) - 1 - [s for s, _ in history].index(best[1]) >= config.patience:
                 log.info("funnel scorer: no better check in %d, stopped at step %d", config.patience, step)
                 break
+    if stop_at is not None:  # the refit keeps its last step: no check chose it here
+        return model, {"checks": [], "best_step": last, "best_recall": None, "fit_users": len(fit_users),
+                       "holdout_users": 0}
     model.load_state_dict(best[2])
-    return model, {"checks": history, "best_step": best[1], "best_recall": best[0],
-                   "fit_users": len(fit_users), "holdout_users": len(hold)}
+    return model, {"checks": history, "best_step": best[1], "best_recall": best[0], "fit_users": len(fit_users),
+                   "holdout_users": len(hold), "check_users": len(coff) - 1}

@@ -13,6 +13,7 @@ recommend.py), so the figures in the report are those of the path a user calls.
 from __future__ import annotations
 
 import json
+import pickle
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import datetime
@@ -69,11 +70,13 @@ def scorer_state(scorer: FunnelScorer | BoostedScorer, config: FunnelConfig, fea
             "features": features, "config": asdict(config)}
 
 
-def load_scorer(saved: dict[str, Any], config: ScorerConfig, path: str = "scorer.pt") -> FunnelScorer | BoostedScorer:
-    """The scorer of :func:`scorer_state` (a ``scorer.pt`` written before the gbdt has no kind: an MLP)."""
+def load_scorer(saved: dict[str, Any], config: ScorerConfig, path: str = "scorer.pt",
+                sha256: str | None = None) -> FunnelScorer | BoostedScorer:
+    """The scorer of :func:`scorer_state` (a ``scorer.pt`` written before the gbdt has no kind: an
+    MLP); ``sha256``: the gbdt's recorded hash (hir/funnel/boost.py), checked before it is unpickled."""
     kind = saved.get("kind", "mlp")
     if kind == "gbdt":
-        return BoostedScorer.from_state(saved, path)
+        return BoostedScorer.from_state(saved, path, sha256)
     if kind != "mlp":
         raise ValueError(f"{path}: unknown funnel scorer kind {kind!r}; expected mlp or gbdt (refit with `hir funnel force=true`)")
     state = saved["state_dict"]
@@ -117,11 +120,16 @@ class Recommender:
         if not meta_path.exists():
             raise FileNotFoundError(f"no funnel output at {self.dir} (meta.json missing); run `hir funnel` first")
         self.meta = json.loads(meta_path.read_text())
-        saved = torch.load(self.dir / "scorer.pt", weights_only=False)
+        path = self.dir / "scorer.pt"
+        try:  # tensors and plain values only: loading runs no code (the gbdt's pickle stays bytes)
+            saved = torch.load(path, weights_only=True)
+        except pickle.UnpicklingError as err:
+            raise ValueError(f"{path} holds more than tensors and plain values (written by an older hir?); it is not "
+                             f"loaded: refit it (`hir funnel force=true`). {str(err).splitlines()[0]}") from err
         cfg = dict(saved["config"])
         cfg["scorer"] = ScorerConfig(**cfg["scorer"])
         self.config = FunnelConfig(**cfg)
-        self.scorer = load_scorer(saved, self.config.scorer, str(self.dir / "scorer.pt"))
+        self.scorer = load_scorer(saved, self.config.scorer, str(path), self.meta.get("scorer_sha256"))
         base = np.load(self.dir / "base.npz")
         source = pl.read_parquet(self.dir / "open_funnel.parquet").drop("pos", "event_timestamp", strict=False)
         user_table = pl.read_parquet(self.dir / "users.parquet")

@@ -13,9 +13,11 @@ file                         what
 ``base.npz``                 the view base's ``users`` (U, K) and ``entities`` (E, K) vectors, fit on
                              the visible events (the scorer's affinity feature, and discovery when
                              no ANN index is given), and ``popular`` (P,) entity ids
-``scorer.pt``                the trained scorer (MLP: state dict, widths; gbdt: the pickled model and
-                             the scikit-learn version it needs), feature names, config
-``meta.json``                the cut-off, the task, the fit's record, counts and seconds
+``scorer.pt``                the trained scorer (MLP: state dict, widths; gbdt: the pickled model as
+                             bytes and the scikit-learn version it needs), feature names, config;
+                             loads with ``torch.load(weights_only=True)``
+``meta.json``                the cut-off, the task, the fit's record, counts and seconds; for a gbdt,
+                             ``scorer_sha256`` (the pickle is loaded only when it matches)
 ===========================  ========================================================================
 
 The cut-off is the export's: the start of the test period when val is visible, else the val start,
@@ -52,6 +54,7 @@ def write_funnel(graph_dir: Path, out_dir: Path, visible_splits: list[str], conf
     import torch
 
     from hir.data.snapshot import load_snapshot
+    from hir.funnel.boost import model_sha256
     from hir.funnel.fit import FunnelTables, fit_funnel
     from hir.funnel.serve import scorer_state
     from hir.funnel.source import plain_order, visible_events
@@ -84,7 +87,8 @@ def write_funnel(graph_dir: Path, out_dir: Path, visible_splits: list[str], conf
     tables.entities.sort("entity_id").write_parquet(tmp / "entities.parquet")
     tables.users.sort("user_id").write_parquet(tmp / "users.parquet")
     np.savez(tmp / "base.npz", users=tables.base.users, entities=tables.base.entities, popular=tables.popular)
-    torch.save(scorer_state(model.scorer, config, model.record["features"]), tmp / "scorer.pt")
+    state = scorer_state(model.scorer, config, model.record["features"])
+    torch.save(state, tmp / "scorer.pt")
     meta = {
         "asof": end.isoformat(), "visible_splits": list(visible_splits), "entity_type": entity_type,
         "target_stage": stage, "target_rank": target_rank, "stage_order": snap.stage_order,
@@ -93,13 +97,15 @@ def write_funnel(graph_dir: Path, out_dir: Path, visible_splits: list[str], conf
         "open_pairs": int((~source["converted"]).sum()), "fit": model.record,
         "seconds": {"fit": round(t_fit, 1), "total": round(time.perf_counter() - t0, 1)},
     }
+    if state["kind"] == "gbdt":  # the serving side unpickles the model only when its bytes match this
+        meta["scorer_sha256"] = model_sha256(state["model"])
     write_text_atomic(tmp / "meta.json", json.dumps(meta, indent=1, default=str))
     for name in FILES:  # meta.json last: its presence marks a whole output
         (tmp / name).replace(out_dir / name)
     tmp.rmdir()
-    log.info("funnel: %d pairs (%d open) of %d users as of %s; scorer best held-out recall@%d %.4f (%s task), %.0fs",
-             meta["pairs"], meta["open_pairs"], meta["users"], end, config.scorer.k, model.record["best_recall"],
-             model.record["task"], meta["seconds"]["total"])
+    log.info("funnel: %d pairs (%d open) of %d users as of %s; scorer's best check recall@%d %.4f (%s task, %s check), "
+             "%.0fs", meta["pairs"], meta["open_pairs"], meta["users"], end, config.scorer.k, model.record["best_recall"],
+             model.record["task"], model.record["select"], meta["seconds"]["total"])
     return meta
 
 

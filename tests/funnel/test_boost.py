@@ -1,8 +1,13 @@
 """The gradient-boosted funnel scorer: it orders a planted due/overdue case, ranks within users,
-round-trips through ``scorer.pt`` into `hir recommend`, and refuses another scikit-learn's model."""
+round-trips through ``scorer.pt`` into `hir recommend`, and refuses another scikit-learn's model or
+a pickle whose hash is not the one the funnel stage recorded."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import pickle
 import shutil
 from pathlib import Path
 
@@ -94,9 +99,7 @@ def test_served_scores_equal_the_fitted_ones_and_a_version_mismatch_is_refused(t
     assert isinstance(rec.scorer, BoostedScorer) and rec.config.scorer.kind == "gbdt"
     users = np.unique(pl.read_parquet(tmp_path / "funnel" / "open_funnel.parquet")["user_id"].to_numpy())[:4]
     cands = rec.candidates(users)
-    saved = torch.load(tmp_path / "funnel" / "scorer.pt", weights_only=False)
-    import pickle
-
+    saved = torch.load(tmp_path / "funnel" / "scorer.pt", weights_only=True)
     fitted = pickle.loads(saved["model"])
     expected = fitted.decision_function(BoostedScorer(fitted, saved["features"], ["log_target"]).inputs(cands.x, cands.offsets))
     scores = score_candidates(rec.scorer, cands)
@@ -105,10 +108,49 @@ def test_served_scores_equal_the_fitted_ones_and_a_version_mismatch_is_refused(t
     out = rec.recommend(users, k=5)
     top = np.sort(scores[cands.offsets[0]:cands.offsets[1]])[::-1][:5]
     np.testing.assert_allclose(out.scores[0], top, rtol=1e-5)
+    meta_path = tmp_path / "funnel" / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    assert meta["scorer_sha256"] == hashlib.sha256(saved["model"]).hexdigest()
     saved["sklearn"] = "0.0.1"
     torch.save(saved, tmp_path / "funnel" / "scorer.pt")
     with pytest.raises(RuntimeError, match=r"scikit-learn 0\.0\.1.*refit"):
         Recommender(tmp_path / "funnel")
+
+
+class _Planted:
+    """Unpickling this creates the directory ``path``: a stand-in for what a hostile pickle can do."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (os.mkdir, (str(self.path),))
+
+
+def test_a_swapped_gbdt_pickle_is_refused_before_it_is_unpickled(tiny_graph: Path, tmp_path: Path) -> None:
+    """The gbdt's bytes are unpickled only when they hash to meta.json's scorer_sha256; a
+    scorer.pt whose model is another pickle (here one that writes a file when unpickled) or whose
+    meta records no hash is refused, and the planted pickle never runs."""
+    shutil.copytree(tiny_graph, tmp_path / "graph")
+    config = FunnelConfig(rank=8, discovery=10, popular=5, max_funnel=20,
+                          scorer=ScorerConfig(kind="gbdt", trees=10, checks=2, min_leaf=5, relative=[]))
+    write_funnel(tmp_path / "graph", tmp_path / "funnel", ["train", "val"], config, seed=0)
+    path = tmp_path / "funnel" / "scorer.pt"
+    saved = torch.load(path, weights_only=True)
+    marker = tmp_path / "ran"
+    saved["model"] = pickle.dumps(_Planted(marker))
+    torch.save(saved, path)
+    with pytest.raises(ValueError, match=r"sha256 is .*meta\.json records"):
+        Recommender(tmp_path / "funnel")
+    meta_path = tmp_path / "funnel" / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    del meta["scorer_sha256"]
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match="no sha256 recorded"):
+        Recommender(tmp_path / "funnel")
+    assert not marker.exists(), "the swapped pickle ran"
+    pickle.loads(saved["model"])  # the planted pickle does run when unpickled: the check above is what stopped it
+    assert marker.exists()
 
 
 def test_the_gbdt_refuses_the_mlps_head() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -33,6 +34,10 @@ def test_stage_writes_every_file_with_the_cutoff(funnel_run: Path) -> None:
     meta = json.loads((funnel_run / "funnel" / "meta.json").read_text())
     graph = json.loads((funnel_run / "graph" / "meta.json").read_text())
     assert meta["asof"] == graph["split_bounds"]["test_start"]
+    # the default check: the val period's view (its cut the val start), then a refit on the latest views
+    fit = meta["fit"]
+    assert (fit["select"], fit["refit"]) == ("period", True)
+    assert fit["check_view"] == fit["views"][0] and fit["check_view"]["asof"] < graph["split_bounds"]["test_start"]
     rows = pl.read_parquet(funnel_run / "funnel" / "open_funnel.parquet")
     assert rows.height == meta["pairs"] > 0
     # nothing at or after the cut-off is read: every pair's last event is before it
@@ -90,3 +95,29 @@ def test_a_scorer_with_the_target_aware_head_is_served(tiny_graph: Path, tmp_pat
     out = rec.recommend(users, k=5)
     top = np.sort(rec.scorer.score(cands.x, cands.context)[cands.offsets[0]:cands.offsets[1]])[::-1][:5]
     np.testing.assert_allclose(out.scores[0], top, rtol=1e-5)
+
+
+class _Planted:
+    """Unpickling this creates the directory ``path``: a stand-in for what a hostile pickle can do."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (os.mkdir, (str(self.path),))
+
+
+def test_the_mlp_scorer_loads_weights_only(funnel_run: Path, tmp_path: Path) -> None:
+    """scorer.pt is read with torch.load(weights_only=True): the served MLP loads, and a
+    scorer.pt that holds any other object is refused without running its pickle."""
+    import torch
+
+    funnel = tmp_path / "funnel"
+    shutil.copytree(funnel_run / "funnel", funnel)
+    saved = torch.load(funnel / "scorer.pt", weights_only=True)
+    assert saved["kind"] == "mlp"
+    marker = tmp_path / "ran"
+    torch.save(saved | {"extra": _Planted(marker)}, funnel / "scorer.pt")
+    with pytest.raises(ValueError, match="not loaded: refit"):
+        Recommender(funnel)
+    assert not marker.exists(), "scorer.pt's pickle ran on load"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from hir.funnel.scorer import ScorerConfig, fit_scorer, listwise_loss, recall_at
+from hir.funnel.scorer import CheckSet, ScorerConfig, fit_scorer, listwise_loss, recall_at
 
 
 def planted(users: int = 300, per_user: int = 12, features: int = 5, seed: int = 0):
@@ -40,3 +40,23 @@ def test_listwise_loss_ignores_padding_and_weights_users_equally() -> None:
     first = -torch.log_softmax(torch.tensor([2.0, 0.0]), 0)[0]
     second = -torch.log_softmax(torch.tensor([1.0, 1.0, 0.0]), 0)[:2].mean()
     assert torch.isclose(loss, (first + second) / 2)
+
+
+def test_a_check_set_decides_the_step_and_stop_at_refits_to_it() -> None:
+    """With a check set every training user is fitted and the checks score the check set (here
+    users whose target follows another feature: the check must see it and prefer the untrained
+    step); ``stop_at`` trains exactly that many steps with no check."""
+    x, y, offsets, total = planted()
+    config = ScorerConfig(hidden=[16], steps=60, batch=64, lr=0.01, checks=3, k=1, patience=5)
+    other = planted(users=100, seed=2)
+    xo, off_o = other[0], other[2]
+    yo = np.zeros_like(other[1])
+    for u in range(100):  # the check set's target: the smallest feature 2, against the training one
+        rows = slice(off_o[u], off_o[u + 1])
+        yo[rows][np.argmin(xo[rows, 2])] = 1.0
+    _, rec = fit_scorer(x, y, offsets, total, config, 0, check_set=CheckSet(xo, yo, off_o, other[3]))
+    assert rec["holdout_users"] == 0 and rec["fit_users"] == 300 and rec["check_users"] == 100
+    assert rec["best_step"] == 0, rec  # training on the planted order only moves it away from the check's
+    model, rec2 = fit_scorer(x, y, offsets, total, config, 0, stop_at=40)
+    assert rec2["best_step"] == 40 and rec2["checks"] == []
+    assert recall_at(model.score(x), y, offsets, 1, total) > 0.6

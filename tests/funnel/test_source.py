@@ -11,7 +11,8 @@ import pytest
 
 from hir.funnel.affinity import COLUMNS as AFFINITY
 from hir.funnel.candidates import CYCLE_FEATURES, FEATURES
-from hir.funnel.fit import FunnelConfig, training_views, view_candidates
+from hir.funnel.fit import FunnelConfig, fit_period, training_views, view_candidates, view_sets
+from hir.funnel.scorer import ScorerConfig
 from hir.funnel.source import open_funnel, plain_order, visible_events
 
 T0 = datetime(2024, 1, 1, tzinfo=UTC)
@@ -97,6 +98,38 @@ def test_next_period_view_reads_nothing_after_its_cut() -> None:
         assert np.abs(a.rows.select(AFFINITY).to_numpy()).sum() > 0
         assert a.rows["cycle_median"].drop_nulls().len() > 0
         assert np.abs(a.x[:, [list(FEATURES).index(n) for n in CYCLE_FEATURES]]).sum() > 0
+
+
+def test_the_period_check_keeps_the_val_period_out_of_the_fitted_views() -> None:
+    """select=period: the views the scorer is fitted on before the check (every view but the
+    latest) are identical, features and targets, whether or not the log holds any event of the val
+    period or later; the check view's features read nothing of the val period (only its targets do);
+    and the checked fit is fitted on the earlier views alone."""
+    log = _random_log(2, n=2500, days=80)
+    config = FunnelConfig(cuts=2, rank=8, discovery=10, popular=5)
+    val_start, test_start = T0 + timedelta(days=60), T0 + timedelta(days=70)
+    before = log.filter(pl.col("timestamp") < val_start)
+    parts, views = view_sets(log, 2, "next_period", val_start, test_start, 60, 40, config, 0, config.cuts + 1)
+    assert len(parts) == 3
+    assert datetime.fromisoformat(views[0]["asof"]) < val_start <= datetime.fromisoformat(views[0]["asof"]) + timedelta(seconds=1)
+    # the val-period events alone label the check view: none of its features change without them
+    check_users = parts[0].users
+    truncated = view_candidates(before, check_users, datetime.fromisoformat(views[0]["asof"]), 2, 60, 40, config, 0)
+    np.testing.assert_array_equal(parts[0].x, truncated.x)
+    assert parts[0].y.sum() > 0
+    # the fitted views come out the same from a log that ends at the val start (no view is missing)
+    early = training_views(before, 2, "next_period", val_start - (test_start - val_start), val_start, config, 0)
+    assert len(early) == 2
+    for p, (view, asof, targets) in zip(parts[1:], early, strict=True):
+        assert view["timestamp"].max() <= asof < val_start
+        assert targets.height > 0 and p.y.sum() > 0
+        q = view_candidates(view, p.users, asof, 2, 60, 40, config, 0, targets)
+        np.testing.assert_array_equal(p.x, q.x)
+        np.testing.assert_array_equal(p.y, q.y)
+    scorer_cfg = ScorerConfig(hidden=[8], steps=20, batch=16, checks=4)
+    checked, rec, first = fit_period(parts, views, "next_period", scorer_cfg, 0, refit=False)
+    assert checked is first and rec["check_view"] == views[0] and rec["refit"] is False
+    assert rec["views"] == views[1:], "the checked fit must be fitted on the earlier views only"
 
 
 def test_denoise_hides_the_conversion_and_keeps_the_cart() -> None:
