@@ -19,7 +19,9 @@ the contract's dtypes. The result equals the Polars engine's snapshot (tests/dat
 from __future__ import annotations
 
 import logging
+import os
 import shutil
+import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -74,6 +76,11 @@ class SparkBuild:
         )
         if options.shuffle_partitions:
             builder = builder.config("spark.sql.shuffle.partitions", str(options.shuffle_partitions))
+        if options.master.startswith("local") and "spark.pyspark.python" not in options.conf:
+            # Python workers (the fold-in's mapInArrow) must run this interpreter, whose packages
+            # (numpy, pyarrow) they import; pyspark 4.3 reads PYSPARK_PYTHON (the conf key alone
+            # left them on the base interpreter). A cluster names its executors' Python in `conf`
+            os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         for key, value in options.conf.items():
             builder = builder.config(key, str(value))
         try:
@@ -87,7 +94,7 @@ class SparkBuild:
         self.fs, self.root = pafs.FileSystem.from_uri(self.work if "://" in self.work else str(Path(self.work).resolve()))
         log.info("spark %s (master %s), work dir %s", self.spark.version, options.master, self.work)
 
-    def _uri(self, name: str) -> str:
+    def uri(self, name: str) -> str:
         return f"{self.work.rstrip('/')}/{name}"
 
     def stage(self, events: pl.LazyFrame | pl.DataFrame) -> Any:
@@ -96,7 +103,7 @@ class SparkBuild:
         path = f"{self.root}/canonical.parquet"
         with self.fs.open_output_stream(path) as sink:
             events.lazy().collect(engine="streaming").write_parquet(sink, compression="snappy")
-        return self.spark.read.parquet(self._uri("canonical.parquet"))
+        return self.spark.read.parquet(self.uri("canonical.parquet"))
 
     def first_seen(self, canonical: Any) -> tuple[pl.DataFrame, pl.DataFrame]:
         """The engine's half of :func:`hir.data.prepare.first_seen_tables`."""
@@ -137,8 +144,8 @@ class SparkBuild:
             )
             .cache()
         )
-        events.write.mode("overwrite").parquet(self._uri("events"))
-        self._assemble("events", out_dir / "events.parquet", EVENTS_SCHEMA)
+        events.write.mode("overwrite").parquet(self.uri("events"))
+        self.assemble("events", out_dir / "events.parquet", EVENTS_SCHEMA)
 
         split_rank = F.create_map(*[x for i, s in enumerate(SPLITS) for x in (F.lit(s), F.lit(i))])
         edges = events.groupBy("user_id", "entity_type", "entity_id", "stage", "stage_rank", "split").agg(
@@ -154,8 +161,8 @@ class SparkBuild:
                 .select(F.col("user_id").alias("src_id"), F.col("entity_id").alias("dst_id"), "stage", "split",
                         "count", "first_ts", "last_ts", "value")
             )
-            part.write.mode("overwrite").parquet(self._uri(f"edges_{name}"))
-            counts[name] = self._assemble(f"edges_{name}", out_dir / "edges" / f"{name}.parquet", EDGES_SCHEMA)
+            part.write.mode("overwrite").parquet(self.uri(f"edges_{name}"))
+            counts[name] = self.assemble(f"edges_{name}", out_dir / "edges" / f"{name}.parquet", EDGES_SCHEMA)
         edges.unpersist()
         events.unpersist()
         return {k: v for k, v in counts.items() if v}
@@ -163,7 +170,7 @@ class SparkBuild:
     def _frame(self, frame: pl.DataFrame) -> Any:
         return self.spark.createDataFrame(frame.to_pandas())
 
-    def _assemble(self, name: str, target: Path, schema: pa.Schema) -> int:
+    def assemble(self, name: str, target: Path, schema: pa.Schema) -> int:
         """Stream Spark's part files of ``work_dir/name``, in part order, into one Parquet file
         with the contract's ``schema``; returns its rows (an empty result writes no file)."""
         parts = sorted(

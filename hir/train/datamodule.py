@@ -277,7 +277,7 @@ class HirDataModule(L.LightningDataModule):
         """The training loss's catalogue (:func:`hir.model.catalogue` of the task's view)."""
         return catalogue(self.task_store, self.task_base)
 
-    def _loader(self, dataset: Dataset, sampler: Sampler | None = None) -> DataLoader:
+    def _loader(self, dataset: Dataset, sampler: Sampler | list[int] | None = None) -> DataLoader:
         return DataLoader(dataset, batch_size=None, sampler=sampler, shuffle=False, num_workers=self.num_workers,
                           pin_memory=self.pin_memory, persistent_workers=self.persistent_workers)
 
@@ -305,9 +305,16 @@ class HirDataModule(L.LightningDataModule):
                                        self.seed), batch_size=None)
 
     def val_dataloader(self) -> DataLoader:
-        # every rank embeds everything (no sharding): recall@K needs all candidates on one rank
+        # rank r of w embeds batches r, r + w, ... (a batch's contexts depend on its index alone, so
+        # the shards together are the one-process embedding); rank 0 gathers them for recall@K
+        # (HirModule._sharded_metrics)
         nodes = np.concatenate([self.val.users, self.val.cands])
-        return self._loader(EmbedBatches(self.store, self.base, self.sampler, nodes, self.embed_batch_size, self.seed))
+        rank = self.trainer.global_rank if self.trainer else 0
+        world = max(int(self.trainer.world_size if self.trainer else 1), 1)
+        # Lightning wants a batch on every rank: a val set smaller than world batches is cut finer
+        size = max(1, min(self.embed_batch_size, -(-len(nodes) // world)))
+        ds = EmbedBatches(self.store, self.base, self.sampler, nodes, size, self.seed)
+        return self._loader(ds, list(range(rank, len(ds), world)))
 
 
 # what :func:`build_state` returns and :class:`HirDataModule` keeps (one per process, or mapped)

