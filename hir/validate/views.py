@@ -72,8 +72,10 @@ def embedding_view(frame: pl.DataFrame, graph_nodes: pl.DataFrame, n_levels: int
         if tok in cols:
             exprs += [
                 pl.col(tok).list.len().alias(f"tok_len_l{k}"),
-                pl.col(tok).list.min().alias(f"tok_min_l{k}"),
-                pl.col(tok).list.max().alias(f"tok_max_l{k}"),
+                # int64, not the tokens' int32: GE 1.24 checks a range on int64 / float64 columns
+                # vectorised and on any other dtype one Python call per row (same verdicts)
+                pl.col(tok).list.min().cast(pl.Int64).alias(f"tok_min_l{k}"),
+                pl.col(tok).list.max().cast(pl.Int64).alias(f"tok_max_l{k}"),
                 (pl.col(tok).list.n_unique() == pl.col(tok).list.len()).alias(f"tok_distinct_l{k}"),
             ]
         if w in cols:
