@@ -114,7 +114,7 @@ def retrieval_section(
     """metrics.json's ``retrieval``: every arm of ``eval.retrieval`` (or of ``eval.retrieval_arms``);
     ``history_splits``: the periods the arms learn from (default: as the sources say); ``wait``:
     joins the background baselines (called before the first arm they fit); ``prefetched``: the
-    HIR search's lists from the third process (:class:`SearchPrefetch.take`)."""
+    HIR search's lists from the baselines' process (:class:`SearchHandoff.take`)."""
     from hir_evaluation.retrieval.evaluate import evaluate_retrieval
     from hir_evaluation.retrieval.hir_search import hir_search
     from hir_evaluation.retrieval.registry import build_arms
@@ -131,11 +131,12 @@ def retrieval_section(
     )
 
 
-def start_search(cfg: DictConfig, snap: Snapshot, task: RetrievalTask, sources: Sources,
-                 history: list[str]) -> Any:
-    """The published HIR search started in a third process (``eval.parallel_search``;
-    evaluation/retrieval/prefetch.py) at the depth the retrieval section will ask, or None: not
-    published (the file fallback is a fast exact search), turned off, or no arm reads it."""
+def search_spec(cfg: DictConfig, snap: Snapshot, task: RetrievalTask, sources: Sources) -> Any:
+    """The published HIR search the baselines' process may run after its fits
+    (``eval.parallel_search``; evaluation/retrieval/prefetch.py), at the depth the retrieval
+    section will ask, or None: not published (the file fallback is a fast exact search), turned
+    off, or no arm reads it."""
+    from hir_evaluation.retrieval.prefetch import SearchSpec
     from hir_evaluation.retrieval.registry import build_arms
 
     ev = cfg.eval
@@ -144,12 +145,8 @@ def start_search(cfg: DictConfig, snap: Snapshot, task: RetrievalTask, sources: 
     readers = [n for n in ("hir", "recommend") if n in arms and (run is None or n in run)]
     if sources.hir != "published" or not bool(ev.get("parallel_search", False)) or not readers:
         return None
-    from hir_evaluation.retrieval.prefetch import SearchPrefetch
-
     # SharedSearch's first call: the hir arm's k (the largest of the task's ks) or the depth
-    k = max(max(task.ks), search_depth(snap, arms, run))
-    return SearchPrefetch(str(snap.dir), task, int(ev.seed), history, "published", sources.manifest,
-                          sources.entity_type, k)
+    return SearchSpec("published", sources.manifest, sources.entity_type, max(max(task.ks), search_depth(snap, arms, run)))
 
 
 def outputs_record(cfg: DictConfig, sources: Sources) -> dict[str, Any]:
@@ -202,16 +199,15 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         from hir_evaluation.retrieval.background import Background
 
         background = Background(snap.dir, ret_task, OmegaConf.to_container(ev.retrieval, resolve=True), int(ev.seed),
-                                history, list(ev.retrieval_arms) if ev.get("retrieval_arms") else None, cache)
-    search = start_search(cfg, snap, ret_task, sources, history)
+                                history, list(ev.retrieval_arms) if ev.get("retrieval_arms") else None, cache,
+                                search_spec(cfg, snap, ret_task, sources))
     with progress_steps("evaluate", 4) as step:
         try:
             with timed(timings, "ranking"):
                 ranking = ranking_section(cfg, snap, rank_task, sources, cache)
         except BaseException:
-            for proc in (background, search):
-                if proc is not None:
-                    proc.stop()
+            if background is not None:
+                background.stop()
             raise
         step("retrieval")
         def join() -> None:
@@ -221,13 +217,13 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 
         with timed(timings, "retrieval"):
             # the HIR and content arms run while the background baselines finish
-            try:
-                retrieval = retrieval_section(cfg, snap, ret_task, sources, cache, history,
-                                              join if background is not None else None,
-                                              search.take if search is not None else None)
-            finally:
-                if search is not None:  # an arm that failed before taking the lists: nothing waits
-                    search.stop()
+            handoff = None
+            if background is not None and background.claim is not None:
+                from hir_evaluation.retrieval.prefetch import SearchHandoff
+
+                handoff = SearchHandoff(background).take
+            retrieval = retrieval_section(cfg, snap, ret_task, sources, cache, history,
+                                          join if background is not None else None, handoff)
         step("diagnostics")
         with timed(timings, "diagnostics"):
             diagnostics, points = diagnostics_section(

@@ -162,7 +162,7 @@ def hir_search(sources: Sources, depth: int = 0,
                prefetched: Callable[[RetrievalData, int], Ranked | None] | None = None) -> TopK | None:
     """The HIR search of ``sources`` (Milvus or exact search over the files), None without
     embeddings; searched once per test set at ``depth`` (at least) and shared by the arms;
-    ``prefetched``: the Milvus lists a third process searched (:class:`SharedSearch`)."""
+    ``prefetched``: the Milvus lists the baselines' process searched (:class:`SharedSearch`)."""
     if sources.hir == "published":
         return SharedSearch(published_topk(sources.manifest, sources.snap, sources.entity_type), depth, prefetched)
     if sources.hir == "files":
