@@ -109,10 +109,12 @@ def search_depth(snap: Snapshot, arms: dict[str, Any], run: Any) -> int:
 def retrieval_section(
     cfg: DictConfig, snap: Snapshot, task: RetrievalTask, sources: Sources, cache: FitCache | None = None,
     history_splits: list[str] | None = None, wait: Callable[[], None] | None = None,
+    prefetched: Callable[[Any, int], Any] | None = None,
 ) -> dict[str, Any]:
     """metrics.json's ``retrieval``: every arm of ``eval.retrieval`` (or of ``eval.retrieval_arms``);
     ``history_splits``: the periods the arms learn from (default: as the sources say); ``wait``:
-    joins the background baselines (called before the first arm they fit)."""
+    joins the background baselines (called before the first arm they fit); ``prefetched``: the
+    HIR search's lists from the baselines' process (:class:`SearchHandoff.take`)."""
     from hir_evaluation.retrieval.evaluate import evaluate_retrieval
     from hir_evaluation.retrieval.hir_search import hir_search
     from hir_evaluation.retrieval.registry import build_arms
@@ -120,12 +122,31 @@ def retrieval_section(
     ev = cfg.eval
     arms = build_arms(ev.retrieval)
     return evaluate_retrieval(
-        snap, task, arms, int(ev.seed), hir_search(sources, search_depth(snap, arms, ev.get("retrieval_arms"))),
+        snap, task, arms, int(ev.seed),
+        hir_search(sources, search_depth(snap, arms, ev.get("retrieval_arms")), prefetched),
         sources.content_vectors(),
         history_splits or sources.history_splits(ev.get("retrieval_history_splits")),
         list(ev.retrieval_arms) if ev.get("retrieval_arms") else None,
         int(ev.retrieval_few_events), cache, Path(cfg.paths.report_dir) / RETRIEVAL_USERS_FILE, wait,
     )
+
+
+def search_spec(cfg: DictConfig, snap: Snapshot, task: RetrievalTask, sources: Sources) -> Any:
+    """The published HIR search the baselines' process may run after its fits
+    (``eval.parallel_search``; evaluation/retrieval/prefetch.py), at the depth the retrieval
+    section will ask, or None: not published (the file fallback is a fast exact search), turned
+    off, or no arm reads it."""
+    from hir_evaluation.retrieval.prefetch import SearchSpec
+    from hir_evaluation.retrieval.registry import build_arms
+
+    ev = cfg.eval
+    run = list(ev.retrieval_arms) if ev.get("retrieval_arms") else None
+    arms = build_arms(ev.retrieval)
+    readers = [n for n in ("hir", "recommend") if n in arms and (run is None or n in run)]
+    if sources.hir != "published" or not bool(ev.get("parallel_search", False)) or not readers:
+        return None
+    # SharedSearch's first call: the hir arm's k (the largest of the task's ks) or the depth
+    return SearchSpec("published", sources.manifest, sources.entity_type, max(max(task.ks), search_depth(snap, arms, run)))
 
 
 def outputs_record(cfg: DictConfig, sources: Sources) -> dict[str, Any]:
@@ -178,7 +199,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         from hir_evaluation.retrieval.background import Background
 
         background = Background(snap.dir, ret_task, OmegaConf.to_container(ev.retrieval, resolve=True), int(ev.seed),
-                                history, list(ev.retrieval_arms) if ev.get("retrieval_arms") else None, cache)
+                                history, list(ev.retrieval_arms) if ev.get("retrieval_arms") else None, cache,
+                                search_spec(cfg, snap, ret_task, sources))
     with progress_steps("evaluate", 4) as step:
         try:
             with timed(timings, "ranking"):
@@ -195,8 +217,13 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 
         with timed(timings, "retrieval"):
             # the HIR and content arms run while the background baselines finish
+            handoff = None
+            if background is not None and background.claim is not None:
+                from hir_evaluation.retrieval.prefetch import SearchHandoff
+
+                handoff = SearchHandoff(background).take
             retrieval = retrieval_section(cfg, snap, ret_task, sources, cache, history,
-                                          join if background is not None else None)
+                                          join if background is not None else None, handoff)
         step("diagnostics")
         with timed(timings, "diagnostics"):
             diagnostics, points = diagnostics_section(

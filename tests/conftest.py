@@ -115,6 +115,20 @@ def tiny_graph(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out / "run" / "graph"
 
 
+@pytest.fixture(scope="session")
+def rees46_graph(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The real rees46 head prepared with the default config (graph/), built once per session
+    (it was prepared by three test modules, ~20 s each); read only: copy it to write beside it."""
+    from hir.data import prepare
+    from tests.publish.fixtures import compose_at
+
+    if not REES46.exists():
+        pytest.skip(f"needs {REES46}")
+    out = built_once(tmp_path_factory, "rees46",
+                     lambda d: prepare.run(compose_at(d / "run", stage="prepare", data=("data=rees46",))))
+    return out / "run" / "graph"
+
+
 def _validated(tmp_path_factory: pytest.TempPathFactory, tiny_graph: Path, version: str, seed: int) -> Iterator[Path]:
     """The run dir of :func:`validated_v1` for export ``version`` (``seed``, created ``seed``
     days after CREATED); it must still be the validated export at the end of the session."""

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from hir_evaluation.cache import FitCache
+from hir_evaluation.retrieval.prefetch import CHILD, FREE, SearchSpec, run_search
 from hir_evaluation.tasks import RetrievalTask
 
 log = logging.getLogger(__name__)
@@ -33,9 +34,13 @@ def fit_baselines(
     run: list[str] | None,
     cache_root: str,
     snapshot: str,
-) -> dict[str, float]:
+    search: SearchSpec | None = None,
+    claim: Any = None,
+) -> dict[str, Any]:
     """(In the second process.) Fit every arm of ``specs`` that needs no optional input and is
-    not cached yet, and store its top-k lists in the cache; returns arm -> seconds."""
+    not cached yet, and store its top-k lists in the cache; then, when ``search`` is given and
+    the parent has not claimed it yet (``claim``, a shared int: evaluation/retrieval/prefetch.py),
+    run the HIR search. Returns {"fits": arm -> seconds, "search": its result or None}."""
     from threadpoolctl import threadpool_limits
 
     from hir.data.snapshot import load_snapshot
@@ -58,7 +63,19 @@ def fit_baselines(
             t0 = time.perf_counter()
             cache.put("retrieval", name, key, arm.topk(ctx, k))
             done[name] = time.perf_counter() - t0
-    return done
+        found = None
+        if search is not None and claim is not None:
+            with claim.get_lock():  # whichever process is free first searches (the parent: at its first HIR arm)
+                mine = claim.value == FREE
+                if mine:
+                    claim.value = CHILD
+            if mine:
+                try:
+                    found = run_search(snap, data, search)
+                except Exception as err:  # the fits above still count; the parent then searches itself
+                    log.warning("hir retrieval: the search failed here (%s: %s); the parent searches", type(err).__name__,
+                                err)
+    return {"fits": done, "search": found}
 
 
 def _child(conn: Any, *args: Any) -> None:
@@ -77,31 +94,50 @@ class Background:
     process failed: nothing waits for a fit nobody will read)."""
 
     def __init__(self, graph_dir: Path, task: RetrievalTask, specs: dict[str, Any], seed: int,
-                 history_splits: list[str], run: list[str] | None, cache: FitCache) -> None:
+                 history_splits: list[str], run: list[str] | None, cache: FitCache,
+                 search: SearchSpec | None = None) -> None:
         self.t0 = time.perf_counter()
         # spawn, not fork: the parent holds torch and Polars thread pools a fork would copy mid-use
         ctx = multiprocessing.get_context("spawn")
         self._conn, child_conn = ctx.Pipe(duplex=False)
+        # who runs the HIR search (prefetch.py): FREE until this process or the parent takes it
+        self.claim = ctx.Value("i", FREE) if search is not None else None
         self._proc = ctx.Process(target=_child, name="hir-evaluate-baselines", daemon=True, args=(
-            child_conn, str(graph_dir), task, specs, seed, history_splits, run, str(cache.dir.parent), cache.snapshot))
+            child_conn, str(graph_dir), task, specs, seed, history_splits, run, str(cache.dir.parent), cache.snapshot,
+            search, self.claim))
         self._proc.start()
         child_conn.close()
-        log.info("retrieval baselines: fitting in a second process (pid %s) while the rankers train", self._proc.pid)
+        self._joined: dict[str, Any] | None = None
+        log.info("retrieval baselines: fitting in a second process (pid %s) while the rankers train%s", self._proc.pid,
+                 "; then the HIR search, unless this process is free first" if search is not None else "")
+
+    def _receive(self) -> dict[str, Any]:
+        """The second process's result, waited for once: {"fits": arm -> seconds ({} when it failed:
+        the arms are then fitted in this process, and the reason is logged), "search": ...}."""
+        if self._joined is None:
+            try:
+                status, payload = self._conn.recv()
+            except EOFError:  # it died without a word (killed, out of memory)
+                status, payload = "error", f"exit code {self._proc.exitcode}"
+            self._proc.join()
+            if status != "ok":
+                log.warning("retrieval baselines: the second process failed (%s); fitting them here", payload)
+            self._joined = payload if status == "ok" else {"fits": {}, "search": None}
+            self._joined["seconds"] = time.perf_counter() - self.t0
+        return self._joined
+
+    def search_result(self) -> Any:
+        """The HIR search the second process ran ((fingerprint, k, lists, seconds), waiting for it),
+        or None (it failed, or the parent claimed the search)."""
+        return self._receive()["search"]
 
     def join(self, cache: FitCache) -> dict[str, float]:
-        """Wait for the second process; arm -> its seconds there ({} when it failed: the arms are
-        then fitted in this process, and the reason is logged)."""
-        try:
-            status, payload = self._conn.recv()
-        except EOFError:  # it died without a word (killed, out of memory)
-            status, payload = "error", f"exit code {self._proc.exitcode}"
-        self._proc.join()
-        done: dict[str, float] = payload if status == "ok" else {}
-        if status != "ok":
-            log.warning("retrieval baselines: the second process failed (%s); fitting them here", payload)
+        """Wait for the second process; arm -> its seconds there ({} when it failed)."""
+        joined = self._receive()
+        done: dict[str, float] = joined["fits"]
         cache.parallel |= {f"retrieval/{name}" for name in done}
         log.info("retrieval baselines: %s fitted in parallel (%s), joined after %.0fs", ", ".join(done) or "none",
-                 ", ".join(f"{n} {s:.0f}s" for n, s in done.items()), time.perf_counter() - self.t0)
+                 ", ".join(f"{n} {s:.0f}s" for n, s in done.items()), joined["seconds"])
         return done
 
     def stop(self) -> None:

@@ -19,6 +19,7 @@ hit, and the two arms' searches took 69 s and 81 s of `hir evaluate`).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -138,26 +139,32 @@ def cut(ranked: Ranked, k: int) -> Ranked:
 class SharedSearch:
     """``search`` run once per test set at ``depth`` (or the largest k asked, if deeper), each
     call answered with the first k columns. Exact for an exact index (FLAT; equal scores aside):
-    the first k of a top-K list, masked or not, are the top-k."""
+    the first k of a top-K list, masked or not, are the top-k. ``prefetched``: lists searched
+    elsewhere (evaluation/retrieval/prefetch.py), asked first; None from it means search here."""
 
     search: TopK
     depth: int = 0
+    prefetched: Callable[[RetrievalData, int], Ranked | None] | None = None
     _data: RetrievalData | None = field(default=None, repr=False)
     _ranked: Ranked | None = field(default=None, repr=False)
 
     def __call__(self, data: RetrievalData, k: int) -> Ranked:
         held = 0 if self._ranked is None else self._ranked.full.shape[1]
         if self._data is not data or held < k:
-            self._ranked, self._data = self.search(data, max(k, self.depth)), data
+            want = max(k, self.depth)
+            ranked = self.prefetched(data, want) if self.prefetched is not None else None
+            self._ranked, self._data = (ranked if ranked is not None else self.search(data, want)), data
         assert self._ranked is not None
         return cut(self._ranked, k)
 
 
-def hir_search(sources: Sources, depth: int = 0) -> TopK | None:
+def hir_search(sources: Sources, depth: int = 0,
+               prefetched: Callable[[RetrievalData, int], Ranked | None] | None = None) -> TopK | None:
     """The HIR search of ``sources`` (Milvus or exact search over the files), None without
-    embeddings; searched once per test set at ``depth`` (at least) and shared by the arms."""
+    embeddings; searched once per test set at ``depth`` (at least) and shared by the arms;
+    ``prefetched``: the Milvus lists the baselines' process searched (:class:`SharedSearch`)."""
     if sources.hir == "published":
-        return SharedSearch(published_topk(sources.manifest, sources.snap, sources.entity_type), depth)
+        return SharedSearch(published_topk(sources.manifest, sources.snap, sources.entity_type), depth, prefetched)
     if sources.hir == "files":
         return SharedSearch(files_topk(sources.emb_dir, sources.snap, sources.entity_type), depth)
     return None

@@ -72,8 +72,10 @@ def embedding_view(frame: pl.DataFrame, graph_nodes: pl.DataFrame, n_levels: int
         if tok in cols:
             exprs += [
                 pl.col(tok).list.len().alias(f"tok_len_l{k}"),
-                pl.col(tok).list.min().alias(f"tok_min_l{k}"),
-                pl.col(tok).list.max().alias(f"tok_max_l{k}"),
+                # int64, not the tokens' int32: GE 1.24 checks a range on int64 / float64 columns
+                # vectorised and on any other dtype one Python call per row (same verdicts)
+                pl.col(tok).list.min().cast(pl.Int64).alias(f"tok_min_l{k}"),
+                pl.col(tok).list.max().cast(pl.Int64).alias(f"tok_max_l{k}"),
                 (pl.col(tok).list.n_unique() == pl.col(tok).list.len()).alias(f"tok_distinct_l{k}"),
             ]
         if w in cols:
@@ -128,16 +130,34 @@ def nearest_cosine(z: np.ndarray, query: np.ndarray, pool: np.ndarray, labels: n
     norms = np.linalg.norm(z, axis=1, keepdims=True)
     zero = (norms < 1e-6) & np.isfinite(norms)
     unit = np.concatenate([z / norms.clip(1e-12) * ~zero, zero.astype(z.dtype)], axis=1)  # (n, dim + 1)
-    unit = np.where(np.isfinite(unit).all(1, keepdims=True), unit, np.nan)
+    # a row is finite or all NaN, so a cosine is NaN exactly where its query or pool row is: those
+    # rows and columns are set to -2 below (cheaper than scanning every (Q, B) block for NaN)
+    bad = ~np.isfinite(unit).all(1)
+    unit = np.where(bad[:, None], np.nan, unit)
     best = np.full(len(query), -2.0, np.float64)
+    if not len(query):
+        return best
     q = unit[query]  # (Q, dim)
+    q_bad = bad[query]
+    order = np.argsort(query, kind="stable")
+    distinct = bool((np.diff(query[order]) != 0).all())
     for start in range(0, len(pool), block):
         cols = pool[start:start + block]
-        sims = np.nan_to_num(q @ unit[cols].T, nan=-2.0).astype(np.float64)  # (Q, B)
-        sims[query[:, None] == cols[None, :]] = -2.0
+        sims = q @ unit[cols].T  # (Q, B)
+        sims[q_bad] = -2.0
+        sims[:, bad[cols]] = -2.0
+        # a row is not its own twin: the (query, column) cells holding the same row, O(B) when the
+        # query rows are distinct (both callers sample without replacement)
+        if distinct:
+            at = np.minimum(np.searchsorted(query, cols, sorter=order), len(query) - 1)
+            hit = query[order[at]] == cols
+            sims[order[at[hit]], np.flatnonzero(hit)] = -2.0
+        else:
+            sims[query[:, None] == cols[None, :]] = -2.0
         if labels is not None:
             sims[labels[query][:, None] == labels[cols][None, :]] = -2.0
-        best = np.maximum(best, sims.max(1, initial=-2.0))
+        # the max of the block's values, widened after: the same number as widening first
+        best = np.maximum(best, sims.max(1, initial=-2.0).astype(np.float64))
     return best
 
 

@@ -1,5 +1,7 @@
 """The public-dataset adapters on the real files in ../shared/data (read there, never copied)."""
 
+import json
+
 import polars as pl
 import pytest
 
@@ -15,8 +17,9 @@ def _graph(compose, *overrides):
     return meta, cfg
 
 
-def test_rees46_reconciles_with_the_dataset_readme(compose):
-    meta, cfg = _graph(compose, "data=rees46")
+def test_rees46_reconciles_with_the_dataset_readme(rees46_graph):
+    # the session's snapshot (tests/conftest.py), prepared with the default config
+    meta = json.loads((rees46_graph / "meta.json").read_text())
     # README: 17,434 rows; 4,504 users; 6,493 products; 864 brands
     assert meta["input_rows"] == 17434 == meta["kept_rows"] + meta["quarantined_rows"]
     assert meta["nodes"]["user"] == 4504 and meta["nodes"]["product"] == 6493
@@ -24,7 +27,7 @@ def test_rees46_reconciles_with_the_dataset_readme(compose):
     assert meta["stage_order"] == ["view", "cart", "purchase"]
     assert meta["sources"]["events"]["quarantine"] == {"duplicate_row": meta["quarantined_rows"]}
     assert sum(meta["stages"].values()) == meta["kept_rows"]
-    cats = pl.read_parquet(f"{cfg.paths.graph_dir}/nodes/category.parquet")
+    cats = pl.read_parquet(rees46_graph / "nodes" / "category.parquet")
     assert "electronics.audio.headphone" in cats["key"].to_list()
     assert meta["category_levels"] >= 3
 

@@ -29,10 +29,8 @@ TINY_TASK = "eval.task={ranking:{_target_:hir_evaluation.tasks.RankingTask,candi
 
 
 @pytest.mark.skipif(not REES46.exists(), reason=f"needs {REES46}")
-def test_rees46_report(compose: Callable, tmp_path: Path) -> None:
-    from hir.data.prepare import run as prepare
-
-    prepare(compose("data=rees46", stage="prepare"))
+def test_rees46_report(compose: Callable, tmp_path: Path, rees46_graph: Path) -> None:
+    shutil.copytree(rees46_graph, tmp_path / "graph")  # the session's rees46 snapshot
     write_export(tmp_path / "graph", tmp_path / "embeddings", tmp_path / "hierarchy")
     write_content(tmp_path / "graph", tmp_path / "content")
     # the same export again, as a second run would write it: token stability must be perfect

@@ -35,13 +35,14 @@ pytestmark = pytest.mark.skipif(not REES46.exists(), reason=f"needs {REES46}")
 
 
 @pytest.fixture(scope="module")
-def live(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
-    """rees46 prepared, exported (contract fixture), validated and published."""
-    from hir.data import prepare
+def live(tmp_path_factory: pytest.TempPathFactory, rees46_graph: Path) -> SimpleNamespace:
+    """rees46 prepared (a copy of the session's snapshot), exported (contract fixture), validated
+    and published."""
+    import shutil
 
     run = tmp_path_factory.mktemp("refresh") / "run"
+    shutil.copytree(rees46_graph, run / "graph")  # refresh appends to its snapshot: a copy
     cfg = compose_at(run, data=("data=rees46",))
-    prepare.run(cfg)
     write_export(run / "graph", run / "embeddings", version="v1", created=EXPORT_TS)
     validate.run(cfg)
     publish.run(cfg)

@@ -222,3 +222,47 @@ def test_a_group_without_engagement_takes_its_members_evidence(tmp_path) -> None
     assert prod[0] == prod[1] != prod[2]
     assert adv[0] == adv[1] != adv[2]
     assert len(labels.filter(pl.col("entity_type") == "user")) == 2
+
+
+def _nearest_reference(z, query, pool, labels=None):
+    """nearest_cosine by the definition: every (query, pool) pair, one at a time."""
+    import numpy as np
+
+    def unit(v):
+        n = np.linalg.norm(v)
+        if not np.isfinite(v).all():
+            return None
+        return np.append(np.zeros_like(v), 1.0) if n < 1e-6 else np.append(v / n, 0.0)
+
+    out = np.full(len(query), -2.0)
+    for i, a in enumerate(query):
+        for b in pool:
+            ua, ub = unit(z[a]), unit(z[b])
+            if a == b or ua is None or ub is None or (labels is not None and labels[a] == labels[b]):
+                continue
+            out[i] = max(out[i], float(ua @ ub))
+    return out
+
+
+@pytest.mark.parametrize("query_kind", ["distinct", "repeated"])
+def test_nearest_cosine_equals_its_definition(query_kind: str) -> None:
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    z = rng.normal(size=(40, 5)).astype(np.float32)
+    z[3] = z[7] * 2.0  # a twin at another scale
+    z[5] = 0.0  # zero rows: twins of each other only
+    z[11] = 0.0
+    z[9, 2] = np.nan  # non-finite rows compare as -2
+    z[13, 0] = np.inf
+    labels = rng.integers(0, 4, 40)
+    query = np.array([3, 5, 9, 13, 20, 7] if query_kind == "distinct" else [3, 5, 3, 9, 20, 7, 7])
+    pool = np.union1d(np.arange(0, 40, 2), query)
+    for lab in (None, labels):
+        got = views.nearest_cosine(z, query, pool, lab, block=7)  # several blocks, a ragged last one
+        want = _nearest_reference(z, query, pool, lab)
+        assert np.allclose(got, want, atol=1e-6), (lab is not None, got, want)
+    got = views.nearest_cosine(z, query, pool)
+    assert got[0] == pytest.approx(1.0, abs=1e-6)  # row 3 finds row 7
+    assert got[list(query).index(9)] == -2.0
+    assert views.nearest_cosine(z, np.array([], np.int64), pool).shape == (0,)
