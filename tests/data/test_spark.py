@@ -1,8 +1,12 @@
-"""prepare.engine=spark gives the Polars engine's snapshot (local[2], a session the test starts)."""
+"""prepare.engine=spark gives the Polars engine's snapshot, and the users' fold-in as a Spark job
+gives the Polars fold-in's file (local[2]; one module, so one process's Py4J gateway serves both)."""
 
 import os
 import shutil
+from dataclasses import replace
+from pathlib import Path
 
+import numpy as np
 import polars as pl
 import pytest
 
@@ -37,3 +41,46 @@ def test_table_difference_sees_a_changed_row():
     assert "rows differ" in table_difference(a, a.with_columns(k=pl.Series([1, 2, 4])))
     assert "values of v" in table_difference(a, a.with_columns(v=pl.Series([0.5, 1.0, 2.1])))
     assert table_difference(a, a.with_columns(v=pl.Series([0.5, 1.0, 2.0 + 1e-12]))) is None
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tests.train.fixtures import tiny_snapshot
+
+    return tiny_snapshot(tmp_path_factory.mktemp("spark_foldin"))
+
+
+def _read(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    frame = pl.read_parquet(path)
+    return frame["node_id"].to_numpy(), np.stack(frame["embedding"].to_list())
+
+
+def test_the_spark_fold_in_is_the_polars_one(tiny: Path, tmp_path: Path) -> None:
+    """hir/model/spark_foldin.py against hir/model/foldin.py (the whole completejourney snapshot:
+    tests/model/test_foldin.py, -m slow)."""
+    from hir.data.snapshot import load_snapshot
+    from hir.data.spark_options import SparkOptions
+    from hir.model import Filter, load_graph
+    from hir.model.foldin import write_user_base
+    from hir.model.spark_foldin import spark_write_user_base
+    from hir.model.spectral import fit_spectral
+    from tests.train.fixtures import graph_options
+
+    train = load_graph(tiny / "graph", tiny / "content", ("train",), **graph_options())
+    # a sampled basis, a rotated frame and a user half-life, on the wider window (train + val):
+    # columns the basis never saw are folded in through its sampled users
+    basis = fit_spectral(train, 8, 4.0, 4, 0, Filter(beta=0.4, response="cheby", ideal_weight=0.3, user_half_life=5.0),
+                         sample_users=0.5)
+    q, _ = np.linalg.qr(np.random.default_rng(1).standard_normal((basis.rank, basis.rank)))
+    basis = replace(basis, frame=q.astype(np.float32))
+    snap = load_snapshot(tiny / "graph")
+    splits = ("train", "val")
+    n = spark_write_user_base(snap, splits, basis, tmp_path / "spark" / "user.parquet",
+                              SparkOptions(master="local[2]", shuffle_partitions=2), partitions=2)
+    write_user_base(snap, splits, basis, tmp_path / "polars.parquet", bucket_users=7)
+    (ids_s, emb_s), (ids_p, emb_p) = _read(tmp_path / "spark" / "user.parquet"), _read(tmp_path / "polars.parquet")
+    assert n == len(ids_p) and np.array_equal(ids_s, ids_p)
+    assert np.abs(emb_p).sum() > 0 and (np.abs(emb_p).sum(1) == 0).any() == (np.abs(emb_s).sum(1) == 0).any()
+    np.testing.assert_allclose(emb_s, emb_p, rtol=1e-4, atol=1e-6)
+    assert pl.read_parquet_schema(tmp_path / "spark" / "user.parquet") == pl.read_parquet_schema(tmp_path / "polars.parquet")
+    assert [p.name for p in (tmp_path / "spark").iterdir()] == ["user.parquet"]  # the local work dir is dropped

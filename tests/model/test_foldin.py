@@ -74,38 +74,11 @@ def test_write_user_base(tiny: Path, tmp_path: Path) -> None:
 
 HAVE_SPARK = (shutil.which("java") is not None or bool(os.environ.get("JAVA_HOME"))) and bool(
     __import__("importlib").util.find_spec("pyspark"))
-LOCAL = SparkOptions(master="local[2]", shuffle_partitions=4)
 
 
 def _read(path: Path) -> tuple[np.ndarray, np.ndarray]:
     frame = pl.read_parquet(path)
     return frame["node_id"].to_numpy(), np.stack(frame["embedding"].to_list())
-
-
-@pytest.mark.skipif(not HAVE_SPARK, reason="Spark needs pyspark and Java 17+")
-def test_the_spark_fold_in_is_the_polars_one(tiny: Path, tmp_path: Path) -> None:
-    from hir.model import load_graph
-    from hir.model.spark_foldin import spark_write_user_base
-    from hir.model.spectral import fit_spectral
-    from tests.train.fixtures import graph_options
-
-    train = load_graph(tiny / "graph", tiny / "content", ("train",), **graph_options())
-    # a sampled basis, a rotated frame and a user half-life, on the wider window (train + val):
-    # columns the basis never saw are folded in through its sampled users
-    basis = fit_spectral(train, 8, 4.0, 4, 0, Filter(beta=0.4, response="cheby", ideal_weight=0.3, user_half_life=5.0),
-                         sample_users=0.5)
-    q, _ = np.linalg.qr(np.random.default_rng(1).standard_normal((basis.rank, basis.rank)))
-    basis = replace(basis, frame=q.astype(np.float32))
-    snap = load_snapshot(tiny / "graph")
-    splits = ("train", "val")
-    n = spark_write_user_base(snap, splits, basis, tmp_path / "spark" / "user.parquet", LOCAL, partitions=3)
-    write_user_base(snap, splits, basis, tmp_path / "polars.parquet", bucket_users=7)
-    (ids_s, emb_s), (ids_p, emb_p) = _read(tmp_path / "spark" / "user.parquet"), _read(tmp_path / "polars.parquet")
-    assert n == len(ids_p) and np.array_equal(ids_s, ids_p)
-    assert np.abs(emb_p).sum() > 0 and (np.abs(emb_p).sum(1) == 0).any() == (np.abs(emb_s).sum(1) == 0).any()
-    np.testing.assert_allclose(emb_s, emb_p, rtol=1e-4, atol=1e-6)
-    assert pl.read_parquet_schema(tmp_path / "spark" / "user.parquet") == pl.read_parquet_schema(tmp_path / "polars.parquet")
-    assert [p.name for p in (tmp_path / "spark").iterdir()] == ["user.parquet"]  # the local work dir is dropped
 
 
 @pytest.mark.slow
