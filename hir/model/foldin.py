@@ -106,15 +106,10 @@ def entity_frame(snap: Snapshot, visible_splits: Sequence[str], basis: SpectralB
     on, their fold-in through the basis's users (memory: ``entities x rank`` plus one bucket)."""
     offsets = offsets_of(snap)
     n, k = int(offsets[-1]), basis.rank
-    known = np.zeros(n, bool)
-    known[basis.cols] = True
     deg = np.zeros(n, np.float64)
     for _, _, _, dst, w in iter_pairs(snap, visible_splits, basis.stage_base, bucket_users):
         deg += np.bincount(dst, weights=w, minlength=n)
-    item_v = np.zeros((n, k), np.float32)
-    item_v[basis.cols] = basis.v
-    deg_fit = np.zeros(n, np.float64)
-    deg_fit[basis.cols] = basis.col_degree
+    item_v, known, deg_fit = basis.fit_columns(n)
     new = np.flatnonzero(~known & (deg > 0))
     if len(new):
         # V[e] = sum over the basis's users of w D_u^-1/2 R[u, e] U[u] / (d_e^1/2 s): one more pass

@@ -129,12 +129,7 @@ def spark_entity_frame(pairs: Any, basis: SpectralBasis, n: int, n_users: int) -
     deg = np.zeros(n, np.float64)
     t = pairs.groupBy("dst").agg(F.sum("w").alias("d")).toArrow()
     deg[t.column("dst").to_numpy()] = t.column("d").to_numpy()
-    item_v = np.zeros((n, basis.rank), np.float32)
-    item_v[basis.cols] = basis.v
-    known = np.zeros(n, bool)
-    known[basis.cols] = True
-    deg_fit = np.zeros(n, np.float64)
-    deg_fit[basis.cols] = basis.col_degree
+    item_v, known, deg_fit = basis.fit_columns(n)
     new = np.flatnonzero(~known & (deg > 0))
     if len(new):
         acc = _new_columns(pairs, basis, deg, new, n_users)

@@ -244,6 +244,17 @@ class SpectralBasis:
         """The first ``k`` components (the SVD is nested: a prefix is the rank-k solution)."""
         return replace(self, v=self.v[:, :k], u=self.u[:, :k], sigma=self.sigma[:k])
 
+    def fit_columns(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The fit-time entity side over ``n`` nodes: (n, K) float32 singular vectors (zero rows:
+        not a column of the fit), (n,) bool a column of the fit, (n,) float64 its fit-time degree."""
+        item_v = np.zeros((n, self.rank), np.float32)
+        item_v[self.cols] = self.v
+        known = np.zeros(n, bool)
+        known[self.cols] = True
+        deg_fit = np.zeros(n, np.float64)
+        deg_fit[self.cols] = self.col_degree
+        return item_v, known, deg_fit
+
     def with_filter(self, filt: Filter) -> SpectralBasis:
         return replace(self, filter=filt)
 
@@ -389,14 +400,8 @@ def _entity_frame(store: GraphStore, basis: SpectralBasis, r: sp.csr_matrix) -> 
     """(item_v (n, K) singular vectors of every visible entity column, deg (n,) their degree,
     ent (n,) bool: has a vector). Columns known at fit time keep their fit-time vector and
     degree; new ones are folded in through U."""
-    n, k = store.n_nodes, basis.rank
     deg = np.asarray(r.sum(0)).ravel()
-    item_v = np.zeros((n, k), np.float32)
-    item_v[basis.cols] = basis.v
-    known = np.zeros(n, bool)
-    known[basis.cols] = True
-    deg_fit = np.zeros(n, np.float64)
-    deg_fit[basis.cols] = basis.col_degree
+    item_v, known, deg_fit = basis.fit_columns(store.n_nodes)
     new = np.flatnonzero(~known & (deg > 0))
     if len(new):
         # fold-in: V[e] = (D_u^-1/2 R[:, e] d_e^-1/2)^T U / s
