@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import subprocess
 import tempfile
@@ -39,7 +40,6 @@ from hir.model.valset import ValSet, validation_set
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results" / "user_half_life.json"
-GRAPH = {"stage_base": 4.0, "half_life_days": None, "meta_depth": 3, "pair_power": 0.0}  # conf/datamodule
 
 
 def test_positives(store: GraphStore, graph: Path) -> None:
@@ -75,14 +75,15 @@ def run(name: str, graph: Path, content: Path, seed: int, hls: list[float]) -> d
     cfg = yaml.safe_load((ROOT / "conf" / "spectral" / "default.yaml").read_text())
     cfg.pop("_target_")
     config = SpectralConfig(**(cfg | {"user_half_lives": []}))
-    train = load_graph(graph, content, ("train",), **GRAPH)
+    opts = yaml.safe_load((ROOT / "conf" / "datamodule" / "default.yaml").read_text())["graph"]  # `hir train`'s
+    train = load_graph(graph, content, ("train",), **opts)
     val: ValSet = validation_set(train, None, seed, "masked_new")
     with tempfile.TemporaryDirectory() as tmp:
         basis, _ = fit_base(train, val, config, seed, Path(tmp) / "spectral.npz", False)
     row: dict[str, Any] = {"name": name, "seed": seed, "rank": basis.rank, "stage_base": basis.stage_base,
                            "filter": asdict(basis.filter)}
     row["val"] = paired(FilterScorer(train, basis, val, None, seed), basis.rank, basis.filter, hls)
-    visible = load_graph(graph, content, ("train", "val"), **GRAPH)
+    visible = load_graph(graph, content, ("train", "val"), **opts)
     test_positives(visible, graph)
     test = validation_set(visible, None, seed, "masked_new")
     refit = fit_spectral(visible, basis.rank, basis.stage_base, config.n_iter, seed, basis.filter)
@@ -103,7 +104,7 @@ def main() -> None:
     row = run(a.name, a.graph, a.content, a.seed, [float(x) for x in a.half_lives.split(",")])
     git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     row |= {"git": git, "date": datetime.now(UTC).isoformat(timespec="seconds"),
-            "machine": f"{platform.machine()}, {__import__('os').cpu_count()} cores"}
+            "machine": f"{platform.machine()}, {os.cpu_count()} cores"}
     doc = json.loads(a.out.read_text()) if a.out.exists() else {
         "what": "test and val masked new-to-user recall@20 of the spectral base under a user-side half-life H "
                 "(days), against H = 0 with the filter chosen on val: [mean, paired relative difference, z]",

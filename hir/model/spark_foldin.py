@@ -44,8 +44,9 @@ from hir.model.spectral import SpectralBasis
 def visible_pairs(spark: Any, snap: Snapshot, visible_splits: Sequence[str], stage_base: float,
                   user_half_life: float = 0.0) -> Any:
     """Spark frame of the visible (user, entity) pairs: ``src_id`` (user id), ``dst`` (global
-    entity id), ``w`` = ``stage_base ** (r - S)`` of the pair's deepest visible stage (times
-    ``2^(-age / H)`` with a user half-life H), as :func:`hir.model.foldin.iter_pairs`."""
+    entity id), ``w`` = ``stage_base ** (r - S)`` of the pair's deepest visible stage (the SVD's
+    and the entity side's weight) and ``wu``, the user's row weight: ``w`` times ``2^(-age / H)``
+    with a user half-life H, else ``w`` (as :func:`hir.model.foldin.iter_pairs` gives them)."""
     from pyspark.sql import functions as F
 
     offsets = offsets_of(snap)
@@ -68,11 +69,12 @@ def visible_pairs(spark: Any, snap: Snapshot, visible_splits: Sequence[str], sta
     for f in frames[1:]:
         pairs = pairs.unionByName(f)
     w = F.pow(F.lit(float(stage_base)), F.col("r").cast("double") - len(stages))
+    wu = w
     if user_half_life > 0:  # the ages of hir.model.engagement (clipped at the window's end)
         t_ref = iso_seconds(visible_end(snap, tuple(visible_splits)))
         age = F.greatest((F.lit(t_ref) - F.col("last_us").cast("double") / 1e6) / SECONDS_PER_DAY, F.lit(0.0))
-        w = w * F.pow(F.lit(2.0), -age / float(user_half_life))
-    return pairs.select("src_id", "dst", w.alias("w"))
+        wu = w * F.pow(F.lit(2.0), -age / float(user_half_life))
+    return pairs.select("src_id", "dst", w.alias("w"), wu.alias("wu"))
 
 
 def _new_columns(pairs: Any, basis: SpectralBasis, deg: np.ndarray, new: np.ndarray, n_users: int) -> np.ndarray:
@@ -88,12 +90,12 @@ def _new_columns(pairs: Any, basis: SpectralBasis, deg: np.ndarray, new: np.ndar
     rows = np.arange(len(basis.u)) if basis.rows is None else basis.rows
     pos[rows] = np.arange(len(rows))
     row_w = np.ones(len(rows)) if basis.row_weight is None else basis.row_weight.astype(np.float64)
-    bc = spark.sparkContext.broadcast((slot, pos, row_w, basis.u))
+    bc = spark.sparkContext.broadcast((len(new), slot, pos, row_w, basis.u))
     du = pairs.groupBy("src_id").agg(F.sum("w").alias("du"))
     joined = pairs.join(du, "src_id")
 
     def partial(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        slot_, pos_, row_w_, u_ = bc.value
+        n_new, slot_, pos_, row_w_, u_ = bc.value
         acc: np.ndarray | None = None
         for b in batches:
             user = b.column("src_id").to_numpy()
@@ -105,7 +107,7 @@ def _new_columns(pairs: Any, basis: SpectralBasis, deg: np.ndarray, new: np.ndar
             coef = (b.column("w").to_numpy()[sel] / np.sqrt(np.maximum(b.column("du").to_numpy()[sel], 1e-12))
                     * row_w_[p[sel]])
             if acc is None:
-                acc = np.zeros((len(np.flatnonzero(slot_ >= 0)), u_.shape[1]), np.float64)
+                acc = np.zeros((n_new, u_.shape[1]), np.float64)
             np.add.at(acc, s[sel], coef[:, None] * u_[p[sel]].astype(np.float64))
         if acc is not None:
             hit = np.flatnonzero(np.abs(acc).sum(1) > 0)
@@ -160,16 +162,15 @@ def spark_write_user_base(snap: Snapshot, visible_splits: Sequence[str], basis: 
     build = SparkBuild(options or SparkOptions(app_name="hir-foldin"), Path(local.name))
     try:
         spark = build.spark
-        pairs = visible_pairs(spark, snap, visible_splits, basis.stage_base).cache()
+        # one read of the edge files: the stage weight for the entity side, the decayed one for the users
+        pairs = visible_pairs(spark, snap, visible_splits, basis.stage_base, f.user_half_life).cache()
         frame = spark_entity_frame(pairs, basis, n, n_users)
         inv = np.where(frame.ent, np.power(np.maximum(frame.deg, 1e-12), -f.beta), 0.0)
         scaled = frame.item_v * inv[:, None].astype(np.float32)  # (n, K) D^-b V: broadcast once
         g = user_filter(basis.sigma, f.response, f.ideal_weight)
         bc = spark.sparkContext.broadcast((scaled, g, basis.frame))
-        user_pairs = pairs if not f.user_half_life else visible_pairs(
-            spark, snap, visible_splits, basis.stage_base, f.user_half_life)
         users = spark.range(n_users).select(F.col("id").alias("src_id"))
-        rows = users.join(user_pairs, "src_id", "left")
+        rows = users.join(pairs.select("src_id", "dst", "wu"), "src_id", "left")
         rows = rows.repartition(partitions, "src_id") if partitions else rows.repartition("src_id")
         k = basis.rank
 
@@ -183,7 +184,7 @@ def spark_write_user_base(snap: Snapshot, visible_splits: Sequence[str], basis: 
             ids, row = np.unique(user, return_inverse=True)
             has = np.asarray(pc.is_valid(t.column("dst")))  # False: a user without visible pairs (zero row)
             dst = np.asarray(pc.fill_null(t.column("dst"), 0))
-            w = np.asarray(pc.fill_null(t.column("w"), 0.0))
+            w = np.asarray(pc.fill_null(t.column("wu"), 0.0))
             r = sp.csr_matrix((w[has], (row[has], dst[has])), shape=(len(ids), scaled_.shape[0]))
             out = np.asarray(r @ scaled_, np.float32) * g_[None, :]
             if q_ is not None:

@@ -50,11 +50,6 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tiny_snapshot(tmp_path_factory.mktemp("spark_foldin"))
 
 
-def _read(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    frame = pl.read_parquet(path)
-    return frame["node_id"].to_numpy(), np.stack(frame["embedding"].to_list())
-
-
 def test_the_spark_fold_in_is_the_polars_one(tiny: Path, tmp_path: Path) -> None:
     """hir/model/spark_foldin.py against hir/model/foldin.py (the whole completejourney snapshot:
     tests/model/test_foldin.py, -m slow)."""
@@ -64,6 +59,7 @@ def test_the_spark_fold_in_is_the_polars_one(tiny: Path, tmp_path: Path) -> None
     from hir.model.foldin import write_user_base
     from hir.model.spark_foldin import spark_write_user_base
     from hir.model.spectral import fit_spectral
+    from tests.model.test_foldin import read_user_base
     from tests.train.fixtures import graph_options
 
     train = load_graph(tiny / "graph", tiny / "content", ("train",), **graph_options())
@@ -78,7 +74,7 @@ def test_the_spark_fold_in_is_the_polars_one(tiny: Path, tmp_path: Path) -> None
     n = spark_write_user_base(snap, splits, basis, tmp_path / "spark" / "user.parquet",
                               SparkOptions(master="local[2]", shuffle_partitions=2), partitions=2)
     write_user_base(snap, splits, basis, tmp_path / "polars.parquet", bucket_users=7)
-    (ids_s, emb_s), (ids_p, emb_p) = _read(tmp_path / "spark" / "user.parquet"), _read(tmp_path / "polars.parquet")
+    (ids_s, emb_s), (ids_p, emb_p) = read_user_base(tmp_path / "spark" / "user.parquet"), read_user_base(tmp_path / "polars.parquet")
     assert n == len(ids_p) and np.array_equal(ids_s, ids_p)
     assert np.abs(emb_p).sum() > 0 and (np.abs(emb_p).sum(1) == 0).any() == (np.abs(emb_s).sum(1) == 0).any()
     np.testing.assert_allclose(emb_s, emb_p, rtol=1e-4, atol=1e-6)

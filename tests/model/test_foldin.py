@@ -3,6 +3,7 @@ equals the streaming one (issue 35)."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 from dataclasses import replace
@@ -73,10 +74,11 @@ def test_write_user_base(tiny: Path, tmp_path: Path) -> None:
 
 
 HAVE_SPARK = (shutil.which("java") is not None or bool(os.environ.get("JAVA_HOME"))) and bool(
-    __import__("importlib").util.find_spec("pyspark"))
+    importlib.util.find_spec("pyspark"))
 
 
-def _read(path: Path) -> tuple[np.ndarray, np.ndarray]:
+def read_user_base(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """(node ids (U,), embeddings (U, K)) of a user-base file (write_user_base's, or the Spark job's)."""
     frame = pl.read_parquet(path)
     return frame["node_id"].to_numpy(), np.stack(frame["embedding"].to_list())
 
@@ -116,7 +118,7 @@ def test_the_spark_fold_in_is_the_polars_one_on_completejourney(compose, tmp_pat
     n = spark_write_user_base(snap, splits, basis, tmp_path / "spark" / "user.parquet",
                               SparkOptions(master="local[2]", shuffle_partitions=8))
     write_user_base(snap, splits, basis, tmp_path / "polars.parquet")
-    (ids_s, emb_s), (ids_p, emb_p) = _read(tmp_path / "spark" / "user.parquet"), _read(tmp_path / "polars.parquet")
+    (ids_s, emb_s), (ids_p, emb_p) = read_user_base(tmp_path / "spark" / "user.parquet"), read_user_base(tmp_path / "polars.parquet")
     assert n == n_users and np.array_equal(ids_s, ids_p)
     np.testing.assert_allclose(emb_s, emb_p, rtol=1e-4, atol=1e-5 * float(np.abs(emb_p).max()))
 
