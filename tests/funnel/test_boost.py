@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import pickle
 import shutil
 from pathlib import Path
@@ -21,6 +20,7 @@ from hir.funnel.fit import FunnelConfig, score_candidates
 from hir.funnel.scorer import ScorerConfig, recall_at
 from hir.funnel.serve import Recommender
 from hir.funnel.stage import write_funnel
+from tests.funnel.test_recommend import Planted
 
 NAMES = ["converted", "log_due", "log_target", "noise"]
 
@@ -117,16 +117,6 @@ def test_served_scores_equal_the_fitted_ones_and_a_version_mismatch_is_refused(t
         Recommender(tmp_path / "funnel")
 
 
-class _Planted:
-    """Unpickling this creates the directory ``path``: a stand-in for what a hostile pickle can do."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def __reduce__(self) -> tuple[object, tuple[str]]:
-        return (os.mkdir, (str(self.path),))
-
-
 def test_a_swapped_gbdt_pickle_is_refused_before_it_is_unpickled(tiny_graph: Path, tmp_path: Path) -> None:
     """The gbdt's bytes are unpickled only when they hash to meta.json's scorer_sha256; a
     scorer.pt whose model is another pickle (here one that writes a file when unpickled) or whose
@@ -138,7 +128,7 @@ def test_a_swapped_gbdt_pickle_is_refused_before_it_is_unpickled(tiny_graph: Pat
     path = tmp_path / "funnel" / "scorer.pt"
     saved = torch.load(path, weights_only=True)
     marker = tmp_path / "ran"
-    saved["model"] = pickle.dumps(_Planted(marker))
+    saved["model"] = pickle.dumps(Planted(marker))
     torch.save(saved, path)
     with pytest.raises(ValueError, match=r"sha256 is .*meta\.json records"):
         Recommender(tmp_path / "funnel")

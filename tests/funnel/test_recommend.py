@@ -97,7 +97,7 @@ def test_a_scorer_with_the_target_aware_head_is_served(tiny_graph: Path, tmp_pat
     np.testing.assert_allclose(out.scores[0], top, rtol=1e-5)
 
 
-class _Planted:
+class Planted:
     """Unpickling this creates the directory ``path``: a stand-in for what a hostile pickle can do."""
 
     def __init__(self, path: Path) -> None:
@@ -117,7 +117,7 @@ def test_the_mlp_scorer_loads_weights_only(funnel_run: Path, tmp_path: Path) -> 
     saved = torch.load(funnel / "scorer.pt", weights_only=True)
     assert saved["kind"] == "mlp"
     marker = tmp_path / "ran"
-    torch.save(saved | {"extra": _Planted(marker)}, funnel / "scorer.pt")
+    torch.save(saved | {"extra": Planted(marker)}, funnel / "scorer.pt")
     with pytest.raises(ValueError, match="not loaded: refit"):
         Recommender(funnel)
     assert not marker.exists(), "scorer.pt's pickle ran on load"
