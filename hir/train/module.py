@@ -28,6 +28,10 @@ OBJECTIVE_KEYS = ("weights", "student_temp", "teacher_temp_start", "teacher_temp
                   "center_momentum", "catalogue_temp", "learn_temperature", "cross_view", "momentum",
                   "prototype_decay", "init_nodes")
 OPTIM_KEYS = ("lr", "weight_decay", "warmup", "min_lr_ratio")
+# what `train_parts` trains: everything, or the user correction alone (hir.nn.HirNet: the head, its
+# gate and the tokens' base projection, which only the engagement view's correction reads)
+TRAIN_PARTS = ("all", "correction")
+CORRECTION_PARAMS = ("head.", "gate", "encoder.base.")
 
 
 def _check_keys(what: str, given: dict[str, Any], expected: tuple[str, ...]) -> None:
@@ -61,11 +65,22 @@ class HirModule(L.LightningModule):
         monitor_k: the cut-off early stopping and the best checkpoint follow (:attr:`monitor`).
         seed: base of the per-epoch torch seed (dropout), so a resumed run repeats an uninterrupted one.
         data: how contexts were built (``graph`` options, ``context`` sizes), kept for export.
+        train_parts: ``all``, or ``correction``: only the user correction learns (:data:`CORRECTION_PARAMS`;
+            needs the transformer). Every other weight, the prototypes and the teacher's copy of them
+            stay as loaded (``model.warm_start``, a ``transformer=false`` run's checkpoint): what the
+            evidence gate closes on is then exactly that run's model, knowledge view included.
+        warm_start: the checkpoint `hir train` loaded before fitting (hir/train/warm.py), recorded.
     """
 
     def __init__(self, net: HirNet, objective: dict[str, Any], optim: dict[str, Any], val_k: list[int], monitor_k: int,
-                 seed: int, data: dict[str, Any] | None = None) -> None:
+                 seed: int, data: dict[str, Any] | None = None, train_parts: str = "all",
+                 warm_start: str | None = None) -> None:
         super().__init__()
+        if train_parts not in TRAIN_PARTS:
+            raise HirError(f"model.train_parts={train_parts!r}; expected one of {list(TRAIN_PARTS)}")
+        if train_parts == "correction" and not net.use_transformer:
+            raise HirError("model.train_parts=correction trains the user correction, which needs "
+                           "model.net.transformer=true")
         objective, optim = dict(objective), dict(optim)
         _check_keys("model.objective", objective, OBJECTIVE_KEYS)
         _check_keys("model.objective.weights", objective["weights"], LOSS_PARTS)
@@ -75,8 +90,13 @@ class HirModule(L.LightningModule):
         # plain dicts/lists only, so `torch.load(ckpt, weights_only=True)` can read the checkpoint
         self.save_hyperparameters({"net_config": net.config, "objective": objective, "optim": optim,
                                    "val_k": [int(k) for k in val_k], "monitor_k": int(monitor_k), "seed": int(seed),
-                                   "data": dict(data or {})})
+                                   "data": dict(data or {}), "train_parts": train_parts,
+                                   "warm_start": None if warm_start is None else str(warm_start)})
         self.net = net
+        self.train_parts = train_parts
+        if train_parts == "correction":
+            for name, p in net.named_parameters():
+                p.requires_grad_(name.startswith(CORRECTION_PARAMS))
         # prototypes are fitted by online k-means on the teacher's embeddings (see
         # HierarchicalTokenizer.ema_update), not by gradient
         for p in (net.tokenizer.root, *net.tokenizer.residuals):
@@ -251,10 +271,14 @@ class HirModule(L.LightningModule):
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         # EMA: teacher <- m * teacher + (1 - m) * student, after the optimizer step; the codebook
         # is not trained by gradient, the teacher uses the student's directly
-        gen = torch.Generator().manual_seed(self.seed * 7919 + self.global_step)
-        self.net.tokenizer.ema_update(self._teacher_z, self.objective["prototype_decay"], generator=gen)
+        frozen = self.train_parts == "correction"  # the prototypes and every frozen weight stay as loaded
+        if not frozen:
+            gen = torch.Generator().manual_seed(self.seed * 7919 + self.global_step)
+            self.net.tokenizer.ema_update(self._teacher_z, self.objective["prototype_decay"], generator=gen)
         m = float(self.momentum[min(self.global_step, len(self.momentum) - 1)])
         for (name, t), s in zip(self.teacher.named_parameters(), self.net.parameters()):
+            if frozen and not s.requires_grad:
+                continue  # the teacher keeps its loaded copy of what does not learn
             if name.startswith("tokenizer."):
                 t.copy_(s)
             else:

@@ -5,6 +5,8 @@
     hir train ++ckpt_path=last                  # resume after a crash from checkpoints/last.ckpt
     hir train model.net.transformer=true        # train the user correction too (off by default)
     hir train model.net.bias.exposure=false     # ablate a bias term (a transformer's: with it on)
+    hir train model.net.transformer=true model.train_parts=correction \
+        model.warm_start=outputs/<data>/<run>/checkpoints   # the correction alone, on a trained model
 """
 
 from __future__ import annotations
@@ -56,20 +58,29 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     from hydra.utils import instantiate
 
     from hir.model import SPECTRAL_FILE
+    from hir.train import warm
     from hir.train.trainer import build_trainer, fit_report, is_ddp, log_setup, prepare_process, trainer_world
 
     prepare_process(cfg, ckpt_dir)
+    warm_start = cfg.model.get("warm_start")
+    warm_ckpt = None
+    if warm_start and not cfg.get("ckpt_path"):  # (a resumed run has its own weights and basis)
+        warm_ckpt = warm.resolve(warm_start)
+        warm.copy_spectral(warm_ckpt, ckpt_dir / SPECTRAL_FILE, SPECTRAL_FILE)
     t0 = time.perf_counter()
     # the snapshot, its val set and spectral base: the network's sizes come from them
     # DDP: the data is laid out once per machine as memory-mapped files that every rank maps
     # (hir.train.datamodule.shared_state); one process builds it in memory, as always
     mapped = mapped_dir(cfg) if is_ddp(cfg) and trainer_world(cfg) > 1 else None
-    dm = instantiate(cfg.datamodule, spectral_file=str(ckpt_dir / SPECTRAL_FILE), reuse_spectral=bool(cfg.get("ckpt_path")),
+    dm = instantiate(cfg.datamodule, spectral_file=str(ckpt_dir / SPECTRAL_FILE),
+                     reuse_spectral=bool(cfg.get("ckpt_path")) or warm_ckpt is not None,
                      mapped_dir=None if mapped is None else str(mapped))
     dm.setup("fit")
     t_data = time.perf_counter() - t0
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     module = instantiate(cfg.model, net=dm.net_sizes, data=dm.recipe)
+    if warm_ckpt is not None:
+        warm.load_weights(module, warm_ckpt, module.net.config)
     if not module.net.use_transformer:
         # what export still needs from training when the engagement view is the base alone
         log.info("model.net.transformer=false (the default): the engagement view is the spectral base; training "

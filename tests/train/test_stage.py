@@ -81,3 +81,44 @@ def test_existing_model_is_reused(trained):
     again = run(compose(out, *TINY_DATA, *TINY_MODEL))
     assert again == metrics
     assert (out / "checkpoints" / "last.ckpt").stat().st_mtime == before
+
+
+def test_correction_alone_on_a_warm_start_keeps_everything_else(trained, tmp_path: Path):
+    """`model.train_parts=correction` from a transformer-off run: the same basis, the correction
+    trained, and every other teacher weight (the knowledge view, the prototypes, the scale heads:
+    what export reads) bit-identical to the warm-start run's."""
+    from hir.train.module import CORRECTION_PARAMS
+
+    base_out, _ = trained
+    out = tmp_path / "full"
+    shutil.copytree(base_out / "graph", out / "graph")
+    shutil.copytree(base_out / "content", out / "content")
+    with single_thread():
+        run(compose(out, *TINY_DATA, *TINY_MODEL, "model.net.transformer=true", "model.train_parts=correction",
+                    f"model.warm_start={base_out / 'checkpoints'}"))
+    assert (out / "checkpoints" / "spectral.npz").read_bytes() == (base_out / "checkpoints" / "spectral.npz").read_bytes()
+    base_best = json.loads((base_out / "checkpoints" / "train_metrics.json").read_text())["best_checkpoint"]
+    before = torch.load(base_best, weights_only=True)["state_dict"]
+    after = torch.load(out / "checkpoints" / "last.ckpt", weights_only=True)
+    assert after["hyper_parameters"]["train_parts"] == "correction"
+    learned = [k for k in before if k.startswith(("net.", "teacher."))
+               and k.split(".", 1)[1].startswith(CORRECTION_PARAMS)]
+    kept = [k for k in before if k.startswith("teacher.") and k not in learned]
+    assert kept and all(torch.equal(before[k], after["state_dict"][k]) for k in kept)
+    assert any(not torch.equal(before[k], after["state_dict"][k]) for k in learned if k.startswith("net."))
+
+
+def test_correction_alone_needs_the_transformer_and_a_matching_warm_start(trained, tmp_path: Path):
+    from hir.errors import InputError
+
+    base_out, _ = trained
+    # (Hydra's instantiate wraps the module's HirError; `hir` prints its cause)
+    with pytest.raises(Exception, match="needs model.net.transformer=true"):
+        run(compose(tmp_path, *TINY_DATA, *TINY_MODEL, "model.train_parts=correction",
+                    f"paths.graph_dir={base_out / 'graph'}", f"paths.content_dir={base_out / 'content'}"))
+    with pytest.raises(InputError, match="does not exist"):
+        run(compose(tmp_path, *TINY_DATA, *TINY_MODEL, f"model.warm_start={tmp_path / 'nowhere.ckpt'}",
+                    f"paths.graph_dir={base_out / 'graph'}", f"paths.content_dir={base_out / 'content'}"))
+    with pytest.raises(InputError, match="differs in"), single_thread():
+        run(compose(tmp_path, *TINY_DATA, *TINY_MODEL, "model.net.depth=2", f"model.warm_start={base_out / 'checkpoints'}",
+                    f"paths.graph_dir={base_out / 'graph'}", f"paths.content_dir={base_out / 'content'}"))
