@@ -16,10 +16,13 @@ setting at its default. What each arm trains (ARMS):
   train + val at export, the knowledge view (cold entities) untrained: the base as it is fitted;
 - ``base``: ``model.net.transformer=false``: the same base, its knowledge view (content -> the
   base's space, for cold entities) and prototypes trained;
-- ``full``: ``model.net.transformer=true``: also the transformer's user correction, trained on the
-  training task (hir.model.task), exported behind its evidence gate (hir.model.gate): the users
-  with at most the gate's events get the correction, the others their base; the gate is fit on
-  val and closes where the correction does not beat the base beyond the paired noise;
+- ``full``: the same seed's ``base`` cell, then the transformer's user correction alone
+  (``model.net.transformer=true model.train_parts=correction model.warm_start=<base cell>``:
+  hir/train/warm.py; every other weight and the basis are the base cell's), trained on the
+  training task (hir.model.task) and exported behind its evidence gate (hir.model.gate): the
+  users with at most the gate's events get the correction, the others their base; the gate is
+  fit on val and closes where the correction does not beat the base beyond the paired noise, and
+  then the export is the base cell's model exactly;
 - ``forced``: the full cell's best epoch exported with the correction for everybody
   (``export.user_gate=open``): what the correction does on test without the gate.
 
@@ -64,11 +67,14 @@ DATASETS = ("online_retail", "beibei", "completejourney", "gowalla")
 # any validation, and early stopping failed on the missing metric: this round's three untrained
 # cells did not run)
 ARMS = {"untrained": ["model.net.transformer=false", "trainer.max_epochs=1", "+trainer.limit_train_batches=1"],
-        "base": ["model.net.transformer=false"], "full": ["model.net.transformer=true"]}
+        "base": ["model.net.transformer=false"],
+        # the correction alone, trained on the same seed's base cell (its weights and basis: hir/train/warm.py),
+        # so a closed gate exports the base cell's model exactly; run_cell adds model.warm_start
+        "full": ["model.net.transformer=true", "model.train_parts=correction"]}
 TRAINS = {"untrained": "nothing: the spectral base (refit on train + val), knowledge view untrained",
           "base": "the knowledge view (cold entities) and the prototypes; users are the spectral base",
-          "full": "also the transformer's user correction on the training task (hir.model.task), exported "
-                  "behind the evidence gate fit on val",
+          "full": "the base cell's model, then the transformer's user correction alone on the training task "
+                  "(hir.model.task; everything else frozen), exported behind the evidence gate fit on val",
           "forced": "nothing more: the full cell's best epoch exported with the correction for every user"}
 # `forced` re-exports the `full` cell's best.ckpt (no training of its own): what the correction does on
 # test when the paired-noise rule is overridden
@@ -132,6 +138,11 @@ def run_cell(dataset: str, arm: str, seed: int, snapshot: Path, ranking: bool) -
               f"paths.graph_dir={snapshot / 'graph'}", f"paths.content_dir={snapshot / 'content'}"]
     evaluate = ["eval.hir_source=files", "eval.retrieval_arms=[hir]", "force=true", *([] if ranking else NO_RANKING)]
     stages = {"train": [], "export": [], "evaluate": evaluate}
+    if arm == "full":
+        base = cell_dir(dataset, "base", seed) / "checkpoints"
+        if not (base / "train_metrics.json").exists():
+            return {"error": f"{base / 'train_metrics.json'} is missing: run the base arm of seed {seed} first"}
+        common.append(f"model.warm_start={base}")
     if arm == "forced":
         ckpts = cell_dir(dataset, "full", seed) / "checkpoints"
         if not (ckpts / "best.ckpt").exists():
