@@ -113,7 +113,7 @@ def test_correction_alone_needs_the_transformer_and_a_matching_warm_start(traine
 
     base_out, _ = trained
     # (Hydra's instantiate wraps the module's HirError; `hir` prints its cause)
-    with pytest.raises(Exception, match="needs model.net.transformer=true"):
+    with pytest.raises(Exception, match=r"needs model\.net\.transformer=true"):
         run(compose(tmp_path, *TINY_DATA, *TINY_MODEL, "model.train_parts=correction",
                     f"paths.graph_dir={base_out / 'graph'}", f"paths.content_dir={base_out / 'content'}"))
     with pytest.raises(InputError, match="does not exist"):
