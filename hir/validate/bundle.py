@@ -18,6 +18,7 @@ separate expectations: they are few, and a row of theirs failing is not a table 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import great_expectations.expectations as gxe
@@ -33,17 +34,32 @@ ROW_CHECKS = (gxe.ExpectColumnValuesToBeInSet, gxe.ExpectColumnValuesToBeBetween
 @dataclass
 class Bundled:
     """One row check taken out of GE: the expectation, its label in ``failed_checks`` and the
-    expression of the rows it fails."""
+    rows it fails, (n,) bool."""
 
     expectation: gxe.Expectation
     label: str
-    fails: pl.Expr
+    fails: pl.Series
+
+
+def _tz(value: Any) -> bool | None:
+    """Whether a bound is a timezone-aware datetime (None: not a datetime)."""
+    return value.tzinfo is not None if isinstance(value, datetime) else None
 
 
 def bundles(expectation: gxe.Expectation, frame: pl.DataFrame) -> bool:
-    """True for a per-row check that every row must pass, on a column of ``frame``."""
-    return (type(expectation) in ROW_CHECKS and expectation.row_condition is None
-            and float(expectation.mostly) == 1.0 and expectation.column in frame.columns)
+    """True for a per-row check that every row must pass, on a column of ``frame`` (a range on
+    timestamps only when column and bounds agree on having a timezone: pandas refuses to compare
+    the two kinds, and GE's own error is then the report)."""
+    if not (type(expectation) in ROW_CHECKS and expectation.row_condition is None
+            and float(expectation.mostly) == 1.0 and expectation.column in frame.columns):
+        return False
+    if isinstance(expectation, gxe.ExpectColumnValuesToBeBetween):
+        dtype = frame.schema[expectation.column]
+        aware = isinstance(dtype, pl.Datetime) and dtype.time_zone is not None
+        bounds = {_tz(v) for v in (expectation.min_value, expectation.max_value) if v is not None}
+        if bounds - {None} and (bounds != {aware} or not isinstance(dtype, pl.Datetime)):
+            return False
+    return True
 
 
 def _missing(col: str, dtype: pl.DataType) -> pl.Expr:
@@ -84,13 +100,21 @@ def label(exp: gxe.Expectation) -> str:
 
 
 def split(expectations: list[gxe.Expectation], frame: pl.DataFrame) -> tuple[list[gxe.Expectation], list[Bundled]]:
-    """``expectations`` -> (those GE runs itself, the row checks bundled into ``failed_checks``)."""
+    """``expectations`` -> (those GE runs itself, the row checks bundled into ``failed_checks``).
+    A check Polars cannot evaluate (say a value set of strings on an int column) is left to GE,
+    whose result then reports the error as it always did."""
     own, bundled = [], []
     for exp in expectations:
+        fails = None
         if bundles(exp, frame):
-            bundled.append(Bundled(exp, label(exp), _fails(exp, frame.schema[exp.column])))
-        else:
+            try:
+                fails = frame.select(_fails(exp, frame.schema[exp.column]).alias("fails"))["fails"]
+            except pl.exceptions.PolarsError:
+                fails = None
+        if fails is None:
             own.append(exp)
+        else:
+            bundled.append(Bundled(exp, label(exp), fails))
     return own, bundled
 
 
@@ -121,9 +145,8 @@ def failures(frame: pl.DataFrame, bundled: list[Bundled], n_examples: int) -> li
     and ``ids`` (the first ``n_examples`` failing rows' ``id``), as GE's SUMMARY result holds
     them for a separate expectation."""
     out = []
-    flags = frame.select([b.fails.alias(f"_f{i}") for i, b in enumerate(bundled)]) if bundled else None
-    for i, b in enumerate(bundled):
-        mask = flags[f"_f{i}"]
+    for b in bundled:
+        mask = b.fails
         n = int(mask.sum())
         if not n:
             continue

@@ -34,6 +34,7 @@ def _tables() -> list[Table]:
         "key": ["k1", "k2", "k2", None, None, "k3"],
         "node": [0, 1, 1, 2, 3, 3],
         "twin": [True, None, False, True, None, True],
+        "naive": [datetime(2024, 1, 1)] * 6,
     }).with_columns(pl.col("stage").cast(pl.Categorical), pl.col("ts").cast(pl.Datetime("us", "UTC")))
     checks = [
         *_not_null("n", "x", "stage", "key", "id"),
@@ -50,6 +51,11 @@ def _tables() -> list[Table]:
         _e(gxe.ExpectColumnValuesToBeUnique, "key", "unique", column="key"),
         _e(gxe.ExpectColumnValuesToBeUnique, "node", "unique", column="node"),
         _e(gxe.ExpectColumnValuesToBeUnique, "id", "unique (passes)", column="id"),
+        # left to GE: pandas cannot compare naive timestamps with aware bounds (GE reports its
+        # error), and Polars cannot look for strings among ints (pandas finds none: all fail)
+        _e(gxe.ExpectColumnValuesToBeBetween, "naive", "naive ts in range", column="naive",
+           min_value=datetime(2020, 1, 1, tzinfo=UTC)),
+        _e(gxe.ExpectColumnValuesToBeInSet, "node", "node named", column="node", value_set=["a", "b"]),
         # separate expectations either way
         flag("twin", "twin", "mostly no twin", mostly=0.5),
         _e(gxe.ExpectTableRowCountToEqual, "*", "six rows (passes)", value=6),
@@ -80,19 +86,24 @@ def test_bundled_checks_report_what_separate_expectations_report(tmp_path: Path)
     bundled = run_checkpoint(_tables(), tmp_path / "b", tmp_path / "bd", n_examples=2)
     separate = run_checkpoint(_tables(), tmp_path / "s", tmp_path / "sd", n_examples=2, bundle_rows=False)
     assert not bundled.success and not separate.success
-    assert bundled.evaluated == separate.evaluated == 20 + 3 + 2
+    assert bundled.evaluated == separate.evaluated == 22 + 3 + 2
     assert sorted(map(_key, bundled.failures)) == sorted(map(_key, separate.failures))
     failed = {(f.table, f.check) for f in separate.failures}
     # every planted defect is among them (not a comparison of two empty lists), nothing else
     assert {c for t, c in failed if t == "planted.parquet"} == {
         "not null", "the flag holds", "stage known", "n is 1, 3 or 5", "n in [0, 4]", "n > 1 (strict)",
-        "n < 5 (strict)", "x in [0, 1]", "ts in range", "unique", "seven rows"}
+        "n < 5 (strict)", "x in [0, 1]", "ts in range", "unique", "seven rows", "naive ts in range", "node named"}
     assert ("shares.parquet", "train share <= 0.8") in failed
     assert not any(t == "clean.parquet" for t, _ in failed)
     # GE ran the bundle: its result names the failing checks as the values of failed_checks
     raw = json.loads((tmp_path / "b" / "gx_checkpoint_result.json").read_text())
     assert "ok: the flag holds" in json.dumps(raw)
     assert (tmp_path / "bd" / "index.html").exists()
+    planted = _tables()[0]
+    own, rows = bundle.split(planted.expectations, planted.frame)
+    assert {e.meta["check"] for e in own} == {"naive ts in range", "node named", "mostly no twin", "six rows (passes)",
+                                             "seven rows"}
+    assert len(rows) == 17
 
 
 def test_failed_checks_lists_each_rows_checks() -> None:
