@@ -116,3 +116,39 @@ def test_failed_checks_lists_each_rows_checks() -> None:
     assert out == ["", "n: not null; f: flag", "n: n <= 5"]
     with pytest.raises(ValueError, match="failed_checks"):
         bundle.with_failed_checks(frame.with_columns(pl.lit("").alias(bundle.COLUMN)), rows)
+
+
+@pytest.mark.slow
+def test_the_real_suites_report_alike_bundled_or_not(make_run, tmp_path: Path) -> None:
+    """Every suite of `hir validate` on the tiny export with planted defects (a NaN, a short
+    vector, a duplicate id, stages outside the configured set), both ways. The fast suite has
+    the planted frames above, which hold every check kind and dtype these tables use."""
+    from hir.data.snapshot import load_snapshot
+    from hir.validate import stage
+
+    cfg = make_run("v1", "validate.graph.stages=[view,click,cart]")
+    run = Path(cfg.paths.output_dir)
+    path = run / "embeddings" / "product.parquet"
+    frame = pl.read_parquet(path)
+    ids, emb = frame["entity_id"].to_list(), frame["embedding"].to_list()
+    emb[3][5] = NAN
+    emb[7] = emb[7][:10]
+    ids[12] = ids[11]
+    frame.with_columns(pl.Series("embedding", emb, dtype=pl.List(pl.Float32)), pl.Series("entity_id", ids)).write_parquet(path)
+    snap = load_snapshot(run / "graph")
+    emb_meta = json.loads((run / "embeddings" / "meta.json").read_text())
+    g = cfg.validate.graph
+
+    def tables() -> list[Table]:  # fresh expectations for each checkpoint (GE binds them to a suite)
+        out = stage.graph_tables(snap, stage._stage_set(cfg, snap), datetime(2019, 1, 1, tzinfo=UTC),
+                                 datetime(2030, 1, 1, tzinfo=UTC), {k: tuple(v) for k, v in g.split_share.items()},
+                                 g.max_quarantine_share)
+        return out + stage.embedding_tables(run / "embeddings", emb_meta, snap, int(emb_meta["dim"]), cfg.validate,
+                                            None)[0]
+
+    bundled = run_checkpoint(tables(), tmp_path / "b", tmp_path / "bd")
+    separate = run_checkpoint(tables(), tmp_path / "s", tmp_path / "sd", bundle_rows=False)
+    assert bundled.evaluated == separate.evaluated > 200
+    assert sorted(map(_key, bundled.failures)) == sorted(map(_key, separate.failures))
+    assert {f.check for f in separate.failures} >= {"all values finite", "length = 64", "unique"}
+    assert any(f.table == "graph/events.parquet" and f.column == "stage" for f in separate.failures)
