@@ -93,14 +93,15 @@ def test_collection_is_flushed_before_the_index_is_built() -> None:
                     calls.append(f"add_index {kw['index_type']}")
             return Params()
 
-        def create_index(self, name: str, index: Any) -> None:
-            calls.append("create_index")
+        def create_index(self, name: str, index: Any, sync: bool = True) -> None:
+            calls.append(f"create_index sync={sync}")
 
         def describe_index(self, name: str, field: str) -> dict[str, Any]:
             return {"pending_index_rows": 0, "state": "Finished"}
 
     milvus_store.build_index(Client(), "c", "FLAT", "COSINE", {})
-    assert calls == ["flush", "add_index IVF_FLAT", "create_index"]
+    # sync=False: hir polls the build itself (pymilvus would sleep 0.5 s before its first look)
+    assert calls == ["flush", "add_index IVF_FLAT", "create_index sync=False"]
 
 
 def test_serving_search_asks_for_ids_only() -> None:
