@@ -6,6 +6,7 @@ full model, on test, per seed, with paired intervals over users.
     python benchmarks/learner.py --budget-min 110                       # launch no cell after 110 minutes
     python benchmarks/learner.py --reuse                                # re-read finished cells, run nothing
     python benchmarks/learner.py --arms full,forced --seeds 1           # some arms only (the rest are read)
+    python benchmarks/learner.py --datasets online_retail --arms base --ablate   # the parts, on the base arm
 
 Per dataset the snapshot is prepared and enriched once (``hir prepare|enrich data=<d>
 run_name=learner``, reused when it exists). Then, for each seed and arm, one cell in its own run dir
@@ -25,6 +26,11 @@ setting at its default. What each arm trains (ARMS):
   then the export is the base cell's model exactly;
 - ``forced``: the full cell's best epoch exported with the correction for everybody
   (``export.user_gate=open``): what the correction does on test without the gate.
+
+With ``--ablate``, per seed and per part of ABLATIONS, also ``ablate_<part>``: the base arm
+with ``+ablation=<part>`` (conf/ablation/<part>.yaml), compared with the base arm on all users,
+users with <= 5 events and item-cold. The transformer runs in the base arm too, as the knowledge
+view's encoder (trained by distillation from the engagement view), so its parts are judged there.
 
 A cell runs ``hir train``, ``hir export`` and ``hir evaluate eval.hir_source=files
 eval.retrieval_arms=[hir] force=true`` (with NO_RANKING's shortcuts unless ``--with-ranking``) and
@@ -79,6 +85,15 @@ TRAINS = {"untrained": "nothing: the spectral base (refit on train + val), knowl
 # `forced` re-exports the `full` cell's best.ckpt (no training of its own): what the correction does on
 # test when the paired-noise rule is overridden
 ARMS["forced"] = ["export.user_gate=open"]
+# --ablate: the base arm with one trained part taken away (conf/ablation/<part>.yaml). Without the
+# correction the transformer still runs: it is the knowledge view's encoder (hir.nn.HirNet._knowledge),
+# trained by distillation from the engagement view, and the knowledge view is what the base arm adds
+# over the untrained one (users with few events, cold entities); so the seed's parts are ablated here
+ABLATIONS = {"no_bias_table": "no learned bucket bias T_h[qb, kb] in the attention",
+             "no_exposure": "no exposure/popularity term in the attention",
+             "no_primitives": "no interest-primitive (level-0 prototype) tokens in the contexts",
+             "no_distill": "no cross-view distillation and no align loss"}
+ABLATE_SLICES = ("all", "events<=5", "item_cold")
 USERS_FILE = "retrieval_users.parquet"
 # slice name -> (lowest, highest) history events of its users, or the per-user column it reads
 SLICES: dict[str, tuple[float, float] | str] = {"all": (0, float("inf")), "events<=5": (0, 5),
@@ -126,6 +141,13 @@ def hir(*args: str) -> dict[str, Any]:
     return out
 
 
+def arm_overrides(arm: str) -> list[str]:
+    """The arm's Hydra overrides: ARMS, or an ablation (``ablate_<part>``: the base arm less that part)."""
+    if arm.startswith("ablate_"):
+        return [*ARMS["base"], f"+ablation={arm.removeprefix('ablate_')}"]
+    return ARMS[arm]
+
+
 def cell_dir(dataset: str, arm: str, seed: int) -> Path:
     return ROOT / "outputs" / dataset / f"learner_{arm}_s{seed}"
 
@@ -134,7 +156,7 @@ def run_cell(dataset: str, arm: str, seed: int, snapshot: Path, ranking: bool) -
     """train, export and evaluate one cell; returns the stages' wall seconds (and the error, if one failed).
     ``ranking`` false: evaluate with NO_RANKING."""
     run_dir = cell_dir(dataset, arm, seed)
-    common = [f"data={dataset}", f"run_name={run_dir.name}", f"seed={seed}", *ARMS[arm],
+    common = [f"data={dataset}", f"run_name={run_dir.name}", f"seed={seed}", *arm_overrides(arm),
               f"paths.graph_dir={snapshot / 'graph'}", f"paths.content_dir={snapshot / 'content'}"]
     evaluate = ["eval.hir_source=files", "eval.retrieval_arms=[hir]", "force=true", *([] if ranking else NO_RANKING)]
     stages = {"train": [], "export": [], "evaluate": evaluate}
@@ -290,6 +312,24 @@ def verdict(dataset: str, paired: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return out | {"verdict": "; ".join(words)}
 
 
+def ablation(dataset: str, seeds: list[int]) -> dict[str, Any]:
+    """Per part of ABLATIONS with a finished cell: the base arm without it against the base arm, per
+    slice of ABLATE_SLICES (paired ratio, seeds pooled; below 1: the part helps)."""
+    out = {}
+    for part, what in ABLATIONS.items():
+        arm = f"ablate_{part}"
+        cells = {s: read_cell(dataset, arm, s) for s in seeds}
+        if not any(cells.values()):
+            continue
+        out[part] = {"what": what, "overrides": arm_overrides(arm),
+                     "recall@20": [(c or {}).get("recall@20") for c in cells.values()],
+                     "seeds_done": [s for s, c in cells.items() if c],
+                     "paired_over_base": {sl: paired_ratio(dataset, arm, "base", seeds, sl) for sl in ABLATE_SLICES},
+                     "train_s": [(c or {}).get("train_s") for c in cells.values()],
+                     "git": sorted({c["git"] for c in cells.values() if c and c.get("git")})}
+    return out
+
+
 def collect(dataset: str, seeds: list[int]) -> dict[str, Any]:
     cells = {arm: {seed: read_cell(dataset, arm, seed) for seed in seeds} for arm in ARMS}
 
@@ -316,6 +356,7 @@ def collect(dataset: str, seeds: list[int]) -> dict[str, Any]:
         "cell_wall_s": {arm: per_seed(arm, "stage_wall_s") for arm in ARMS},
         "missing": [f"{arm} seed {s}" for arm in ARMS for s in seeds if not cells[arm][s]],
         "verdict": verdict(dataset, paired),
+        "ablation": ablation(dataset, seeds),
         "cells": {arm: {str(s): c for s, c in v.items()} for arm, v in cells.items()},
         "git": gits[0] if len(gits) == 1 else gits or None,
         "git_same_code": same_code(gits) if gits else None,
@@ -378,6 +419,15 @@ def markdown(doc: dict[str, Any]) -> str:
             lines.append(f"| {sl} | {_f(users)} | " + " | ".join(_f(_mean(m[a]["per_seed"])) for a in ARMS) + " | "
                          + " | ".join(_ratio(p[k]) for k in ("full/base", "forced/base", "forced/full", "base/untrained")) + " |")
         lines += ["", f"- **Verdict:** {r['verdict']['verdict']}."]
+        if r.get("ablation"):
+            lines += ["", "Ablation (`--ablate`): the base arm with one part taken away (`+ablation=<part>`: "
+                      "conf/ablation/), over the base arm, paired, seeds pooled; below 1 the part helps. The "
+                      "transformer is the knowledge view's encoder in the base arm, so its parts act there.", "",
+                      "| part taken away | seeds | " + " | ".join(ABLATE_SLICES) + " |",
+                      "|---|---|" + "---|" * len(ABLATE_SLICES)]
+            for part, a in r["ablation"].items():
+                lines.append(f"| {part} ({a['what']}) | {len(a['seeds_done'])} | "
+                             + " | ".join(_ratio(a["paired_over_base"][sl]) for sl in ABLATE_SLICES) + " |")
         if r["missing"]:
             lines.append(f"- Not run (budget): {', '.join(r['missing'])}.")
         lines.append("")
@@ -391,6 +441,8 @@ def main() -> None:
     ap.add_argument("--arms", default=",".join(ARMS), help="the arms to run (the others are read when they exist)")
     ap.add_argument("--run-name", default="learner", help="the shared snapshot's run name")
     ap.add_argument("--reuse", action="store_true", help="read finished cells only; run nothing")
+    ap.add_argument("--ablate", action="store_true",
+                    help="also run the base arm without each part of ABLATIONS (after the arms; --arms base runs only these)")
     ap.add_argument("--budget-min", type=float, default=None,
                     help="launch no new cell after this many minutes (the cells not run are listed as missing)")
     ap.add_argument("--with-ranking", action="store_true", help="evaluate with every ranker seed (defaults)")
@@ -417,6 +469,15 @@ def main() -> None:
                         continue
                     if args.budget_min is not None and (time.monotonic() - t0) / 60 > args.budget_min:
                         print(f"  {ds} {arm} seed {seed}: not started (over {args.budget_min} minutes)", flush=True)
+                        continue
+                    if "error" in run_cell(ds, arm, seed, snapshot, args.with_ranking):
+                        failed.append(f"{ds} {arm} seed {seed}")
+            for seed in seeds if args.ablate else ():
+                for arm in (f"ablate_{part}" for part in ABLATIONS):
+                    if read_cell(ds, arm, seed) is not None:
+                        continue
+                    if read_cell(ds, "base", seed) is None:
+                        failed.append(f"{ds} {arm} seed {seed} (no base cell to compare with)")
                         continue
                     if "error" in run_cell(ds, arm, seed, snapshot, args.with_ranking):
                         failed.append(f"{ds} {arm} seed {seed}")

@@ -22,6 +22,7 @@ import logging
 import os
 import shutil
 import sys
+import time
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -58,6 +59,20 @@ def _micros(value: datetime) -> int:
 class SparkBuild:
     """One Spark session for one snapshot: ``stage`` -> ``first_seen`` -> ``write`` -> ``stop``."""
 
+    @staticmethod
+    def _start(builder: Any, tries: int = 2) -> Any:
+        """``builder.getOrCreate()``, tried again once when the JVM exits before it reports its port:
+        on a loaded machine a local gateway did so once in a full test run (the next start succeeded)."""
+        for attempt in range(tries):
+            try:
+                return builder.getOrCreate()
+            except Exception as err:
+                if attempt + 1 == tries or "JAVA_GATEWAY_EXITED" not in str(err):
+                    raise
+                log.warning("spark: the Java gateway exited before it started (%s); starting it again", err)
+                time.sleep(1.0)
+        raise AssertionError("unreachable")
+
     def __init__(self, options: SparkOptions, tmp: Path) -> None:
         try:
             from pyspark.sql import SparkSession
@@ -84,7 +99,7 @@ class SparkBuild:
         for key, value in options.conf.items():
             builder = builder.config(key, str(value))
         try:
-            self.spark = builder.getOrCreate()
+            self.spark = self._start(builder)
         except Exception as err:  # the JVM did not start: say what is needed
             raise HirError(
                 f"prepare.engine=spark: could not start Spark (master {options.master!r}): {err}; "

@@ -80,3 +80,31 @@ def test_the_spark_fold_in_is_the_polars_one(tiny: Path, tmp_path: Path) -> None
     np.testing.assert_allclose(emb_s, emb_p, rtol=1e-4, atol=1e-6)
     assert pl.read_parquet_schema(tmp_path / "spark" / "user.parquet") == pl.read_parquet_schema(tmp_path / "polars.parquet")
     assert [p.name for p in (tmp_path / "spark").iterdir()] == ["user.parquet"]  # the local work dir is dropped
+
+
+class _Builder:
+    """A SparkSession builder whose first starts fail with ``errors`` in turn."""
+
+    def __init__(self, *errors: str) -> None:
+        self.errors, self.calls = list(errors), 0
+
+    def getOrCreate(self):  # pyspark's name
+        self.calls += 1
+        if self.errors:
+            raise RuntimeError(self.errors.pop(0))
+        return "session"
+
+
+def test_a_gateway_that_exits_at_start_is_started_once_more(monkeypatch):
+    from hir.data import spark as engine
+
+    monkeypatch.setattr(engine.time, "sleep", lambda s: None)
+    once = _Builder("[JAVA_GATEWAY_EXITED] Java gateway process exited before sending its port number.")
+    assert engine.SparkBuild._start(once) == "session" and once.calls == 2
+    twice = _Builder(*["[JAVA_GATEWAY_EXITED] exited"] * 2)
+    with pytest.raises(RuntimeError, match="JAVA_GATEWAY_EXITED"):
+        engine.SparkBuild._start(twice)
+    other = _Builder("some other failure")  # not retried: only the gateway's exit at start is
+    with pytest.raises(RuntimeError, match="other failure"):
+        engine.SparkBuild._start(other)
+    assert other.calls == 1
