@@ -208,7 +208,8 @@ def read_cell(dataset: str, arm: str, seed: int) -> dict[str, Any] | None:
     metrics, train = json.loads(metrics_path.read_text()), json.loads(train_path.read_text())
     cell = json.loads((run_dir / CELL_FILE).read_text()) if (run_dir / CELL_FILE).exists() else {}
     emb_meta = run_dir / "embeddings" / "meta.json"
-    exported_gate = json.loads(emb_meta.read_text()).get("user_gate") if emb_meta.exists() else None
+    meta = json.loads(emb_meta.read_text()) if emb_meta.exists() else {}
+    exported_gate = meta.get("user_gate")
     best = train.get("best") or {}
     seconds = train.get("seconds") or {}
     return {
@@ -223,6 +224,8 @@ def read_cell(dataset: str, arm: str, seed: int) -> dict[str, Any] | None:
         "val_best": best.get("score"), "val_base": best.get("base_score"),
         # the evidence gate fit on val (train_metrics.json) and the one the export applied (meta.json)
         "gate": best.get("gate"), "exported_gate": exported_gate,
+        # the cold placement's boost, chosen on val (hir/export/cold.py): the item-cold slice follows it
+        "cold_boost": (meta.get("cold_placement") or {}).get("boost"),
         "stage_wall_s": cell.get("wall_s"), "git": cell.get("git"), "started": cell.get("started"),
         "model_version": metrics.get("model_version"), "created": metrics.get("created"),
         "task": {k: v for k, v in (train.get("task") or {}).items() if k != "inputs"} or None,
@@ -329,6 +332,7 @@ def ablation(dataset: str, seeds: list[int]) -> dict[str, Any]:
                      "seeds_done": [s for s, c in cells.items() if c],
                      "paired_over_base": {sl: paired_ratio(dataset, arm, "base", seeds, sl) for sl in ABLATE_SLICES},
                      "train_s": [(c or {}).get("train_s") for c in cells.values()],
+                     "cold_boost": [(c or {}).get("cold_boost") for c in cells.values()],
                      "git": sorted({c["git"] for c in cells.values() if c and c.get("git")})}
     return out
 
@@ -353,6 +357,7 @@ def collect(dataset: str, seeds: list[int]) -> dict[str, Any]:
         "train_s": {arm: per_seed(arm, "train_s") for arm in ARMS},
         "exported_epoch": {arm: per_seed(arm, "exported_epoch") for arm in ARMS},
         "exported_base": {arm: per_seed(arm, "exported_base") for arm in ARMS},
+        "cold_boost": {arm: per_seed(arm, "cold_boost") for arm in ARMS},
         "why": per_seed("full", "why"),
         "val": {arm: {"best": per_seed(arm, "val_best"), "base": per_seed(arm, "val_base")} for arm in ARMS},
         "task": per_seed("full", "task"),
@@ -406,14 +411,17 @@ def markdown(doc: dict[str, Any]) -> str:
         git = r["git"] if isinstance(r["git"], str) else (
             f"{', '.join(r['git'])} ({'the same code: they differ in benchmarks/ and docs only' if r['git_same_code'] else 'DIFFERENT code'})")
         lines += [f"### {ds}", "", f"Measured {r['date']} on {r['machine']}, git {git}.", "",
-                  "| seed | untrained | base | full | forced | val base → best (full) | exported (full) | gate (full) | train s (full) |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+                  "| seed | untrained | base | full | forced | val base → best (full) | exported (full) | gate (full) | "
+                  "train s (full) | cold boost (untrained / base / full) |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
         for i, s in enumerate(r["seeds"]):
             ep = r["exported_epoch"]["full"][i]
             lines.append(f"| {s} | {_f(r['untrained'][i])} | {_f(r['base'][i])} | {_f(r['full'][i])} | "
                          f"{_f(r['forced'][i])} | {_f(r['val']['full']['base'][i])} → {_f(r['val']['full']['best'][i])} | "
                          f"{'–' if ep is None else 'base' if ep == -1 else f'epoch {ep}'} | "
-                         f"{_gate(r['gate']['fit_on_val'][i])} | {_f(r['train_s']['full'][i], 0)} |")
+                         f"{_gate(r['gate']['fit_on_val'][i])} | {_f(r['train_s']['full'][i], 0)} | "
+                         + " / ".join(_f((r.get("cold_boost") or {}).get(a, [None] * (i + 1))[i], 2)
+                                      for a in ("untrained", "base", "full")) + " |")
         lines += ["", "| slice | users | untrained | base | full | forced | full / base | forced / base | "
                   "forced / full | base / untrained |", "|---|---|---|---|---|---|---|---|---|---|"]
         for sl in SLICES:
@@ -426,11 +434,17 @@ def markdown(doc: dict[str, Any]) -> str:
             lines += ["", "Ablation (`--ablate`): the base arm with one part taken away (`+ablation=<part>`: "
                       "conf/ablation/), over the base arm, paired, seeds pooled; below 1 the part helps. The "
                       "transformer is the knowledge view's encoder in the base arm, so its parts act there.", "",
-                      "| part taken away | seeds | " + " | ".join(ABLATE_SLICES) + " |",
-                      "|---|---|" + "---|" * len(ABLATE_SLICES)]
+                      "| part taken away | seeds | " + " | ".join(ABLATE_SLICES) + " | cold boost (seeds) |",
+                      "|---|---|" + "---|" * len(ABLATE_SLICES) + "---|"]
+            base_boosts = " / ".join(_f(b, 2) for b in (r.get("cold_boost") or {}).get("base", []))
             for part, a in r["ablation"].items():
                 lines.append(f"| {part} ({a['what']}) | {len(a['seeds_done'])} | "
-                             + " | ".join(_ratio(a["paired_over_base"][sl]) for sl in ABLATE_SLICES) + " |")
+                             + " | ".join(_ratio(a["paired_over_base"][sl]) for sl in ABLATE_SLICES) + " | "
+                             + " / ".join(_f(b, 2) for b in a.get("cold_boost", [])) + f" (base {base_boosts}) |")
+            lines.append("")
+            lines.append("The item-cold column follows the cold placement's boost, chosen on val per cell "
+                         "(hir/export/cold.py): where a cell chose another boost than the base cell, that column "
+                         "measures the boost, not the part.")
         if r["missing"]:
             lines.append(f"- Not run (budget): {', '.join(r['missing'])}.")
         lines.append("")
