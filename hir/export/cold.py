@@ -247,11 +247,17 @@ def place_like_export(emb_dir: str | Path, store: Any, etype: str, z_new: np.nda
     the export placed its cold ones (its ``cold_placement`` in meta.json: method, k, beta, boost),
     against that export's warm entities of ``etype`` (text from ``store``, the snapshot the
     export embedded). Rows without text, or an export that kept the knowledge view, come back
-    unchanged."""
+    unchanged; new users are turned as the export turned its cold users."""
     import json
 
     meta = json.loads((Path(emb_dir) / "meta.json").read_text())
     plan = meta.get("cold_placement") or {}
+    if etype == "user":
+        # the export never places users by their content neighbours: they keep the knowledge view,
+        # turned as the export turned its own cold users (hir/export/cold_users.py)
+        from hir.export.cold_users import turn_like_export
+
+        return turn_like_export(plan.get("users") or {}, z_new)
     if plan.get("method") != "content_knn" or plan.get("boost") is None or not len(z_new):
         return z_new
     lo, hi = store.type_range(etype)

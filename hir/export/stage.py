@@ -13,7 +13,7 @@ import json
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -22,6 +22,7 @@ from omegaconf import DictConfig
 
 from hir.atomic import remove_stale_tmp, write_text_atomic
 from hir.export.cold import ColdPlacement
+from hir.export.cold_users import ColdUsers
 from hir.export.project import PROJECTION_FILE
 
 # sleeping OpenMP threads, as in the train stage (set before torch loads)
@@ -69,6 +70,9 @@ class ExportConfig:
     # with an anchor, also run hierarchy_fit's co-engagement refinement after the anchored start
     # (bottomup builds its tree from scratch, so it never runs on an anchored tree)
     hierarchy_anchor_refine: bool = False
+    # users without visible engagement: the knowledge view, or turned toward the recent demand
+    # when that beats it on val (hir/export/cold_users.py)
+    cold_users: ColdUsers = field(default_factory=ColdUsers)
 
     def __post_init__(self) -> None:
         from hir.export.hierarchy import HIERARCHY_FITS
@@ -126,10 +130,12 @@ def reusable(meta_path: Path, ckpt: Path, force: bool, dim: int | None = None) -
 def embed_snapshot(embedder: Any, ex: ExportConfig, seed: int) -> tuple[Any, dict[str, Any], Any]:
     """Every snapshot node's embedding (n_nodes, d + 1) at the served dimension, cold entities
     with text placed by their content neighbours there (:mod:`hir.export.cold`; the boost chosen
-    on the val split), the placement's report and the projection (None at full rank)."""
+    on the val split) and cold users as :mod:`hir.export.cold_users` chooses, the placement's
+    report (the users' under ``users``) and the projection (None at full rank)."""
     import numpy as np
 
     from hir.export.cold import place_cold
+    from hir.export.cold_users import place_cold_users
     from hir.model import validation_set
 
     st = embedder.store
@@ -139,7 +145,10 @@ def embed_snapshot(embedder: Any, ex: ExportConfig, seed: int) -> tuple[Any, dic
                            "training diverged")
     z, projection = serve_dim(embedder, z, ex.dim)
     valset = validation_set(st, None, seed, "masked_new") if len(st.val_pairs) else None
-    return *place_cold(z, st, valset, ex.cold), projection
+    z, report = place_cold(z, st, valset, ex.cold)
+    # after the entities are placed: the cold users are chosen against the final candidates
+    z, report["users"] = place_cold_users(z, st, valset, ex.cold_users)
+    return z, report, projection
 
 
 def serve_dim(embedder: Any, z: Any, dim: int | None) -> tuple[Any, Any]:
