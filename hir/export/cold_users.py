@@ -50,7 +50,7 @@ class ColdUsers:
 
     method: str = "recent"
     windows: list[float] = field(default_factory=lambda: [7.0, 14.0, 28.0])
-    weights: list[float] = field(default_factory=lambda: [1.0, 2.0, 4.0])
+    weights: list[float] = field(default_factory=lambda: [1.0, 2.0, 4.0, 8.0])
     ridge: float = 1e-3
 
     def __post_init__(self) -> None:
