@@ -339,6 +339,22 @@ def ablation(dataset: str, seeds: list[int]) -> dict[str, Any]:
     return out
 
 
+def ablation_reading(paired: dict[str, dict[str, Any] | None]) -> str:
+    """What the intervals say of a part (the user slices only: item-cold follows the boost):
+    inert (every ratio exactly 1), helps (taking it away loses beyond the noise on a slice),
+    costs (taking it away gains beyond the noise), or no measurable effect."""
+    got = {sl: r for sl, r in paired.items() if r and sl != "item_cold"}
+    if got and all(r["ratio"] == 1.0 and r["lo"] == 1.0 and r["hi"] == 1.0 for r in got.values()):
+        return "inert: exactly the base arm's export"
+    helps = [sl for sl, r in got.items() if r["hi"] < 1.0]
+    costs = [sl for sl, r in got.items() if r["lo"] > 1.0]
+    if helps and not costs:
+        return f"helps ({', '.join(helps)})"
+    if costs and not helps:
+        return f"costs ({', '.join(costs)})"
+    return "mixed" if helps else "no measurable effect"
+
+
 def collect(dataset: str, seeds: list[int]) -> dict[str, Any]:
     cells = {arm: {seed: read_cell(dataset, arm, seed) for seed in seeds} for arm in ARMS}
 
@@ -442,13 +458,14 @@ def markdown(doc: dict[str, Any]) -> str:
             lines += ["", "Ablation (`--ablate`): the base arm with one part taken away (`+ablation=<part>`: "
                       "conf/ablation/), over the base arm, paired, seeds pooled; below 1 the part helps. The "
                       "transformer is the knowledge view's encoder in the base arm, so its parts act there.", "",
-                      "| part taken away | seeds | " + " | ".join(ABLATE_SLICES) + " | cold boost (seeds) |",
-                      "|---|---|" + "---|" * len(ABLATE_SLICES) + "---|"]
+                      "| part taken away | seeds | " + " | ".join(ABLATE_SLICES) + " | cold boost (seeds) | reading |",
+                      "|---|---|" + "---|" * len(ABLATE_SLICES) + "---|---|"]
             base_boosts = " / ".join(_f(b, 2) for b in (r.get("cold_boost") or {}).get("base", []))
             for part, a in r["ablation"].items():
                 lines.append(f"| {part} ({a['what']}) | {len(a['seeds_done'])} | "
                              + " | ".join(_ratio(a["paired_over_base"][sl]) for sl in ABLATE_SLICES) + " | "
-                             + " / ".join(_f(b, 2) for b in a.get("cold_boost", [])) + f" (base {base_boosts}) |")
+                             + " / ".join(_f(b, 2) for b in a.get("cold_boost", [])) + f" (base {base_boosts}) | "
+                             + ablation_reading(a["paired_over_base"]) + " |")
             lines.append("")
             lines.append("The item-cold column follows the cold placement's boost, chosen on val per cell "
                          "(hir/export/cold.py): where a cell chose another boost than the base cell, that column "
