@@ -339,6 +339,13 @@ def ablation(dataset: str, seeds: list[int]) -> dict[str, Any]:
     return out
 
 
+def default_transformer() -> str:
+    """``model.net.transformer`` as conf/model/hir.yaml sets it (lower-case, as Hydra writes it)."""
+    from omegaconf import OmegaConf
+
+    return str(OmegaConf.load(ROOT / "conf" / "model" / "hir.yaml").net.transformer).lower()
+
+
 def ablation_reading(paired: dict[str, dict[str, Any] | None]) -> str:
     """What the intervals say of a part (the user slices only: item-cold follows the boost):
     inert (every ratio exactly 1), helps (taking it away loses beyond the noise on a slice),
@@ -469,7 +476,9 @@ def markdown(doc: dict[str, Any]) -> str:
             lines.append("")
             lines.append("The item-cold column follows the cold placement's boost, chosen on val per cell "
                          "(hir/export/cold.py): where a cell chose another boost than the base cell, that column "
-                         "measures the boost, not the part.")
+                         "measures the boost, not the part. What is off by default (conf/model/hir.yaml): "
+                         f"the user correction (`model.net.transformer={default_transformer()}`); an inert part "
+                         "above acts only inside it (the knowledge view's contexts carry no exposure).")
         if r["missing"]:
             lines.append(f"- Not run (budget): {', '.join(r['missing'])}.")
         lines.append("")
