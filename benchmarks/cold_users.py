@@ -55,19 +55,8 @@ def run_cell(dataset: str, seed: int) -> dict[str, Any]:
     snapshot = ROOT / "outputs" / dataset / "learner"
     common = [f"data={dataset}", f"run_name={run_dir.name}", f"seed={seed}", *learner.ARMS["base"],
               f"paths.graph_dir={snapshot / 'graph'}", f"paths.content_dir={snapshot / 'content'}"]
-    record: dict[str, Any] = {"git": learner.git_sha(), "started": datetime.now(UTC).isoformat(timespec="seconds"),
-                              "wall_s": {}}
-    for stage, extra in (("export", ["force=true"]),
-                         ("evaluate", ["eval.hir_source=files", "eval.retrieval_arms=[hir]", "force=true",
-                                       *learner.NO_RANKING])):
-        res = learner.hir(stage, *common, *extra)
-        record["wall_s"][stage] = res["wall_s"]
-        print(f"  {dataset} seed {seed}: {stage} {res['wall_s']:.0f}s", flush=True)
-        if "error" in res:
-            record["error"] = res["error"]
-            break
-    (run_dir / learner.CELL_FILE).write_text(json.dumps(record, indent=2) + "\n")
-    return record
+    return learner.run_stages(run_dir, common, {"export": ["force=true"], "evaluate": learner.evaluate_overrides()},
+                              f"{dataset} seed {seed}")
 
 
 def collect(dataset: str, seeds: list[int]) -> dict[str, Any]:

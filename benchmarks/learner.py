@@ -161,7 +161,7 @@ def run_cell(dataset: str, arm: str, seed: int, snapshot: Path, ranking: bool) -
     run_dir = cell_dir(dataset, arm, seed)
     common = [f"data={dataset}", f"run_name={run_dir.name}", f"seed={seed}", *arm_overrides(arm),
               f"paths.graph_dir={snapshot / 'graph'}", f"paths.content_dir={snapshot / 'content'}"]
-    evaluate = ["eval.hir_source=files", "eval.retrieval_arms=[hir]", "force=true", *([] if ranking else NO_RANKING)]
+    evaluate = evaluate_overrides(ranking)
     stages = {"train": [], "export": [], "evaluate": evaluate}
     if arm == "full":
         base = cell_dir(dataset, "base", seed) / "checkpoints"
@@ -174,13 +174,26 @@ def run_cell(dataset: str, arm: str, seed: int, snapshot: Path, ranking: bool) -
             return {"error": f"{ckpts / 'best.ckpt'} is missing: run the full arm of seed {seed} first"}
         common.append(f"paths.checkpoint_dir={ckpts}")
         stages = {"export": [f"export.checkpoint={ckpts / 'best.ckpt'}", "force=true"], "evaluate": evaluate}
+    return run_stages(run_dir, common, stages, f"{dataset} {arm} seed {seed}")
+
+
+def evaluate_overrides(ranking: bool = False) -> list[str]:
+    """`hir evaluate`'s overrides for a cell: hir's exported files, retrieval of hir alone, and
+    NO_RANKING unless ``ranking``."""
+    return ["eval.hir_source=files", "eval.retrieval_arms=[hir]", "force=true", *([] if ranking else NO_RANKING)]
+
+
+def run_stages(run_dir: Path, common: list[str], stages: dict[str, list[str]], label: str) -> dict[str, Any]:
+    """`hir <stage> <common> <extra>` for each of ``stages`` (stage -> extra overrides) in order,
+    stopping at the first failure; writes and returns the cell record (git, start, commands, wall
+    seconds per stage, the error)."""
     record: dict[str, Any] = {"git": git_sha(), "started": datetime.now(UTC).isoformat(timespec="seconds"),
                               "command": [f"hir <stage> {' '.join(common)}", *(f"hir {s} ... {' '.join(e)}" for s, e in
                                                                                stages.items() if e)], "wall_s": {}}
     for stage, extra in stages.items():
         res = hir(stage, *common, *extra)
         record["wall_s"][stage] = res["wall_s"]
-        print(f"  {dataset} {arm} seed {seed}: {stage} {res['wall_s']:.0f}s", flush=True)
+        print(f"  {label}: {stage} {res['wall_s']:.0f}s", flush=True)
         if "error" in res:
             record["error"] = res["error"]
             print(res["error"], file=sys.stderr, flush=True)
@@ -448,8 +461,7 @@ def markdown(doc: dict[str, Any]) -> str:
                          f"{_f(r['forced'][i])} | {_f(r['val']['full']['base'][i])} → {_f(r['val']['full']['best'][i])} | "
                          f"{'–' if ep is None else 'base' if ep == -1 else f'epoch {ep}'} | "
                          f"{_gate(r['gate']['fit_on_val'][i])} | {_f(r['train_s']['full'][i], 0)} | "
-                         + " / ".join(_f((r.get("cold_boost") or {}).get(a, [None] * (i + 1))[i], 2)
-                                      for a in ("untrained", "base", "full")) + " |")
+                         + " / ".join(_f(r["cold_boost"][a][i], 2) for a in ("untrained", "base", "full")) + " |")
         lines += ["", "| slice | users | untrained | base | full | forced | full / base | forced / base | "
                   "forced / full | base / untrained |", "|---|---|---|---|---|---|---|---|---|---|"]
         for sl in SLICES:
@@ -467,11 +479,11 @@ def markdown(doc: dict[str, Any]) -> str:
                       "transformer is the knowledge view's encoder in the base arm, so its parts act there.", "",
                       "| part taken away | seeds | " + " | ".join(ABLATE_SLICES) + " | cold boost (seeds) | reading |",
                       "|---|---|" + "---|" * len(ABLATE_SLICES) + "---|---|"]
-            base_boosts = " / ".join(_f(b, 2) for b in (r.get("cold_boost") or {}).get("base", []))
+            base_boosts = " / ".join(_f(b, 2) for b in r["cold_boost"]["base"])
             for part, a in r["ablation"].items():
                 lines.append(f"| {part} ({a['what']}) | {len(a['seeds_done'])} | "
                              + " | ".join(_ratio(a["paired_over_base"][sl]) for sl in ABLATE_SLICES) + " | "
-                             + " / ".join(_f(b, 2) for b in a.get("cold_boost", [])) + f" (base {base_boosts}) | "
+                             + " / ".join(_f(b, 2) for b in a["cold_boost"]) + f" (base {base_boosts}) | "
                              + ablation_reading(a["paired_over_base"]) + " |")
             lines.append("")
             lines.append("The item-cold column follows the cold placement's boost, chosen on val per cell "

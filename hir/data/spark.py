@@ -63,15 +63,15 @@ class SparkBuild:
     def _start(builder: Any, tries: int = 2) -> Any:
         """``builder.getOrCreate()``, tried again once when the JVM exits before it reports its port:
         on a loaded machine a local gateway did so once in a full test run (the next start succeeded)."""
-        for attempt in range(tries):
+        for _ in range(tries - 1):
             try:
                 return builder.getOrCreate()
             except Exception as err:
-                if attempt + 1 == tries or "JAVA_GATEWAY_EXITED" not in str(err):
+                if "JAVA_GATEWAY_EXITED" not in str(err):
                     raise
                 log.warning("spark: the Java gateway exited before it started (%s); starting it again", err)
                 time.sleep(1.0)
-        raise AssertionError("unreachable")
+        return builder.getOrCreate()
 
     def __init__(self, options: SparkOptions, tmp: Path) -> None:
         try:

@@ -42,6 +42,7 @@ import numpy as np
 import polars as pl
 import torch
 
+from hir.export.cold_users import turn_like_export
 from hir.model.metrics import paired_gain, recall_of_top, top_k_variants
 
 log = logging.getLogger(__name__)
@@ -255,8 +256,6 @@ def place_like_export(emb_dir: str | Path, store: Any, etype: str, z_new: np.nda
     if etype == "user":
         # the export never places users by their content neighbours: they keep the knowledge view,
         # turned as the export turned its own cold users (hir/export/cold_users.py)
-        from hir.export.cold_users import turn_like_export
-
         return turn_like_export(plan.get("users") or {}, z_new)
     if plan.get("method") != "content_knn" or plan.get("boost") is None or not len(z_new):
         return z_new

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from hir.model.metrics import paired_gain, recall_of_top, top_k_rows
+from hir.model.spectral import engaged_users
 
 log = logging.getLogger(__name__)
 
@@ -59,18 +60,6 @@ class ColdUsers:
         if not self.windows or min(self.windows) <= 0 or not self.weights or min(self.weights) <= 0:
             raise ValueError(f"export.cold_users: windows {self.windows} and weights {self.weights} must be "
                              "non-empty lists of positive numbers")
-
-
-def recent_demand(store: Any, days: float) -> tuple[np.ndarray, bool]:
-    """(n_nodes,) distinct visible users per node whose pair reached the deep stage and was last
-    active in the final ``days`` of the visible window, and whether the window has time at all."""
-    lo, hi = store.type_range("user")
-    eng = store.eng
-    rows = np.repeat(np.arange(store.n_nodes), np.diff(eng.indptr))
-    keep = (rows >= lo) & (rows < hi) & (eng.stage == len(store.stage_order))
-    age = eng.age[keep].astype(np.float64) * store.span_days
-    timed = bool(len(age)) and float(age.max() - age.min()) > 1e-9
-    return np.bincount(eng.dst[keep][age <= days], minlength=store.n_nodes).astype(np.float64), timed
 
 
 def demand_direction(z_cands: np.ndarray, recent: np.ndarray, ridge: float) -> np.ndarray | None:
@@ -119,7 +108,9 @@ def place_cold_users(z: np.ndarray, store: Any, valset: Any, cfg: ColdUsers) -> 
     table: dict[str, Any] = {"knowledge": {"recall@20": round(float(np.nanmean(known)), 5)}}
     best: tuple[float, float, np.ndarray, np.ndarray] | None = None
     for days in cfg.windows:
-        recent, timed = recent_demand(store, float(days))
+        # recent demand: distinct users per entity whose pair reached the deep stage and was last
+        # active in the final `days` of the visible window
+        recent, _, timed = engaged_users(store, float(days), deep_only=True)
         if not timed:
             return z, report | {"why": "the visible engagement has no time (one age for every pair)"}
         r = demand_direction(cands, recent[valset.cands], cfg.ridge)

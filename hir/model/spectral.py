@@ -190,14 +190,17 @@ def engagement_matrix(store: GraphStore, stage_base: float, user_half_life: floa
     return m
 
 
-def engaged_users(store: GraphStore, days: float) -> tuple[np.ndarray, np.ndarray, bool]:
+def engaged_users(store: GraphStore, days: float, deep_only: bool = False) -> tuple[np.ndarray, np.ndarray, bool]:
     """Per node (n,): distinct visible users engaging it in the last ``days`` of the visible
     window, and ever; and whether the window has time at all (False when every visible pair has
-    the same age: data without timestamps, where a trend means nothing)."""
+    the same age: data without timestamps, where a trend means nothing). ``deep_only``: only the
+    pairs that reached the deep stage (hir/export/cold_users.py's recent demand)."""
     lo, hi = store.type_range("user")
     eng = store.eng
     rows = np.repeat(np.arange(store.n_nodes), np.diff(eng.indptr))
     keep = (rows >= lo) & (rows < hi)
+    if deep_only:
+        keep &= eng.stage == len(store.stage_order)
     age = eng.age[keep].astype(np.float64) * store.span_days
     dst = eng.dst[keep]
     total = np.bincount(dst, minlength=store.n_nodes).astype(np.float64)

@@ -13,10 +13,10 @@ from hir.export.cold_users import (
     ColdUsers,
     demand_direction,
     place_cold_users,
-    recent_demand,
-    turn_like_export,
+        turn_like_export,
 )
 from hir.model.csr import CSR
+from hir.model.spectral import engaged_users
 from hir.model.valset import ValSet
 
 K = 8
@@ -77,16 +77,16 @@ def _valset(users: np.ndarray, positives: list[np.ndarray]) -> ValSet:
 
 def test_recent_demand_counts_the_users_of_the_last_days_only():
     _, store = _world()
-    recent, timed = recent_demand(store, 7.0)
+    recent, _, timed = engaged_users(store, 7.0, deep_only=True)
     assert timed and recent[:N_USERS].sum() == 0
     assert recent[N_USERS:N_USERS + 10].sum() == 3 * WARM and recent[N_USERS + 10:].sum() == 0
-    _, untimed = recent_demand(_world(timed=False)[1], 7.0)
+    _, _, untimed = engaged_users(_world(timed=False)[1], 7.0, deep_only=True)
     assert not untimed
 
 
 def test_the_demand_direction_ranks_the_recent_items_first():
     z, store = _world()
-    recent, _ = recent_demand(store, 7.0)
+    recent, _, _ = engaged_users(store, 7.0, deep_only=True)
     r = demand_direction(z[N_USERS:], recent[N_USERS:], 1e-3)
     assert r is not None and abs(np.linalg.norm(r) - 1) < 1e-5
     top = np.argsort(-(z[N_USERS:, :K] @ r))[:10]
