@@ -118,7 +118,7 @@ def ne_lift(data: str, run_name: str, dim_dir: Path, log: Path, extra: list[str]
     report = dim_dir / "report"
     # the hir ranking arm alone beside the baseline (the other arms do not read the served vectors)
     hir("evaluate", f"data={data}", f"run_name={run_name}", "eval.hir_source=files", "eval.retrieval_arms=[hir]",
-        "~eval.ranking.hir_tokens", "~eval.ranking.hir_rare", "~eval.ranking.content", "eval.explain.arm=hir",
+        "~eval.ranking.hir_tokens", "~eval.ranking.content", "eval.explain.arm=hir",
         f"paths.embeddings_dir={dim_dir / 'embeddings'}", f"paths.hierarchy_dir={dim_dir / 'hierarchy'}",
         f"paths.report_dir={report}", "force=true", *extra, log=log)
     return from_report(report / "metrics.json")

@@ -149,6 +149,40 @@ def search_spec(cfg: DictConfig, snap: Snapshot, task: RetrievalTask, sources: S
     return SearchSpec("published", sources.manifest, sources.entity_type, max(max(task.ks), search_depth(snap, arms, run)))
 
 
+def predicted_history_splits(cfg: DictConfig) -> list[str]:
+    """The periods the retrieval arms will learn from, known before the export exists: as
+    configured, else as :meth:`Sources.history_splits` will find them from the export's cutoff
+    (an export that sees val is stamped at the test period's start, one of train alone before it)."""
+    configured = cfg.eval.get("retrieval_history_splits")
+    if configured:
+        return list(configured)
+    visible = list(cfg.export.get("visible_splits") or ["train"]) if "export" in cfg else ["train"]
+    return ["train", "val"] if "val" in visible or "test" in visible else ["train"]
+
+
+def prewarm(cfg: DictConfig) -> Any:
+    """`hir pipeline`: start the retrieval baselines (the fits that read the snapshot alone:
+    popularity, item-kNN, LightGCN, GF-CF, repeat) in a second process at the lowest priority as
+    soon as the snapshot exists, so they use what the stages before `hir evaluate` leave of the
+    cores; they land in the evaluation's fit cache, where `hir evaluate` finds them (logged as
+    reused). Returns the process handle (its ``wait()`` / ``stop()``), or None: evaluation is not
+    among the stages, the cache or ``eval.prewarm`` is off, or the report exists (nothing to fit).
+
+    The arms' inputs are predicted (the history periods from ``export.visible_splits``); a wrong
+    prediction only misses the cache: evaluate then fits those arms itself, with the same figures."""
+    ev = cfg.eval
+    if ("evaluate" not in cfg.pipeline.stages or not bool(ev.cache.enabled) or not bool(ev.get("prewarm", False))
+            or ((Path(cfg.paths.report_dir) / "metrics.json").exists() and not cfg.force)):
+        return None
+    from hir_evaluation.retrieval.background import Background
+
+    snap = load_snapshot(cfg.paths.graph_dir)
+    _, ret_task = resolve_tasks(cfg, snap)
+    return Background(snap.dir, ret_task, OmegaConf.to_container(ev.retrieval, resolve=True), int(ev.seed),
+                      predicted_history_splits(cfg), list(ev.retrieval_arms) if ev.get("retrieval_arms") else None,
+                      fit_cache(cfg, snap), nice=19, purpose="ahead of `hir evaluate`, at the lowest priority")
+
+
 def outputs_record(cfg: DictConfig, sources: Sources) -> dict[str, Any]:
     """metrics.json's ``outputs``: where this run's report, export and served version are (the
     report's "where are the outputs?")."""

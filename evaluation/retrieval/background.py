@@ -36,11 +36,16 @@ def fit_baselines(
     snapshot: str,
     search: SearchSpec | None = None,
     claim: Any = None,
+    nice: int = 0,
 ) -> dict[str, Any]:
     """(In the second process.) Fit every arm of ``specs`` that needs no optional input and is
     not cached yet, and store its top-k lists in the cache; then, when ``search`` is given and
     the parent has not claimed it yet (``claim``, a shared int: evaluation/retrieval/prefetch.py),
-    run the HIR search. Returns {"fits": arm -> seconds, "search": its result or None}."""
+    run the HIR search. ``nice``: added to this process's niceness first (the pipeline's
+    prewarm runs at 19, so the stages in the foreground keep the cores they use). Returns
+    {"fits": arm -> seconds, "search": its result or None}."""
+    import os
+
     from threadpoolctl import threadpool_limits
 
     from hir.data.snapshot import load_snapshot
@@ -48,6 +53,8 @@ def fit_baselines(
     from hir_evaluation.retrieval.evaluate import arm_key
     from hir_evaluation.retrieval.registry import RetrievalContext, build_arms
 
+    if nice:
+        os.nice(nice)
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] - (parallel) %(message)s")
     snap = load_snapshot(graph_dir)
     data = retrieval_data(snap, task, "test", seed, history_splits)
@@ -95,7 +102,7 @@ class Background:
 
     def __init__(self, graph_dir: Path, task: RetrievalTask, specs: dict[str, Any], seed: int,
                  history_splits: list[str], run: list[str] | None, cache: FitCache,
-                 search: SearchSpec | None = None) -> None:
+                 search: SearchSpec | None = None, nice: int = 0, purpose: str = "while the rankers train") -> None:
         self.t0 = time.perf_counter()
         # spawn, not fork: the parent holds torch and Polars thread pools a fork would copy mid-use
         ctx = multiprocessing.get_context("spawn")
@@ -104,11 +111,11 @@ class Background:
         self.claim = ctx.Value("i", FREE) if search is not None else None
         self._proc = ctx.Process(target=_child, name="hir-evaluate-baselines", daemon=True, args=(
             child_conn, str(graph_dir), task, specs, seed, history_splits, run, str(cache.dir.parent), cache.snapshot,
-            search, self.claim))
+            search, self.claim, nice))
         self._proc.start()
         child_conn.close()
         self._joined: dict[str, Any] | None = None
-        log.info("retrieval baselines: fitting in a second process (pid %s) while the rankers train%s", self._proc.pid,
+        log.info("retrieval baselines: fitting in a second process (pid %s) %s%s", self._proc.pid, purpose,
                  "; then the HIR search, unless this process is free first" if search is not None else "")
 
     def _receive(self) -> dict[str, Any]:
@@ -130,6 +137,15 @@ class Background:
         """The HIR search the second process ran ((fingerprint, k, lists, seconds), waiting for it),
         or None (it failed, or the parent claimed the search)."""
         return self._receive()["search"]
+
+    def wait(self) -> dict[str, float]:
+        """Wait for the second process without taking its fits into a cache object (the pipeline's
+        prewarm: the evaluation that follows reads them from the cache's files); arm -> its
+        seconds there ({} when it failed)."""
+        joined = self._receive()
+        log.info("retrieval baselines: %s fitted ahead of evaluate (%s) in %.0fs", ", ".join(joined["fits"]) or "none",
+                 ", ".join(f"{n} {s:.0f}s" for n, s in joined["fits"].items()), joined["seconds"])
+        return dict(joined["fits"])
 
     def join(self, cache: FitCache) -> dict[str, float]:
         """Wait for the second process; arm -> its seconds there ({} when it failed)."""

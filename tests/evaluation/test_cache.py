@@ -120,3 +120,38 @@ def test_a_failed_evaluation_ends_the_second_process(compose: Callable, tiny_gra
         stage.run(compose("data=rees46", f"paths.graph_dir={tiny_graph}", TINY_TASK, "eval.require_content=false",
                           *FAST, "eval.parallel_baselines=true", stage="evaluate"))
     assert len(started) == 1 and not started[0]._proc.is_alive()  # ended, not waited for
+
+
+def test_the_pipeline_fits_the_retrieval_baselines_ahead_of_evaluate(compose: Callable, tiny_graph: Path,
+                                                                       tmp_path: Path,
+                                                                       caplog: pytest.LogCaptureFixture) -> None:
+    from hir.stages import run_pipeline
+    from tests.evaluation.tiny import TEST_START
+
+    write_export(tiny_graph, tmp_path / "embeddings", dim=4, levels=(2,), top_k=1, event_timestamp=TEST_START)
+    # an export stamped at the test period's start saw val: the prewarm predicts that from
+    # export.visible_splits, so its fits carry the keys evaluate looks up
+    base = ["data=rees46", f"paths.graph_dir={tiny_graph}", TINY_TASK, "eval.require_content=false", *FAST,
+            "export.visible_splits=[train,val]", "pipeline.stages=[evaluate]"]
+    with caplog.at_level(logging.INFO):
+        metrics = run_pipeline(compose(*base, stage="pipeline"))["evaluate"]
+    assert "fitted ahead of evaluate (popularity" in caplog.text
+    assert set(metrics["cache"]["reused"]) == BASELINE_FITS - {"ranking/baseline"}
+    assert metrics["cache"]["stored"] == ["ranking/baseline"]
+    # the same figures as an evaluation that fits them itself
+    alone = stage.run(compose(*base[:-1], "force=true", "eval.cache.enabled=false", stage="evaluate"))
+    for arm in ("popularity", "itemknn", "lightgcn", "gfcf", "repeat", "hir"):
+        assert metrics["retrieval"][arm] == alone["retrieval"][arm], arm
+
+    # a wrong prediction (train alone) only misses the cache: evaluate fits those arms itself
+    missed = run_pipeline(compose(*base, "export.visible_splits=[train]", "force=true",
+                                  f"eval.cache.dir={tmp_path / 'other_cache'}", stage="pipeline"))["evaluate"]
+    assert metrics["retrieval"]["lightgcn"] == missed["retrieval"]["lightgcn"]
+    assert "retrieval/lightgcn" in missed["cache"]["stored"]
+
+
+def test_no_prewarm_without_evaluate_or_the_cache(compose: Callable, tiny_graph: Path) -> None:
+    base = ["data=rees46", f"paths.graph_dir={tiny_graph}", TINY_TASK, *FAST]
+    assert stage.prewarm(compose(*base, "pipeline.stages=[prepare,train]", stage="pipeline")) is None
+    assert stage.prewarm(compose(*base, "eval.cache.enabled=false", stage="pipeline")) is None
+    assert stage.prewarm(compose(*base, "eval.prewarm=false", stage="pipeline")) is None

@@ -27,7 +27,7 @@ def test_eval_group_instantiates(compose: Callable) -> None:
     assert isinstance(retrieval["lightgcn"], LightGCN) and retrieval["gfcf"] == GFCF(rank=256, ideal_weight=0.3)
     assert {name: arm.info.role for name, arm in retrieval.items() if arm.info.role != "baseline"} == {
         "hir": "model", "recommend": "model", "repeat": "reference"}
-    assert list(build_ranking_arms(cfg.eval.ranking)) == ["hir", "hir_tokens", "hir_rare", "content"]
+    assert list(build_ranking_arms(cfg.eval.ranking)) == ["hir", "hir_tokens", "content"]
     assert cfg.eval.bootstrap.resamples == 200 and cfg.eval.seed == cfg.seed
 
 

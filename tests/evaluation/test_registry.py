@@ -54,7 +54,7 @@ def test_one_config_line_adds_an_arm(compose: Callable, tiny_graph: Path, tmp_pa
                   "+eval.retrieval.lowest={_target_: tests.evaluation.test_registry.LowestIds}", stage="evaluate")
     metrics = stage.run(cfg)
     ranking, retrieval = metrics["ranking"], metrics["retrieval"]
-    assert ranking["arms"] == ["baseline", "hir", "hir_tokens", "hir_rare", "content", "noisy"]
+    assert ranking["arms"] == ["baseline", "hir", "hir_tokens", "content", "noisy"]
     assert ranking["noisy"]["auc"] is not None and ranking["ne_lift_noisy"]["value"] is not None
     assert ranking["noisy"]["feature_coverage"]["test_has_noisy"] == 1.0
     assert ranking["hir"]["auc"] is None  # no embeddings: listed, not run

@@ -24,6 +24,9 @@ FAST = [
     "eval.retrieval.lightgcn.max_epochs=2", "eval.retrieval.lightgcn.steps_per_epoch=3", "eval.retrieval.lightgcn.batch_size=1024",
     "eval.retrieval.itemknn.neighbours=20", "eval.retrieval.gfcf.rank=32", "eval.diagnostics.map_points=300",
 ]
+# hir with rare ids mapped to "unknown": off by default (conf/eval/default.yaml says why)
+HIR_RARE = ("+eval.ranking.hir_rare={_target_: hir_evaluation.ranking.arms.hir_rare.HirForRareIds, max_events: 20, "
+            "user_max_events: -1}")
 # merged into conf/eval/task/rees46.yaml (the composed default): reset its 30-minute window
 TINY_TASK = "eval.task={ranking:{_target_:hir_evaluation.tasks.RankingTask,candidate_stages:[view],window:null}}"
 
@@ -36,10 +39,13 @@ def test_rees46_report(compose: Callable, tmp_path: Path, rees46_graph: Path) ->
     # the same export again, as a second run would write it: token stability must be perfect
     shutil.copytree(tmp_path / "embeddings", tmp_path / "other" / "embeddings")
     cfg = compose("data=rees46", *FAST, f"eval.compare_embeddings_dir={tmp_path / 'other' / 'embeddings'}",
-                  stage="evaluate")
+                  HIR_RARE, stage="evaluate")
     metrics = stage.run(cfg)
 
     report = tmp_path / "report"
+    # the off-by-default arm comes back with one config line, after the default arms
+    assert metrics["ranking"]["arms"] == ["baseline", "hir", "hir_tokens", "content", "hir_rare"]
+    assert metrics["ranking"]["hir_rare"]["auc"] is not None
     assert json.loads((report / "metrics.json").read_text()) == metrics
     ranking, retrieval = metrics["ranking"], metrics["retrieval"]
     for arm in ("baseline", "hir", "content"):
