@@ -160,16 +160,44 @@ def predicted_history_splits(cfg: DictConfig) -> list[str]:
     return ["train", "val"] if "val" in visible or "test" in visible else ["train"]
 
 
-def prewarm(cfg: DictConfig) -> Any:
-    """`hir pipeline`: start the retrieval baselines (the fits that read the snapshot alone:
-    popularity, item-kNN, LightGCN, GF-CF, repeat) in a second process at the lowest priority as
-    soon as the snapshot exists, so they use what the stages before `hir evaluate` leave of the
-    cores; they land in the evaluation's fit cache, where `hir evaluate` finds them (logged as
-    reused). Returns the process handle (its ``wait()`` / ``stop()``), or None: evaluation is not
-    among the stages, the cache or ``eval.prewarm`` is off, or the report exists (nothing to fit).
+def prewarm_ranking(container: dict[str, Any]) -> dict[str, float]:
+    """(In the prewarm's process, after the retrieval baselines.) The ranking fits that read
+    nothing of the HIR export (the baseline, the content arm) made into the fit cache under the
+    keys `hir evaluate` will look up; ``container``: the run's resolved config. Nothing when the
+    content vectors are not written yet (enrich failed or is still running): evaluate fits them.
+    Returns arm -> seconds of the fits made."""
+    from threadpoolctl import threadpool_limits
 
-    The arms' inputs are predicted (the history periods from ``export.visible_splits``); a wrong
-    prediction only misses the cache: evaluate then fits those arms itself, with the same figures."""
+    from hir_evaluation.ranking.evaluate import prewarm_ranking as fit_ahead
+
+    cfg = OmegaConf.create(container)
+    ev = cfg.eval
+    snap = load_snapshot(cfg.paths.graph_dir)
+    rank_task, ret_task = resolve_tasks(cfg, snap)
+    if not (Path(cfg.paths.content_dir) / "meta.json").exists() and bool(ev.get("require_content", True)):
+        log.info("evaluate prewarm: no content vectors in %s yet; evaluate fits the ranking baselines", cfg.paths.content_dir)
+        return {}
+    cfg.eval.hir_source, cfg.eval.require_hir = "none", False  # these fits read nothing of HIR
+    sources = Sources(cfg, snap, rank_task.entity_type, ret_task.history_stages)
+    arms = {name: arm for name, arm in build_ranking_arms(ev.ranking).items() if cacheable(arm.needs)}
+    with threadpool_limits(int(ev.ranker.get("threads", 1))):
+        return fit_ahead(snap, rank_task, instantiate(ev.ranker), list(ev.ranker_fit_splits), bind(arms, sources),
+                         int(ev.seed), int(ev.ranker_seeds), int(ev.id_buckets), fit_cache(cfg, snap))
+
+
+def prewarm(cfg: DictConfig) -> Any:
+    """`hir pipeline`: start the evaluation's fits that read nothing of the HIR export in a second
+    process at the lowest priority as soon as the snapshot exists, so they use what the stages
+    before `hir evaluate` leave of the cores: the retrieval baselines (popularity, item-kNN,
+    LightGCN, GF-CF, repeat), then the ranking baseline and content arms (:func:`prewarm_ranking`,
+    once enrich has written the content vectors). They land in the evaluation's fit cache, where
+    `hir evaluate` finds them (logged as reused). Returns the process handle (its ``wait()`` /
+    ``stop()``), or None: evaluation is not among the stages, the cache or ``eval.prewarm`` is
+    off, or the report exists (nothing to fit).
+
+    The fits' inputs are predicted (the history periods from ``export.visible_splits``; the
+    ranking rows fitted on ``eval.ranker_fit_splits``, not cross-fitted); a wrong prediction only
+    misses the cache: evaluate then fits those arms itself, with the same figures."""
     ev = cfg.eval
     if ("evaluate" not in cfg.pipeline.stages or not bool(ev.cache.enabled) or not bool(ev.get("prewarm", False))
             or ((Path(cfg.paths.report_dir) / "metrics.json").exists() and not cfg.force)):
@@ -178,9 +206,15 @@ def prewarm(cfg: DictConfig) -> Any:
 
     snap = load_snapshot(cfg.paths.graph_dir)
     _, ret_task = resolve_tasks(cfg, snap)
+    try:
+        then = (prewarm_ranking, (OmegaConf.to_container(cfg, resolve=True),))
+    except Exception as err:  # a config the child cannot rebuild: evaluate fits the ranking baselines itself
+        log.warning("evaluate prewarm: the ranking fits are left to evaluate (the config does not resolve: %s)", err)
+        then = None
     return Background(snap.dir, ret_task, OmegaConf.to_container(ev.retrieval, resolve=True), int(ev.seed),
                       predicted_history_splits(cfg), list(ev.retrieval_arms) if ev.get("retrieval_arms") else None,
-                      fit_cache(cfg, snap), nice=19, purpose="ahead of `hir evaluate`, at the lowest priority")
+                      fit_cache(cfg, snap), nice=19, purpose="ahead of `hir evaluate`, at the lowest priority",
+                      then=then)
 
 
 def outputs_record(cfg: DictConfig, sources: Sources) -> dict[str, Any]:

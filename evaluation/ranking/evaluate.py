@@ -188,30 +188,8 @@ def evaluate_ranking(
     preds: dict[str, list[np.ndarray]] = {}
     fits: dict[str, list[dict[str, Any]]] = {}
     for name, x in inputs.items():
-        key = None
-        if cache is not None and name in cached_arms:
-            # everything the fits read: two evaluations with the same key fit the same rankers
-            key = fit_key(name, ranker, seed_list, [(learn, out) for learn, out in plan], test_idx, y, users, times,
-                          x.dense, x.dense_names, x.sparse, x.sparse_names, x.vocab, x.vectors, x.bags)
-            if (hit := cache.get("ranking", name, key)) is not None:
-                preds[name], fits[name] = hit["preds"], hit["fits"]
-                continue
-        preds[name], fits[name] = [], []
-        for s in seed_list:
-            p = np.zeros(len(test_idx))
-            for k, (learn, out_pos) in enumerate(plan):
-                tag = f"ranker {name} (seed {s}{f', fold {k}' if crossfit else ''})"
-                fitted = fit_ranker(x, y, users, ranker, s + k, tag, rows=learn, times=times)
-                p[out_pos] = fitted.predict(x, test_idx[out_pos])
-                fits[name].append({"seed": s, "fold": k if crossfit else None, "best_step": fitted.steps,
-                                   "best_check": fitted.best_check, "holdout_log_loss": fitted.best_holdout_loss,
-                                   "seconds": fitted.seconds, "steps_per_epoch": fitted.steps_per_epoch,
-                                   "curve": fitted.curve})
-            preds[name].append(p)
-        log.info("ranker %s: best steps %s, %.1fs", name, [f["best_step"] for f in fits[name]],
-                 sum(f["seconds"] for f in fits[name]))
-        if key is not None and cache is not None:
-            cache.put("ranking", name, key, {"preds": preds[name], "fits": fits[name]})
+        preds[name], fits[name] = fit_arm(name, x, y, users, times, ranker, seed_list, plan, test_idx, crossfit,
+                                          cache if name in cached_arms else None)
 
     y_test, test_rows = y[test_idx], rows[test_idx]
     groups = users[test_idx] if unit == "user" else np.arange(len(test_idx))
@@ -265,6 +243,71 @@ def evaluate_ranking(
                 break
         out["top_pairs"] = picked
     return out
+
+
+def fit_arm(name: str, x: RankerInputs, y: np.ndarray, users: np.ndarray, times: np.ndarray, ranker: RankerConfig,
+            seed_list: list[int], plan: list[tuple[np.ndarray, np.ndarray]], test_idx: np.ndarray, crossfit: bool,
+            cache: FitCache | None = None) -> tuple[list[np.ndarray], list[dict[str, Any]]]:
+    """One arm's rankers, one per seed (and fold): (per seed its (T,) test predictions, per fit its
+    record). With ``cache``, the fits are taken from it when every input they read (features,
+    labels, rows, seeds, recipe) is the same, and stored in it otherwise."""
+    key = None
+    if cache is not None:
+        # everything the fits read: two evaluations with the same key fit the same rankers
+        key = fit_key(name, ranker, seed_list, [(learn, out) for learn, out in plan], test_idx, y, users, times,
+                      x.dense, x.dense_names, x.sparse, x.sparse_names, x.vocab, x.vectors, x.bags)
+        if (hit := cache.get("ranking", name, key)) is not None:
+            return hit["preds"], hit["fits"]
+    preds: list[np.ndarray] = []
+    fits: list[dict[str, Any]] = []
+    for s in seed_list:
+        p = np.zeros(len(test_idx))
+        for k, (learn, out_pos) in enumerate(plan):
+            tag = f"ranker {name} (seed {s}{f', fold {k}' if crossfit else ''})"
+            fitted = fit_ranker(x, y, users, ranker, s + k, tag, rows=learn, times=times)
+            p[out_pos] = fitted.predict(x, test_idx[out_pos])
+            fits.append({"seed": s, "fold": k if crossfit else None, "best_step": fitted.steps,
+                         "best_check": fitted.best_check, "holdout_log_loss": fitted.best_holdout_loss,
+                         "seconds": fitted.seconds, "steps_per_epoch": fitted.steps_per_epoch, "curve": fitted.curve})
+        preds.append(p)
+    log.info("ranker %s: best steps %s, %.1fs", name, [f["best_step"] for f in fits], sum(f["seconds"] for f in fits))
+    if key is not None and cache is not None:
+        cache.put("ranking", name, key, {"preds": preds, "fits": fits})
+    return preds, fits
+
+
+def prewarm_ranking(snap: Snapshot, task: RankingTask, ranker: RankerConfig, fit_splits: list[str],
+                    arms: Mapping[str, ArmInputs | None], seed: int, seeds: int, id_buckets: int,
+                    cache: FitCache) -> dict[str, float]:
+    """The fits of :func:`evaluate_ranking` that read nothing of the HIR export (the baseline and
+    ``arms``, bound to sources without HIR), made ahead into ``cache`` under the keys
+    :func:`evaluate_ranking` will look up when it fits on ``fit_splits`` (no cross-fitting: a
+    cross-fitted evaluation has other keys and fits them itself). Returns arm -> seconds of the
+    fits made here (cached ones are skipped)."""
+    if task.crossfit or list(fit_splits) == ["test"]:
+        return {}
+    label_stage = task.resolve_label_stage(snap)
+    rows = candidate_rows(snap, task, fit_splits, seed)
+    is_test = (rows["split"] == "test").to_numpy()
+    fit_idx, test_idx = np.flatnonzero(~is_test), np.flatnonzero(is_test)
+    if not len(test_idx) or not len(fit_idx):
+        return {}
+    y = rows["label"].to_numpy().astype(np.float64)
+    users = rows["user_id"].to_numpy()
+    times = rows["ts"].dt.epoch("us").to_numpy()
+    base = baseline_inputs(snap, rows, task.entity_type, label_stage, id_buckets)
+    plan = [(fit_idx, np.arange(len(test_idx)))]
+    seed_list = [seed + 1000 * i for i in range(max(1, seeds))]
+    done: dict[str, float] = {}
+    for name, bound in {BASELINE: None, **arms}.items():
+        if name != BASELINE and bound is None:
+            continue
+        x = base if bound is None else bound(rows, base)
+        stored = len(cache.stored)
+        _, fits = fit_arm(name, x, y, users, times, ranker, seed_list, plan, test_idx, False, cache)
+        if len(cache.stored) > stored:  # fitted here, not found in the cache
+            done[name] = float(sum(f["seconds"] for f in fits))
+    return done
 
 
 def seed_spread(lifts: list[float]) -> dict[str, Any]:

@@ -37,13 +37,16 @@ def fit_baselines(
     search: SearchSpec | None = None,
     claim: Any = None,
     nice: int = 0,
+    then: tuple[Any, tuple[Any, ...]] | None = None,
 ) -> dict[str, Any]:
     """(In the second process.) Fit every arm of ``specs`` that needs no optional input and is
     not cached yet, and store its top-k lists in the cache; then, when ``search`` is given and
     the parent has not claimed it yet (``claim``, a shared int: evaluation/retrieval/prefetch.py),
     run the HIR search. ``nice``: added to this process's niceness first (the pipeline's
-    prewarm runs at 19, so the stages in the foreground keep the cores they use). Returns
-    {"fits": arm -> seconds, "search": its result or None}."""
+    prewarm runs at 19, so the stages in the foreground keep the cores they use). ``then``:
+    (function, args) called last, in this process, its result returned as "then" (the
+    pipeline's prewarm of the ranking fits; a failure there is logged, the fits above still
+    count). Returns {"fits": arm -> seconds, "search": its result or None, "then": ...}."""
     import os
 
     from threadpoolctl import threadpool_limits
@@ -82,7 +85,15 @@ def fit_baselines(
                 except Exception as err:  # the fits above still count; the parent then searches itself
                     log.warning("hir retrieval: the search failed here (%s: %s); the parent searches", type(err).__name__,
                                 err)
-    return {"fits": done, "search": found}
+        after = None
+        if then is not None:
+            fn, fn_args = then
+            try:
+                after = fn(*fn_args)
+            except Exception as err:  # the parent's evaluation fits whatever is missing itself
+                log.warning("evaluate prewarm: %s failed (%s: %s); evaluate fits those itself", getattr(fn, "__name__", fn),
+                            type(err).__name__, err)
+    return {"fits": done, "search": found, "then": after}
 
 
 def _child(conn: Any, *args: Any) -> None:
@@ -102,7 +113,8 @@ class Background:
 
     def __init__(self, graph_dir: Path, task: RetrievalTask, specs: dict[str, Any], seed: int,
                  history_splits: list[str], run: list[str] | None, cache: FitCache,
-                 search: SearchSpec | None = None, nice: int = 0, purpose: str = "while the rankers train") -> None:
+                 search: SearchSpec | None = None, nice: int = 0, purpose: str = "while the rankers train",
+                 then: tuple[Any, tuple[Any, ...]] | None = None) -> None:
         self.t0 = time.perf_counter()
         # spawn, not fork: the parent holds torch and Polars thread pools a fork would copy mid-use
         ctx = multiprocessing.get_context("spawn")
@@ -111,7 +123,7 @@ class Background:
         self.claim = ctx.Value("i", FREE) if search is not None else None
         self._proc = ctx.Process(target=_child, name="hir-evaluate-baselines", daemon=True, args=(
             child_conn, str(graph_dir), task, specs, seed, history_splits, run, str(cache.dir.parent), cache.snapshot,
-            search, self.claim, nice))
+            search, self.claim, nice, then))
         self._proc.start()
         child_conn.close()
         self._joined: dict[str, Any] | None = None
@@ -129,7 +141,7 @@ class Background:
             self._proc.join()
             if status != "ok":
                 log.warning("retrieval baselines: the second process failed (%s); fitting them here", payload)
-            self._joined = payload if status == "ok" else {"fits": {}, "search": None}
+            self._joined = payload if status == "ok" else {"fits": {}, "search": None, "then": None}
             self._joined["seconds"] = time.perf_counter() - self.t0
         return self._joined
 
@@ -143,9 +155,11 @@ class Background:
         prewarm: the evaluation that follows reads them from the cache's files); arm -> its
         seconds there ({} when it failed)."""
         joined = self._receive()
-        log.info("retrieval baselines: %s fitted ahead of evaluate (%s) in %.0fs", ", ".join(joined["fits"]) or "none",
-                 ", ".join(f"{n} {s:.0f}s" for n, s in joined["fits"].items()), joined["seconds"])
-        return dict(joined["fits"])
+        fits = {f"retrieval/{n}": s for n, s in joined["fits"].items()}
+        fits |= {f"ranking/{n}": s for n, s in (joined.get("then") or {}).items()}
+        log.info("evaluate prewarm: %s fitted ahead of evaluate (%s) in %.0fs", ", ".join(fits) or "none",
+                 ", ".join(f"{n} {s:.0f}s" for n, s in fits.items()), joined["seconds"])
+        return fits
 
     def join(self, cache: FitCache) -> dict[str, float]:
         """Wait for the second process; arm -> its seconds there ({} when it failed)."""

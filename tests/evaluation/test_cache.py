@@ -126,25 +126,28 @@ def test_the_pipeline_fits_the_retrieval_baselines_ahead_of_evaluate(compose: Ca
                                                                        tmp_path: Path,
                                                                        caplog: pytest.LogCaptureFixture) -> None:
     from hir.stages import run_pipeline
-    from tests.evaluation.tiny import TEST_START
+    from tests.evaluation.tiny import VAL_START
 
-    write_export(tiny_graph, tmp_path / "embeddings", dim=4, levels=(2,), top_k=1, event_timestamp=TEST_START)
-    # an export stamped at the test period's start saw val: the prewarm predicts that from
-    # export.visible_splits, so its fits carry the keys evaluate looks up
+    # an export of the train period (the default), stamped at val's start: the prewarm predicts
+    # that from export.visible_splits, and the rankers fit on val (no cross-fitting), so its fits
+    # carry the keys evaluate looks up
+    write_export(tiny_graph, tmp_path / "embeddings", dim=4, levels=(2,), top_k=1, event_timestamp=VAL_START)
     base = ["data=rees46", f"paths.graph_dir={tiny_graph}", TINY_TASK, "eval.require_content=false", *FAST,
-            "export.visible_splits=[train,val]", "pipeline.stages=[evaluate]"]
+            "export.visible_splits=[train]", "pipeline.stages=[evaluate]"]
     with caplog.at_level(logging.INFO):
         metrics = run_pipeline(compose(*base, stage="pipeline"))["evaluate"]
-    assert "fitted ahead of evaluate (popularity" in caplog.text
-    assert set(metrics["cache"]["reused"]) == BASELINE_FITS - {"ranking/baseline"}
-    assert metrics["cache"]["stored"] == ["ranking/baseline"]
+    assert "fitted ahead of evaluate (retrieval/popularity" in caplog.text
+    assert set(metrics["cache"]["reused"]) == BASELINE_FITS and metrics["cache"]["stored"] == []
     # the same figures as an evaluation that fits them itself
     alone = stage.run(compose(*base[:-1], "force=true", "eval.cache.enabled=false", stage="evaluate"))
     for arm in ("popularity", "itemknn", "lightgcn", "gfcf", "repeat", "hir"):
         assert metrics["retrieval"][arm] == alone["retrieval"][arm], arm
+    for arm in ("baseline", "hir"):
+        assert metrics["ranking"][arm]["seed_values"] == alone["ranking"][arm]["seed_values"], arm
+    assert metrics["ranking"]["ne_lift"] == alone["ranking"]["ne_lift"]
 
-    # a wrong prediction (train alone) only misses the cache: evaluate fits those arms itself
-    missed = run_pipeline(compose(*base, "export.visible_splits=[train]", "force=true",
+    # a wrong prediction (val seen) only misses the cache: evaluate fits those arms itself
+    missed = run_pipeline(compose(*base, "export.visible_splits=[train,val]", "force=true",
                                   f"eval.cache.dir={tmp_path / 'other_cache'}", stage="pipeline"))["evaluate"]
     assert metrics["retrieval"]["lightgcn"] == missed["retrieval"]["lightgcn"]
     assert "retrieval/lightgcn" in missed["cache"]["stored"]
