@@ -10,7 +10,9 @@ one place, :func:`relative_lift`, for point values and bootstrap draws alike.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -164,7 +166,19 @@ def seed_mean_draws(
     if len(n_seeds) != 1:
         raise ValueError(f"every arm needs one prediction per seed; got {({a: len(p) for a, p in preds.items()})}")
     n = n_seeds.pop()
-    per_seed = [bootstrap_ranking(y, {arm: ps[s] for arm, ps in preds.items()}, weights, baseline) for s in range(n)]
+
+    def one_seed(s: int) -> dict[str, dict[str, np.ndarray]]:
+        return bootstrap_ranking(y, {arm: ps[s] for arm, ps in preds.items()}, weights, baseline)
+
+    # the seeds' draws are independent and NumPy's gathers and sums release the GIL: two threads
+    # (same results) took 6.2 s against 9.5 s for 4 arms x 4 seeds x 200 draws of 98k rows on 2
+    # busy cores; the bootstrap of completejourney's 10 ranker seeds was ~35 s of `hir evaluate`
+    workers = min(n, max(1, os.cpu_count() or 1), 4)
+    if workers > 1:
+        with ThreadPoolExecutor(workers) as pool:
+            per_seed = list(pool.map(one_seed, range(n)))
+    else:
+        per_seed = [one_seed(s) for s in range(n)]
     # (R, S) how often each draw takes each seed (all ones with a single seed)
     picks = np.random.default_rng([seed, 29]).integers(0, n, size=(len(weights), n))
     share = np.stack([np.bincount(p, minlength=n) for p in picks]).astype(np.float64) / n
