@@ -1,13 +1,16 @@
 """Time and memory of `make run`'s pipeline: every stage of `hir pipeline` on a fresh output dir.
 
-    python benchmarks/pipeline.py                              # data=completejourney, as `make run`
+    python benchmarks/pipeline.py                              # data=completejourney: `hir pipeline`, as `make run`
     python benchmarks/pipeline.py --data synthetic data.adapter.n_users=200 data.adapter.n_events=5000
-    python benchmarks/pipeline.py --mode pipeline              # one `hir pipeline` process, as `make run`
+    python benchmarks/pipeline.py --mode stages                # one `hir <stage>` process per stage (RSS each)
 
-Each stage of ``pipeline.stages`` (conf/config.yaml) runs as its own `hir <stage>` subprocess in one
-run dir (``hydra.run.dir``), in order, so each stage's peak RSS is its own (``os.wait4``'s
-``ru_maxrss`` of that child and the processes it waited for). ``--mode pipeline`` runs the one
-`hir pipeline` process `make run` runs instead (one peak RSS for all stages). The seconds of a
+The default (``--mode pipeline``) runs the one `hir pipeline` process `make run` runs (one peak RSS
+for all stages; its evaluation prewarm, ``eval.prewarm``, fits the snapshot-only baselines in a
+low-priority process from the end of prepare, and ``prewarm`` records what it fitted and when it
+ended). ``--mode stages`` runs each stage of ``pipeline.stages`` (conf/config.yaml) as its own
+`hir <stage>` subprocess in one run dir (``hydra.run.dir``), in order, so each stage's peak RSS is
+its own (``os.wait4``'s ``ru_maxrss`` of that child and the processes it waited for); there is no
+prewarm then (each `hir evaluate` fits its baselines itself, as a lone `hir evaluate` does). The seconds of a
 stage are the ones it logs itself (``stage X: done in Ys``, hir/stages.py); ``wall_s`` adds the
 process start (imports, config) of the stage's own process.
 
@@ -47,6 +50,22 @@ SECTION = "pipeline"
 BUDGET_S = 600.0
 # hir/stages.py's run_stage: "stage %s: done in %.1fs"
 DONE = re.compile(r"stage (\w+): done in ([0-9.]+)s")
+# evaluation/retrieval/background.py's Background.wait: "evaluate prewarm: A, B fitted ahead of evaluate (A 3s, B 9s) in Ns"
+PREWARM = re.compile(r"evaluate prewarm: (.*) fitted ahead of evaluate \((.*)\) in ([0-9]+)s")
+
+
+def prewarm_record(log: str) -> dict[str, Any] | None:
+    """What the pipeline's evaluation prewarm fitted ({fit: seconds}) and its wall seconds, from
+    the log of a `hir pipeline` run (None when it did not run)."""
+    m = PREWARM.search(log)
+    if m is None:
+        return None
+    fits = {}
+    for part in m.group(2).split(", "):
+        name, _, sec = part.rpartition(" ")
+        if name:
+            fits[name] = float(sec.rstrip("s"))
+    return {"fits": fits, "wall_s": float(m.group(3))}
 
 
 def stage_seconds(log: str) -> dict[str, float]:
@@ -108,7 +127,7 @@ def measure(data: str, out_dir: Path, extra: list[str], mode: str) -> dict[str, 
         text = (logs / "pipeline.log").read_text(errors="replace")
         done = stage_seconds(text)
         rows = [{"stage": s, "seconds": done.get(s), "peak_rss_mib": None} for s in stages]
-        summary = {"wall_s": round(wall, 1), "peak_rss_mib": round(rss, 1)}
+        summary = {"wall_s": round(wall, 1), "peak_rss_mib": round(rss, 1), "prewarm": prewarm_record(text)}
         if rc:
             failed = {"stage": next((s for s in stages if s not in done), None), "exit": rc, "log_tail": text[-3000:]}
     else:
@@ -154,6 +173,10 @@ def section(results: dict[str, dict[str, Any]]) -> str:
                          f"{cell(row['peak_rss_mib'], '{:.0f}')} |")
         lines.append(f"| **all** | {r['total_s']:.1f} | {r['wall_s']:.1f} | {cell(r['peak_rss_mib'], '{:.0f}')} |")
         lines.append("")
+        if pre := r.get("prewarm"):
+            lines += [f"The evaluation prewarm (`eval.prewarm`, a nice-19 process from the end of prepare) fitted "
+                      f"{', '.join(f'{n} ({s:.0f} s)' for n, s in pre['fits'].items())} ahead of evaluate, "
+                      f"{pre['wall_s']:.0f} s after prepare; evaluate reused them from its fit cache.", ""]
     lines.append(end)
     return "\n".join(lines) + "\n"
 
@@ -163,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data", default="completejourney", help="the dataset (conf/data/<name>.yaml); default as `make run`")
     ap.add_argument("--out-dir", type=Path, default=None,
                     help="an empty or new run dir (default: a new temporary dir, removed after unless --keep)")
-    ap.add_argument("--mode", choices=("stages", "pipeline"), default="stages",
+    ap.add_argument("--mode", choices=("stages", "pipeline"), default="pipeline",
                     help="stages: one `hir <stage>` process per stage (a peak RSS each); pipeline: one `hir pipeline`")
     ap.add_argument("--keep", action="store_true", help="keep the temporary run dir")
     ap.add_argument("--results", type=Path, default=RESULTS)

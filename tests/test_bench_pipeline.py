@@ -42,3 +42,18 @@ def test_section_has_a_row_per_stage_and_the_verdict(bench) -> None:
     text = bench.section({"synthetic": record})
     assert text.startswith("<!-- pipeline:begin -->") and text.rstrip().endswith("<!-- pipeline:end -->")
     assert "| train | 700.0 | 720.0 | 2048 |" in text and "over the 600 s budget" in text
+
+
+def test_the_prewarm_record_is_the_line_the_pipeline_logs(bench, caplog) -> None:
+    import logging
+
+    from hir_evaluation.retrieval import background
+
+    # the line Background.wait writes, so a changed format fails here
+    with caplog.at_level(logging.INFO, logger=background.log.name):
+        background.log.info("evaluate prewarm: %s fitted ahead of evaluate (%s) in %.0fs",
+                            "retrieval/lightgcn, ranking/baseline", "retrieval/lightgcn 323s, ranking/baseline 24s", 641.2)
+    line = f"[t][{background.log.name}][INFO] {caplog.records[-1].getMessage()}\n"
+    record = bench.prewarm_record("[x][hir][INFO] stage export: done in 3.0s\n" + line)
+    assert record == {"fits": {"retrieval/lightgcn": 323.0, "ranking/baseline": 24.0}, "wall_s": 641.0}
+    assert bench.prewarm_record("[x][hir][INFO] stage export: done in 3.0s\n") is None
