@@ -214,7 +214,7 @@ def prewarm(cfg: DictConfig) -> Any:
     return Background(snap.dir, ret_task, OmegaConf.to_container(ev.retrieval, resolve=True), int(ev.seed),
                       predicted_history_splits(cfg), list(ev.retrieval_arms) if ev.get("retrieval_arms") else None,
                       fit_cache(cfg, snap), nice=19, purpose="ahead of `hir evaluate`, at the lowest priority",
-                      then=then)
+                      then=then, label="prewarm")
 
 
 def outputs_record(cfg: DictConfig, sources: Sources) -> dict[str, Any]:

@@ -38,6 +38,7 @@ def fit_baselines(
     claim: Any = None,
     nice: int = 0,
     then: tuple[Any, tuple[Any, ...]] | None = None,
+    label: str = "parallel",
 ) -> dict[str, Any]:
     """(In the second process.) Fit every arm of ``specs`` that needs no optional input and is
     not cached yet, and store its top-k lists in the cache; then, when ``search`` is given and
@@ -58,7 +59,7 @@ def fit_baselines(
 
     if nice:
         os.nice(nice)
-    logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] - (parallel) %(message)s")
+    logging.basicConfig(level=logging.INFO, format=f"[%(asctime)s][%(name)s][%(levelname)s] - ({label}) %(message)s")
     snap = load_snapshot(graph_dir)
     data = retrieval_data(snap, task, "test", seed, history_splits)
     ctx = RetrievalContext(snap, task, data, seed)
@@ -114,7 +115,7 @@ class Background:
     def __init__(self, graph_dir: Path, task: RetrievalTask, specs: dict[str, Any], seed: int,
                  history_splits: list[str], run: list[str] | None, cache: FitCache,
                  search: SearchSpec | None = None, nice: int = 0, purpose: str = "while the rankers train",
-                 then: tuple[Any, tuple[Any, ...]] | None = None) -> None:
+                 then: tuple[Any, tuple[Any, ...]] | None = None, label: str = "parallel") -> None:
         self.t0 = time.perf_counter()
         # spawn, not fork: the parent holds torch and Polars thread pools a fork would copy mid-use
         ctx = multiprocessing.get_context("spawn")
@@ -123,7 +124,7 @@ class Background:
         self.claim = ctx.Value("i", FREE) if search is not None else None
         self._proc = ctx.Process(target=_child, name="hir-evaluate-baselines", daemon=True, args=(
             child_conn, str(graph_dir), task, specs, seed, history_splits, run, str(cache.dir.parent), cache.snapshot,
-            search, self.claim, nice, then))
+            search, self.claim, nice, then, label))
         self._proc.start()
         child_conn.close()
         self._joined: dict[str, Any] | None = None
