@@ -94,6 +94,10 @@ def build_trainer(cfg: DictConfig, ckpt_dir: Path, monitor: str, planned_steps: 
     if planned_steps and batches_per_epoch and int(cfg.trainer.get("max_steps", -1) or -1) < 0:
         epochs = -(-int(planned_steps) // int(batches_per_epoch))
         extra["max_epochs"] = max(1, min(int(cfg.trainer.max_epochs), epochs))
+        if int(planned_steps) < int(batches_per_epoch) and cfg.trainer.get("limit_train_batches") is None:
+            # a plan shorter than one epoch (data.train_max_steps below it) is that many batches,
+            # not a whole epoch: the schedule is planned over the stepping batches either way
+            extra["limit_train_batches"] = int(planned_steps)
     # checkpoints written beside their final name and renamed: a kill leaves a whole last.ckpt
     # (hir/train/checkpoint_io.py); a killed writer's temporary file goes now
     remove_stale_tmp(ckpt_dir)

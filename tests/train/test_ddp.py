@@ -195,3 +195,19 @@ def test_ddp_two_cpu_processes(tiny_run: Path, tmp_path: Path):
     assert len(moved) >= len(init) // 4, moved
     # the validation figure is the last history point's, recomputed on rank 0's full val set
     assert report["metrics"]["val/recall@20"] == pytest.approx(report["history"][-1]["val/recall@20"], abs=1e-6)
+
+
+def test_a_plan_shorter_than_an_epoch_trains_that_many_batches(tmp_path: Path) -> None:
+    cfg = compose(tmp_path, "data=synthetic", *TINY_MODEL)
+    # data.train_max_steps below one epoch (completejourney: 50 of 100 batches): that many batches
+    trainer, _ = build_trainer(cfg, tmp_path / "checkpoints", "val/recall@20", planned_steps=50, batches_per_epoch=100)
+    assert trainer.max_epochs == 1 and trainer.limit_train_batches == 50
+    # a plan of whole epochs, or more than one, runs whole epochs (the last one rounded up)
+    for planned, epochs in ((100, 1), (250, 3)):
+        trainer, _ = build_trainer(cfg, tmp_path / "checkpoints", "val/recall@20", planned_steps=planned,
+                                   batches_per_epoch=100)
+        assert trainer.max_epochs == min(epochs, int(cfg.trainer.max_epochs)) and trainer.limit_train_batches == 1.0
+    # a limit the user set wins (the learner benchmark's untrained arm: one batch)
+    cfg = compose(tmp_path, "data=synthetic", *TINY_MODEL, "+trainer.limit_train_batches=1")
+    trainer, _ = build_trainer(cfg, tmp_path / "checkpoints", "val/recall@20", planned_steps=50, batches_per_epoch=100)
+    assert trainer.limit_train_batches == 1
