@@ -226,7 +226,8 @@ def evaluate_ranking(
                                   "arm": arm, "over": BASELINE} | seed_spread(lifts)
         else:
             out[lift_key(arm)] = {"value": None, "ci": [None, None], "arm": arm, "over": BASELINE}
-    out["slices"] = _slices(test_rows, base.subset(test_idx), y_test, preds, weights, task.few_events, level)
+    out["slices"] = _slices(test_rows, base.subset(test_idx), y_test, preds, weights, task.few_events, level, seed,
+                            draws)
     if top_pairs:
         arm = top_arm if top_arm in preds else BASELINE
         score = np.mean(preds[arm], axis=0)
@@ -324,10 +325,15 @@ def _slices(
     weights: np.ndarray,
     few_events: int,
     level: float,
+    seed: int = 0,
+    overall: dict[str, dict[str, np.ndarray]] | None = None,
 ) -> list[dict[str, Any]]:
     """Per slice: size, positives, each arm's AUC/NE/calibration (means over seeds), and every
     arm's NE lift over the baseline with its interval (the same paired bootstrap draws restricted
-    to the slice's rows; ``ne_lift`` for hir, ``ne_lift_<arm>`` for the others)."""
+    to the slice's rows, and the same draws of the ranker seeds, ``seed``; ``ne_lift`` for hir,
+    ``ne_lift_<arm>`` for the others). A slice of every row (completejourney's stage=exposure: every
+    candidate is an exposure) takes the ``overall`` draws, which are exactly its own: the bootstrap
+    is not run twice."""
     out = []
     for name, mask in slice_masks(rows, base, few_events).items():
         entry: dict[str, Any] = {"slice": name, "n": int(mask.sum()), "positives": int(y[mask].sum())}
@@ -338,7 +344,11 @@ def _slices(
         for arm, ms in per_seed.items():
             entry[arm] = {k: float(np.mean([m[k] for m in ms])) for k in ms[0]}
         if BASELINE in preds and len(preds) > 1 and 0 < y[mask].sum() < mask.sum():
-            d = seed_mean_draws(y[mask], {arm: [p[mask] for p in ps] for arm, ps in preds.items()}, weights[:, mask])
+            if overall is not None and mask.all():
+                d = overall
+            else:
+                d = seed_mean_draws(y[mask], {arm: [p[mask] for p in ps] for arm, ps in preds.items()}, weights[:, mask],
+                                    seed=seed)
             for arm in preds:
                 if arm == BASELINE:
                     continue

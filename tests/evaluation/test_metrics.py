@@ -106,3 +106,27 @@ def test_seed_draws_count_the_ranker_seeds_noise() -> None:
     # the interval still holds the mean over the seeds
     lo, hi = interval(two_level)
     assert lo < float(np.mean(rows_only)) < hi
+
+
+def test_a_slice_of_every_row_reports_the_overall_draws() -> None:
+    import polars as pl
+
+    from hir_evaluation.metrics import bootstrap_weights, seed_mean_draws
+    from hir_evaluation.ranking.evaluate import _slices
+    from hir_evaluation.ranking.features import RankerInputs
+
+    rng = np.random.default_rng(3)
+    n = 400
+    y = (rng.random(n) < 0.3).astype(np.float64)
+    preds = {arm: [np.clip(rng.random(n) * 0.5 + 0.3 * y, 0.01, 0.99) for _ in range(3)] for arm in ("baseline", "hir")}
+    rows = pl.DataFrame({"cold_entity": rng.random(n) < 0.2, "stage": ["view"] * n})
+    base = RankerInputs(np.log1p(rng.integers(0, 40, (n, 1))).astype(np.float32), ["user_n"], np.zeros((n, 0), np.int64),
+                        [], [])
+    weights = bootstrap_weights(rng.integers(0, 50, n), 30, 7)
+    overall = seed_mean_draws(y, preds, weights, seed=7)
+    fast = _slices(rows, base, y, preds, weights, 5, 0.95, 7, overall)
+    slow = _slices(rows, base, y, preds, weights, 5, 0.95, 7)
+    assert fast == slow  # the all-rows slice (stage=view) computed or taken from the overall: the same figures
+    every = next(s for s in fast if s["slice"] == "stage=view")
+    assert every["n"] == n and every["ne_lift"]["ci"] == pytest.approx(
+        [float(q) for q in np.quantile(overall["hir"]["ne_lift"][np.isfinite(overall["hir"]["ne_lift"])], [0.025, 0.975])])
