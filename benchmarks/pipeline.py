@@ -164,7 +164,7 @@ def section(results: dict[str, dict[str, Any]]) -> str:
         verdict = ("FAILED at " + str(r["failed"]["stage"])) if r.get("failed") else (
             "within" if r["within_budget"] else "over")
         lines += [f"**{data}**{extra} (git {r['git']}, {r['measured_at']}, {r['machine']['cpus']} cores, mode "
-                  f"{r['mode']}): {r['wall_s']:.0f} s in all, {verdict} the {r['budget_s']:.0f} s budget.", "",
+                  f"{r['mode']}): {r['wall_s']:.1f} s in all, {verdict} the {r['budget_s']:.0f} s budget.", "",
                   "| stage | seconds | with process start (s) | peak RSS (MiB) |", "|---|---|---|---|"]
         for row in r["stages"]:
             def cell(v: Any, fmt: str = "{:.1f}") -> str:
