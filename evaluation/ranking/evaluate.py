@@ -81,6 +81,23 @@ def fit_summary(fits: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def ranking_rows(snap: Snapshot, task: RankingTask, fit_splits: list[str], seed: int, id_buckets: int
+                 ) -> tuple[pl.DataFrame, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, RankerInputs]:
+    """What every ranker fit reads besides its arm's blocks: the candidate rows (n) of
+    ``fit_splits`` then test, the fit and test row positions, labels y (n,), users (n,), times
+    (n,) in epoch us, and the baseline's inputs. One function for :func:`evaluate_ranking` and
+    :func:`prewarm_ranking`, so the prewarm's fits carry exactly the cache keys evaluate looks up."""
+    rows = candidate_rows(snap, task, fit_splits, seed)
+    is_test = (rows["split"] == "test").to_numpy()
+    if is_test.sum() == 0 or rows.filter(pl.col("split") == "test")["label"].sum() == 0:
+        raise HirError(f"the test period of {snap.dataset} has no positive ranking rows for task {task}")
+    y = rows["label"].to_numpy().astype(np.float64)
+    users = rows["user_id"].to_numpy()
+    times = rows["ts"].dt.epoch("us").to_numpy()
+    base = baseline_inputs(snap, rows, task.entity_type, task.resolve_label_stage(snap), id_buckets)
+    return rows, np.flatnonzero(~is_test), np.flatnonzero(is_test), y, users, times, base
+
+
 def evaluate_ranking(
     snap: Snapshot,
     task: RankingTask,
@@ -133,16 +150,8 @@ def evaluate_ranking(
             f"is cross-fitted there ({folds} user-grouped folds, out-of-fold predictions), not fitted on {list(fit_splits)}"
         )
         fit_splits = ["test"]
-    rows = candidate_rows(snap, task, fit_splits, seed)
+    rows, fit_idx, test_idx, y, users, times, base = ranking_rows(snap, task, fit_splits, seed, id_buckets)
     crossfit = list(fit_splits) == ["test"]
-    is_test = (rows["split"] == "test").to_numpy()
-    if is_test.sum() == 0 or rows.filter(pl.col("split") == "test")["label"].sum() == 0:
-        raise HirError(f"the test period of {snap.dataset} has no positive ranking rows for task {task}")
-    fit_idx, test_idx = np.flatnonzero(~is_test), np.flatnonzero(is_test)
-    y = rows["label"].to_numpy().astype(np.float64)
-    users = rows["user_id"].to_numpy()
-    times = rows["ts"].dt.epoch("us").to_numpy()
-    base = baseline_inputs(snap, rows, task.entity_type, label_stage, id_buckets)
     arm_inputs = {name: inputs(rows, base) for name, inputs in arms.items() if inputs is not None}
     coverage: dict[str, dict[str, float]] = {}
     for name, x in arm_inputs.items():
@@ -287,16 +296,9 @@ def prewarm_ranking(snap: Snapshot, task: RankingTask, ranker: RankerConfig, fit
     fits made here (cached ones are skipped)."""
     if task.crossfit or list(fit_splits) == ["test"]:
         return {}
-    label_stage = task.resolve_label_stage(snap)
-    rows = candidate_rows(snap, task, fit_splits, seed)
-    is_test = (rows["split"] == "test").to_numpy()
-    fit_idx, test_idx = np.flatnonzero(~is_test), np.flatnonzero(is_test)
-    if not len(test_idx) or not len(fit_idx):
+    rows, fit_idx, test_idx, y, users, times, base = ranking_rows(snap, task, fit_splits, seed, id_buckets)
+    if not len(fit_idx):
         return {}
-    y = rows["label"].to_numpy().astype(np.float64)
-    users = rows["user_id"].to_numpy()
-    times = rows["ts"].dt.epoch("us").to_numpy()
-    base = baseline_inputs(snap, rows, task.entity_type, label_stage, id_buckets)
     plan = [(fit_idx, np.arange(len(test_idx)))]
     seed_list = [seed + 1000 * i for i in range(max(1, seeds))]
     done: dict[str, float] = {}
