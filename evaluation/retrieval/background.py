@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -48,8 +49,6 @@ def fit_baselines(
     (function, args) called last, in this process, its result returned as "then" (the
     pipeline's prewarm of the ranking fits; a failure there is logged, the fits above still
     count). Returns {"fits": arm -> seconds, "search": its result or None, "then": ...}."""
-    import os
-
     from threadpoolctl import threadpool_limits
 
     from hir.data.snapshot import load_snapshot
