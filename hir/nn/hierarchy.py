@@ -171,9 +171,14 @@ class HierarchicalTokenizer(nn.Module):
     def scores(self, x: Tensor) -> Tensor:
         """(B, dim) -> (B, K_{L-1}) finest-level scores ``-|x - V|^2 / 2`` (cosine - 1 for unit vectors)."""
         v = self.vectors()[-1]
-        # direct differences, not |x|^2 + |v|^2 - 2 x.v: the expansion cancels catastrophically
-        # when prototypes sit close together, and then codes stop round-tripping
-        return -0.5 * torch.cdist(x, v, compute_mode="donot_use_mm_for_euclid_dist").pow(2)
+        # |x|^2 + |v|^2 - 2 x.v in float64: in float32 the expansion cancels catastrophically when
+        # prototypes sit close together (codes stop round-tripping); in float64 its error (~1e-16
+        # |x|^2) is below float32's rounding of the direct differences, and the product runs on
+        # BLAS. Completejourney's export (69,857 x 257 against 512): 0.77 s against the direct
+        # differences' 3.2 s, the largest gap 2.9e-6 (a float32 ulp of the squares).
+        x64, v64 = x.double(), v.double()
+        sq = x64.pow(2).sum(-1, keepdim=True) + v64.pow(2).sum(-1) - 2.0 * x64 @ v64.mT  # (B, K)
+        return (-0.5 * sq.clamp_min(0.0)).to(x.dtype)
 
     def log_probs(self, x: Tensor, tau: float | None = None) -> list[Tensor]:
         """(B, dim) -> per level (B, K_l) log-probabilities at temperature ``tau`` (default self.tau)."""
