@@ -81,7 +81,7 @@ def ranking_section(
         int(ev.bootstrap.resamples), str(ev.bootstrap.unit), float(ev.bootstrap.level), int(ev.seed),
         int(ev.id_buckets), float(ev.min_fit_coverage), bool(ev.ranker_crossfit_fallback), int(ev.crossfit_folds),
         int(ev.ranker_seeds), int(ev.explain.pairs) if sources.hir != "none" else 0, str(ev.explain.arm),
-        cache, cached,
+        cache, cached, ev.get("ranker_workers", 1),
     )
     sources.notes += ranking["notes"]
     for arm, why in ranking["skipped"].items():

@@ -6,7 +6,10 @@ its interval and its seed spread."""
 from __future__ import annotations
 
 import logging
+import multiprocessing
+import os
 from collections.abc import Mapping
+from concurrent.futures import Executor, ProcessPoolExecutor
 from dataclasses import asdict
 from typing import Any
 
@@ -117,6 +120,7 @@ def evaluate_ranking(
     top_arm: str | None = None,
     cache: FitCache | None = None,
     cached_arms: frozenset[str] = frozenset(),
+    workers: int | str = 1,
 ) -> dict[str, Any]:
     """Train the baseline and each arm (None = an input it needs is missing, reported as nulls)
     ``seeds`` times each and score them.
@@ -133,6 +137,9 @@ def evaluate_ranking(
     seeds; intervals come from ``resamples`` bootstrap draws over ``unit`` (users), the same
     draws for every arm and seed (paired), each draw averaging the seeds; the NE lift's seed
     spread (per-seed lifts) is reported beside its interval.
+
+    ``workers``: ``eval.ranker_workers`` (:func:`ranker_pool`): 2 or ``auto`` fits every other
+    seed in a second process.
 
     ``cache``: the fits of ``cached_arms`` (the baseline and the arms that read nothing of the HIR
     export) are reused from it when every input of the fit (features, labels, rows, seeds, recipe)
@@ -196,9 +203,14 @@ def evaluate_ranking(
     seed_list = [seed + 1000 * i for i in range(max(1, seeds))]
     preds: dict[str, list[np.ndarray]] = {}
     fits: dict[str, list[dict[str, Any]]] = {}
-    for name, x in inputs.items():
-        preds[name], fits[name] = fit_arm(name, x, y, users, times, ranker, seed_list, plan, test_idx, crossfit,
-                                          cache if name in cached_arms else None)
+    pool = ranker_pool(workers, len(seed_list))
+    try:
+        for name, x in inputs.items():
+            preds[name], fits[name] = fit_arm(name, x, y, users, times, ranker, seed_list, plan, test_idx, crossfit,
+                                              cache if name in cached_arms else None, pool)
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
 
     y_test, test_rows = y[test_idx], rows[test_idx]
     groups = users[test_idx] if unit == "user" else np.arange(len(test_idx))
@@ -257,10 +269,12 @@ def evaluate_ranking(
 
 def fit_arm(name: str, x: RankerInputs, y: np.ndarray, users: np.ndarray, times: np.ndarray, ranker: RankerConfig,
             seed_list: list[int], plan: list[tuple[np.ndarray, np.ndarray]], test_idx: np.ndarray, crossfit: bool,
-            cache: FitCache | None = None) -> tuple[list[np.ndarray], list[dict[str, Any]]]:
+            cache: FitCache | None = None, pool: Executor | None = None) -> tuple[list[np.ndarray], list[dict[str, Any]]]:
     """One arm's rankers, one per seed (and fold): (per seed its (T,) test predictions, per fit its
     record). With ``cache``, the fits are taken from it when every input they read (features,
-    labels, rows, seeds, recipe) is the same, and stored in it otherwise."""
+    labels, rows, seeds, recipe) is the same, and stored in it otherwise. With ``pool`` (a
+    one-process :func:`ranker_pool`), every other seed is fitted there, the rest here: each fit
+    reads only its seed, so the results are the same as fitting them one after another."""
     key = None
     if cache is not None:
         # everything the fits read: two evaluations with the same key fit the same rankers
@@ -268,22 +282,78 @@ def fit_arm(name: str, x: RankerInputs, y: np.ndarray, users: np.ndarray, times:
                       x.dense, x.dense_names, x.sparse, x.sparse_names, x.vocab, x.vectors, x.bags)
         if (hit := cache.get("ranking", name, key)) is not None:
             return hit["preds"], hit["fits"]
-    preds: list[np.ndarray] = []
-    fits: list[dict[str, Any]] = []
-    for s in seed_list:
-        p = np.zeros(len(test_idx))
-        for k, (learn, out_pos) in enumerate(plan):
-            tag = f"ranker {name} (seed {s}{f', fold {k}' if crossfit else ''})"
-            fitted = fit_ranker(x, y, users, ranker, s + k, tag, rows=learn, times=times)
-            p[out_pos] = fitted.predict(x, test_idx[out_pos])
-            fits.append({"seed": s, "fold": k if crossfit else None, "best_step": fitted.steps,
-                         "best_check": fitted.best_check, "holdout_log_loss": fitted.best_holdout_loss,
-                         "seconds": fitted.seconds, "steps_per_epoch": fitted.steps_per_epoch, "curve": fitted.curve})
-        preds.append(p)
+    args = (name, x, y, users, times, ranker, plan, test_idx, crossfit)
+    # with a pool, every other seed is fitted in its process while this one fits the rest: a ranker
+    # runs on one thread (RankerConfig.threads), so on 2 cores the second one would idle
+    shared = seed_list[1::2] if pool is not None and len(seed_list) > 1 else []
+    future = pool.submit(_fit_seeds_logged, *args, shared) if shared else None
+    own = _fit_seeds(*args, [s for s in seed_list if s not in shared])
+    by_seed = dict(own)
+    if future is not None:
+        records, theirs = future.result()
+        for level, logger, msg in records:  # the pool process's log lines, in this process's log
+            logging.getLogger(logger).log(level, "%s", msg)
+        by_seed |= dict(theirs)
+    preds = [by_seed[s][0] for s in seed_list]
+    fits = [f for s in seed_list for f in by_seed[s][1]]
     log.info("ranker %s: best steps %s, %.1fs", name, [f["best_step"] for f in fits], sum(f["seconds"] for f in fits))
     if key is not None and cache is not None:
         cache.put("ranking", name, key, {"preds": preds, "fits": fits})
     return preds, fits
+
+
+def _fit_seeds(name: str, x: RankerInputs, y: np.ndarray, users: np.ndarray, times: np.ndarray,
+               ranker: RankerConfig, plan: list[tuple[np.ndarray, np.ndarray]], test_idx: np.ndarray,
+               crossfit: bool, seeds: list[int]) -> list[tuple[int, tuple[np.ndarray, list[dict[str, Any]]]]]:
+    """:func:`fit_arm`'s fits of ``seeds``: per seed, its (T,) test predictions and its fits' records."""
+    out = []
+    for s in seeds:
+        p = np.zeros(len(test_idx))
+        records = []
+        for k, (learn, out_pos) in enumerate(plan):
+            tag = f"ranker {name} (seed {s}{f', fold {k}' if crossfit else ''})"
+            fitted = fit_ranker(x, y, users, ranker, s + k, tag, rows=learn, times=times)
+            p[out_pos] = fitted.predict(x, test_idx[out_pos])
+            records.append({"seed": s, "fold": k if crossfit else None, "best_step": fitted.steps,
+                            "best_check": fitted.best_check, "holdout_log_loss": fitted.best_holdout_loss,
+                            "seconds": fitted.seconds, "steps_per_epoch": fitted.steps_per_epoch,
+                            "curve": fitted.curve})
+        out.append((s, (p, records)))
+    return out
+
+
+class _Records(logging.Handler):
+    """Keeps the log records of a pool process, to be logged again by the parent."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.kept: list[tuple[int, str, str]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.kept.append((record.levelno, record.name, record.getMessage()))
+
+
+def _fit_seeds_logged(*args: Any) -> tuple[list[tuple[int, str, str]], list[Any]]:
+    """:func:`_fit_seeds` in a pool process (spawned: no logging set up), with its INFO+ log records."""
+    handler = _Records()
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(min(root.level or logging.INFO, logging.INFO))
+    try:
+        return handler.kept, _fit_seeds(*args)
+    finally:
+        root.removeHandler(handler)
+
+
+def ranker_pool(workers: int | str, seeds: int) -> Executor | None:
+    """A one-process pool for :func:`fit_arm` (``eval.ranker_workers``): ``auto`` = when this
+    machine has 2 or more cores and there are 2 or more ranker seeds; an int >= 2 always; 1 = none.
+    Spawned, not forked: this process holds torch and Polars thread pools a fork would copy mid-use."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    n = min(2, cores) if str(workers) == "auto" else int(workers)
+    if n < 2 or seeds < 2:
+        return None
+    return ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
 
 
 def prewarm_ranking(snap: Snapshot, task: RankingTask, ranker: RankerConfig, fit_splits: list[str],

@@ -59,3 +59,33 @@ def test_holdout_is_grouped_by_user() -> None:
     fit, hold = holdout_split(users, 0.2, seed=0)
     assert set(users[fit]).isdisjoint(users[hold])
     assert len(set(users[hold])) == 10 and len(fit) + len(hold) == len(users)
+
+
+def test_a_ranker_pool_fits_every_other_seed_with_the_same_results(caplog) -> None:
+    """fit_arm with eval.ranker_workers' pool (a spawned process fits seeds 1 and 3 of 4) returns
+    what fitting all four here returns, in seed order, and the pool's log lines reach this log."""
+    import logging
+
+    from hir_evaluation.ranking.evaluate import fit_arm, ranker_pool
+
+    rng = np.random.default_rng(2)
+    x, y = _inputs(1200, rng)
+    users = x.sparse[:, 0]
+    times = np.arange(len(y))
+    cfg = RankerConfig(dim=8, lr=0.01, batch_size=128, max_steps=60, eval_every=20, patience=2)
+    seeds = [5, 6, 7, 8]
+    plan = [(np.arange(1000), np.arange(200))]
+    test_idx = np.arange(1000, 1200)
+    serial, serial_fits = fit_arm("arm", x, y, users, times, cfg, seeds, plan, test_idx, False)
+    pool = ranker_pool(2, len(seeds))
+    assert pool is not None and ranker_pool(1, 4) is None and ranker_pool(2, 1) is None
+    try:
+        with caplog.at_level(logging.INFO):
+            pooled, pooled_fits = fit_arm("arm", x, y, users, times, cfg, seeds, plan, test_idx, False, pool=pool)
+    finally:
+        pool.shutdown()
+    assert [f["seed"] for f in pooled_fits] == seeds
+    assert [f["best_step"] for f in pooled_fits] == [f["best_step"] for f in serial_fits]
+    for a, b in zip(serial, pooled):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+    assert any("ranker arm (seed 6)" in r.getMessage() for r in caplog.records)
