@@ -98,7 +98,7 @@ def engagement_store(graph_dir: Path, visible: tuple[str, ...]) -> tuple[Any, An
         up=closure(n, src, dst, 1), down=members(n, src, dst, exposure), deep_pairs=e.deep_pairs,
         deep_weight=e.deep_weight, val_pairs=e.val_pairs, stage_order=tuple(snap.stage_order),
         deep_stage=snap.deep_stage, spec={}, layout={}, split_bounds=snap.split_bounds,
-        visible_end=visible_end(snap, visible)), snap
+        visible_end=visible_end(snap, visible), real_time=snap.real_time), snap
 
 
 def scored_split(snap: Any, data: str, split: str, max_users: int, seed: int) -> dict[str, Any]:

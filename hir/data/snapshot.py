@@ -79,6 +79,13 @@ class Snapshot:
         return dict(self.meta["split_bounds"])
 
     @property
+    def real_time(self) -> bool:
+        """Whether the events' timestamps are the data's own: False where prepare synthesized them
+        (a dataset without time, hir/data/split.py): their order within a split is then random,
+        so nothing may read recency or a trend from them."""
+        return (self.meta.get("split") or {}).get("timestamps") != "synthesized"
+
+    @property
     def val_start(self) -> datetime:
         return datetime.fromisoformat(self.meta["split_bounds"]["val_start"])
 

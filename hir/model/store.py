@@ -53,6 +53,8 @@ class GraphStore:
     layout: dict[str, Any]  # content row layout (see hir.model.content)
     split_bounds: dict[str, str]  # the snapshot's split bounds (ISO), from meta.json
     visible_end: str  # ISO time the visible engagement ends (val_start or test_start)
+    # the timestamps are the data's own (False: synthesized by prepare, no order within a split)
+    real_time: bool = True
 
     @property
     def n_nodes(self) -> int:
@@ -129,5 +131,5 @@ def load_graph(
         warm=warm, eng=e.eng, up=up, down=members(n, src, dst, exposure), deep_pairs=e.deep_pairs,
         deep_weight=e.deep_weight, val_pairs=e.val_pairs, stage_order=stage_order,
         deep_stage=snap.deep_stage, spec=spec, layout=layout, split_bounds=snap.split_bounds,
-        visible_end=visible_end(snap, tuple(visible_splits)),
+        visible_end=visible_end(snap, tuple(visible_splits)), real_time=snap.real_time,
     )

@@ -8,6 +8,7 @@ import polars as pl
 import pytest
 
 from hir.data.prepare import run
+from hir.data.snapshot import load_snapshot
 from hir.errors import InputError
 from hir.stages import user_error
 from tests.conftest import SHARED_DATA
@@ -49,6 +50,7 @@ def test_two_stages_shipped_test_and_pairs_split_together(compose, tmp_path):
     assert split["mode"] == "random_pairs_heldout" and split["seed"] == 3 and split["val_fraction"] == 0.2
     assert split["test"] == "shipped file" and split["timestamps"] == "synthesized"
     assert split["pairs"] == 13 + 3  # the train files' pairs, plus the test pairs never carted
+    assert not load_snapshot(cfg.paths.graph_dir).real_time  # no trend or recency may be read from them
 
     ev = pl.read_parquet(f"{cfg.paths.graph_dir}/events.parquet")
     # ids are the files' ids (every id occurs); the test split is the test file exactly, as purchases

@@ -75,6 +75,25 @@ def test_the_trend_factor_needs_time(store) -> None:
     assert FilterScorer(store, basis, val, None, 0).timed
 
 
+def test_synthesized_timestamps_carry_no_trend(store, tmp_path: Path) -> None:
+    """Where prepare synthesized the timestamps (meta.json split.timestamps, data without time),
+    their ages differ at random: the store is untimed, the trend factor is 1, and the search
+    neither starts from nor tries a trend."""
+    synth = replace(store, real_time=False)
+    recent, total, timed = engaged_users(synth, 7.0)
+    assert not timed and (recent <= total).all()
+    basis = fit_spectral(synth, 8, 4.0, 4, 0)
+    trended = basis.with_filter(replace(basis.filter, trend_power=1.0, trend_days=7.0))
+    np.testing.assert_array_equal(base_vectors(synth, basis), base_vectors(synth, trended))
+    val = validation_set(synth, None, 0, "masked_new")
+    chosen, report = fit_base(synth, val, _config(filter={"trend_power": 0.5}), 0, tmp_path / "s.npz", reuse=False)
+    assert chosen.filter.trend_power == 0.0
+    assert {c["trend_power"] for c in report["candidates"]} == {0.0}
+    # the same store with its own time starts from the trend (and may keep it)
+    _, timed_report = fit_base(store, val, _config(filter={"trend_power": 0.5}), 0, tmp_path / "t.npz", reuse=False)
+    assert 0.5 in {c["trend_power"] for c in timed_report["candidates"]}
+
+
 def test_the_user_half_life_decays_only_the_users_own_rows(store) -> None:
     """A user's base under half-life H is the fold-in of its row with each pair weighed
     ``2^(-age / H)``; entities, and every user at H = 0, are unchanged; the scorer and the
