@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pytest
@@ -34,6 +34,7 @@ class Store:
     stage_order: list[str]
     span_days: float
     n_nodes: int = N_USERS + N_ITEMS
+    real_time: bool = True  # the timestamps are the data's own
 
     def type_range(self, etype: str) -> tuple[int, int]:
         return (0, N_USERS) if etype == "user" else (N_USERS, N_USERS + N_ITEMS)
@@ -82,6 +83,8 @@ def test_recent_demand_counts_the_users_of_the_last_days_only():
     assert recent[N_USERS:N_USERS + 10].sum() == 3 * WARM and recent[N_USERS + 10:].sum() == 0
     _, _, untimed = engaged_users(_world(timed=False)[1], 7.0, deep_only=True)
     assert not untimed
+    # ages that differ, but synthesized by prepare (data without time): no recent demand either
+    assert not engaged_users(replace(store, real_time=False), 7.0, deep_only=True)[2]
 
 
 def test_the_demand_direction_ranks_the_recent_items_first():
