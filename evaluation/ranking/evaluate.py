@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
-import os
 from collections.abc import Mapping
 from concurrent.futures import Executor, ProcessPoolExecutor
 from dataclasses import asdict
@@ -17,6 +16,7 @@ import numpy as np
 import polars as pl
 
 from hir.data.snapshot import Snapshot
+from hir.enrich.text import available_cores
 from hir.errors import HirError
 from hir_evaluation.cache import FitCache, fit_key
 from hir_evaluation.metrics import (
@@ -285,10 +285,9 @@ def fit_arm(name: str, x: RankerInputs, y: np.ndarray, users: np.ndarray, times:
     args = (name, x, y, users, times, ranker, plan, test_idx, crossfit)
     # with a pool, every other seed is fitted in its process while this one fits the rest: a ranker
     # runs on one thread (RankerConfig.threads), so on 2 cores the second one would idle
-    shared = seed_list[1::2] if pool is not None and len(seed_list) > 1 else []
-    future = pool.submit(_fit_seeds_logged, *args, shared) if shared else None
-    own = _fit_seeds(*args, [s for s in seed_list if s not in shared])
-    by_seed = dict(own)
+    pooled = pool is not None and len(seed_list) > 1
+    future = pool.submit(_fit_seeds_logged, *args, seed_list[1::2]) if pooled else None
+    by_seed = dict(_fit_seeds(*args, seed_list[::2] if pooled else seed_list))
     if future is not None:
         records, theirs = future.result()
         for level, logger, msg in records:  # the pool process's log lines, in this process's log
@@ -338,7 +337,7 @@ def _fit_seeds_logged(*args: Any) -> tuple[list[tuple[int, str, str]], list[Any]
     handler = _Records()
     root = logging.getLogger()
     root.addHandler(handler)
-    root.setLevel(min(root.level or logging.INFO, logging.INFO))
+    root.setLevel(logging.INFO)  # a spawned process starts at WARNING
     try:
         return handler.kept, _fit_seeds(*args)
     finally:
@@ -349,8 +348,7 @@ def ranker_pool(workers: int | str, seeds: int) -> Executor | None:
     """A one-process pool for :func:`fit_arm` (``eval.ranker_workers``): ``auto`` = when this
     machine has 2 or more cores and there are 2 or more ranker seeds; an int >= 2 always; 1 = none.
     Spawned, not forked: this process holds torch and Polars thread pools a fork would copy mid-use."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    n = min(2, cores) if str(workers) == "auto" else int(workers)
+    n = min(2, available_cores()) if str(workers) == "auto" else int(workers)
     if n < 2 or seeds < 2:
         return None
     return ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))

@@ -595,8 +595,6 @@ def select_filter(store: GraphStore, basis: SpectralBasis, val: ValSet, config: 
     # (a start rank that is no candidate, e.g. the probe's rank under a fixed `rank`, is not kept)
     best_k = int(start_rank) if start_rank in ranks else max(ranks)
     best_f = start or config.start
-    if not score.timed:  # no trend without time (trend_of would give 1 anyway): the record says so
-        best_f = replace(best_f, trend_power=0.0)
     best: np.ndarray | None = None
     cache: dict[tuple[int, Filter], np.ndarray] = {}
     recorded = {_candidate_key(t) for t in tried}
@@ -639,6 +637,13 @@ def still_rises(store: GraphStore, basis: SpectralBasis, val: ValSet, config: Sp
     return beats(score.per_user(k, filt), score.per_user(max(lower), filt), config.noise_z, config.min_gain)
 
 
+def search_start(store: GraphStore, config: SpectralConfig) -> Filter:
+    """Where the filter search starts: ``config.start``, without its trend where the store has no
+    time (:func:`engaged_users`; the factor is 1 there anyway, and the record then says so)."""
+    timed = engaged_users(store, 0.0)[2]
+    return config.start if timed else replace(config.start, trend_power=0.0)
+
+
 def fit_base(store: GraphStore, val: ValSet | None, config: SpectralConfig, seed: int, path: Path,
              reuse: bool) -> tuple[SpectralBasis, dict[str, Any]]:
     """Fit the basis (or, with ``reuse``, reload it from ``path``), choose its stage weighting,
@@ -665,16 +670,17 @@ def fit_base(store: GraphStore, val: ValSet | None, config: SpectralConfig, seed
         if not has_val or len(np.unique(store.eng.stage[store.eng.stage > 0])) < 2:
             stage_bases = stage_bases[:1]  # nothing to choose with, or one stage: the weighting is moot
         cap = config.sample_users
-        probes = {sb: fit_spectral(store, probe, sb, n_iter, seed, config.start, cap) for sb in stage_bases}
+        start = search_start(store, config)
+        probes = {sb: fit_spectral(store, probe, sb, n_iter, seed, start, cap) for sb in stage_bases}
         if len(probes) > 1:
             for b in probes.values():
-                tried.append(_candidate(b, FilterScorer(store, b, val, config.select_users, seed)(b.rank, config.start)))
+                tried.append(_candidate(b, FilterScorer(store, b, val, config.select_users, seed)(b.rank, start)))
             stage_base = max(tried, key=lambda t: t["val_recall@20"])["stage_base"]
         else:
             stage_base = stage_bases[0]
         basis = probes[float(stage_base)]
         if has_val:
-            k, filt = select_filter(store, basis, val, config, seed, tried)
+            k, filt = select_filter(store, basis, val, config, seed, tried, start)
             if (k >= basis.rank == probe and max(ranks) > probe
                     and still_rises(store, basis, val, config, seed, k, filt)):
                 log.info("spectral base: val recall still rises at rank %d; fitting rank %d", basis.rank, max(ranks))
@@ -686,7 +692,7 @@ def fit_base(store: GraphStore, val: ValSet | None, config: SpectralConfig, seed
                 str(t["rank"]): t["val_recall@20"] for t in tried
                 if (_candidate_key(t)[0], _candidate_key(t)[2]) == (basis.stage_base, filt)}
         elif max(ranks) > basis.rank:
-            basis = fit_spectral(store, max(ranks), float(stage_base), n_iter, seed, config.start, cap)
+            basis = fit_spectral(store, max(ranks), float(stage_base), n_iter, seed, start, cap)
         path.parent.mkdir(parents=True, exist_ok=True)
         basis.save(path)
     report |= {"rank": basis.rank, "stage_base": basis.stage_base, "filter": asdict(basis.filter),

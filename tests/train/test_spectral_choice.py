@@ -86,8 +86,11 @@ def test_synthesized_timestamps_carry_no_trend(store, tmp_path: Path) -> None:
     trended = basis.with_filter(replace(basis.filter, trend_power=1.0, trend_days=7.0))
     np.testing.assert_array_equal(base_vectors(synth, basis), base_vectors(synth, trended))
     val = validation_set(synth, None, 0, "masked_new")
-    chosen, report = fit_base(synth, val, _config(filter={"trend_power": 0.5}), 0, tmp_path / "s.npz", reuse=False)
+    # two stage weightings: their probes are scored and recorded from the start too
+    synth_config = _config(filter={"trend_power": 0.5}, stage_base="auto", stage_bases=[4.0, 2.0])
+    chosen, report = fit_base(synth, val, synth_config, 0, tmp_path / "s.npz", reuse=False)
     assert chosen.filter.trend_power == 0.0
+    assert {c["stage_base"] for c in report["candidates"]} == {4.0, 2.0}
     assert {c["trend_power"] for c in report["candidates"]} == {0.0}
     # the same store with its own time starts from the trend (and may keep it)
     _, timed_report = fit_base(store, val, _config(filter={"trend_power": 0.5}), 0, tmp_path / "t.npz", reuse=False)
