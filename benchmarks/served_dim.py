@@ -2,6 +2,7 @@
 
     python benchmarks/served_dim.py --datasets online_retail --dims 64 128 256 full
     python benchmarks/served_dim.py --datasets online_retail completejourney --ne-lift
+    python benchmarks/served_dim.py --datasets completejourney --override spectral.rank=512 --ne-lift
 
 Per dataset: one training (``hir pipeline`` prepare, enrich, train into ``outputs/<data>/<run>``;
 reused when it is there), then one ``hir export`` per served dimension from that checkpoint, each
@@ -193,7 +194,8 @@ def bench_dataset(data: str, dims: list[str], run_name: str, seed: int, with_ne:
 def table(result: dict[str, Any]) -> str:
     begin, end = markers("served_dim")
     lines = [begin, "## Served dimension (`export.dim`)", "",
-             f"`{result['command']}` ({result['when'][:10]}; {result['machine_cpus']} cores). One training per dataset, "
+             "; ".join(f"`{ds.get('command', result['command'])}`" for ds in result["datasets"].values())
+             + f" (last run {result['when'][:10]}; {result['machine_cpus']} cores). One training per dataset, "
              "one export per served dimension d (the embedding has d + 1 coordinates); masked new-to-user recall@20 "
              "on test by the harness's exact search over the export files, the history masked as `hir evaluate` "
              "masks it (the periods the export saw); change against the full rank with its 95% "
@@ -248,11 +250,13 @@ def main(argv: list[str] | None = None) -> None:
                "when": datetime.now(UTC).isoformat(timespec="seconds"), "machine": platform.platform(),
                "machine_cpus": os.cpu_count()}
     for data in args.datasets:
-        result["datasets"][data] = bench_dataset(data, dims, args.run_name, args.seed, args.ne_lift, log, args.override,
-                                                 args.score_only)
+        # a run with overrides is its own row (e.g. `completejourney spectral.rank=512`), with its command
+        key = " ".join([data, *args.override])
+        result["datasets"][key] = bench_dataset(data, dims, args.run_name, args.seed, args.ne_lift, log, args.override,
+                                                args.score_only) | {"command": result["command"]}
         out_path.parent.mkdir(parents=True, exist_ok=True)
         out_path.write_text(json.dumps(result, indent=1))  # after each dataset: a later failure keeps it
-        print(json.dumps({data: result["datasets"][data]}, indent=1))
+        print(json.dumps({key: result["datasets"][key]}, indent=1))
     write_section(table(result), Path(args.docs), "served_dim")
 
 
