@@ -78,7 +78,7 @@ def test_a_gain_only_the_selection_half_shows_is_not_confirmed():
     where a choice on every val user would have opened it."""
     rng = np.random.default_rng(5)
     full, closed, evidence = _users(rng, 0.0, -0.05)
-    pick, hold = halves(evidence, seed=0)
+    pick, _ = halves(evidence, seed=0)
     sparse = evidence <= 5
     lucky = full.copy()
     lucky[pick[sparse[pick]]] = np.clip(closed[pick[sparse[pick]]] + 0.1, 0, 1)
