@@ -15,7 +15,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint, TQDMProgressB
 
 from hir.atomic import atomic_path
 from hir.model import INIT_CHECKPOINT
-from hir.model.gate import CLOSED
+from hir.model.gate import CLOSED, compact
 from hir.nn.net import close_correction
 
 log = logging.getLogger(__name__)
@@ -169,7 +169,7 @@ def best_checkpoint(history: list[dict[str, float]], monitor: str, ckpt_dir: Pat
                              **{k: top[k] for k in ("val/gain_over_base", "val/gain_lo", "val/gain_hi") if k in top}}
     out["gain_over_base"] = float(pick[monitor] - init[monitor]) if init else None
     # what export applies (it reads the checkpoint's own ``hir_gate``): the users the correction reaches
-    out["gate"] = {k: v for k, v in top_gate.items() if k != "candidates"} if pick is top else {"max_events": CLOSED}
+    out["gate"] = compact(top_gate) if pick is top else {"max_events": CLOSED}
     return out
 
 

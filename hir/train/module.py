@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 from hir.errors import HirError
 from hir.model import catalogue_vectors, embed_batch, usage_stats, views
-from hir.model.gate import CLOSED, choose_gate, gate_line, gate_users, gated
+from hir.model.gate import CLOSED, choose_gate, compact, gate_line, gate_users, gated
 from hir.model.metrics import paired_gain, recall_of_top, top_k_rows
 from hir.nn import AlignLoss, BalanceLoss, CatalogueLoss, DistillLoss, HirNet
 from hir.nn.net import USER_TYPE
@@ -414,7 +414,7 @@ class HirModule(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["hir_history"] = list(self.history)
-        checkpoint["hir_gate"] = {k: v for k, v in self.evidence_gate.items() if k != "candidates"}
+        checkpoint["hir_gate"] = compact(self.evidence_gate)
         if self.base_recall is not None:
             checkpoint["hir_base_recall"] = torch.from_numpy(self.base_recall)
 
