@@ -123,17 +123,15 @@ def choose_gate(full: np.ndarray, closed: np.ndarray, evidence: np.ndarray,
                          "must hold the same users")
     ok = np.flatnonzero(~(np.isnan(full) | np.isnan(closed)))
     pick, hold = (ok[h] for h in halves(evidence[ok], seed))
-    chosen = _select(full[pick], closed[pick], evidence[pick], steps, n_boot, seed, min_users)
-    select = {k: chosen[k] for k in ("max_events", "gain", "lo", "hi", "reach", "users_reached", "users",
-                                     "candidates")}
+    select = _select(full[pick], closed[pick], evidence[pick], steps, n_boot, seed, min_users)
     out: dict[str, Any] = {"max_events": CLOSED, "gain": 0.0, "lo": 0.0, "hi": 0.0, "reach": None,
                            "users_reached": 0, "users": len(hold), "select": select}
-    tau = chosen["max_events"]
+    tau = select["max_events"]
     if tau == CLOSED:
         return out
     f, c, e = full[hold], closed[hold], evidence[hold]
     hit = reached(e, tau)
-    reach = paired_gain(f[hit], c[hit], n_boot, seed) if hit.any() else {"gain": 0.0, "lo": 0.0, "hi": 0.0}
+    reach = paired_gain(f[hit], c[hit], n_boot, seed)  # (zeros where it reaches nobody)
     overall = paired_gain(gated(f, c, e, tau), c, n_boot, seed)
     why = (f"it reaches {int(hit.sum())} held-out val users (< {min_users})" if hit.sum() < min_users else
            f"not confirmed on the held-out val users: the correction gains {100 * reach['gain']:+.2f}% "

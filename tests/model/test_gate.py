@@ -1,12 +1,14 @@
 """The evidence gate of the user correction (hir.model.gate): fit on constructed per-user recalls,
 it opens on the sparse users only when the correction gains there beyond the noise, chosen on one
-half of the val users and confirmed on the other, and closes otherwise; applied to embeddings, it gives the users it does not reach their base."""
+half of the val users and confirmed on the other, and closes otherwise; applied to embeddings, it
+gives the users it does not reach their base."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from hir.model.gate import CLOSED, choose_gate, compact, gate_line, gate_users, gated, halves
+from hir.model.metrics import paired_gain
 
 
 def _users(rng: np.random.Generator, sparse_gain: float, heavy_gain: float, n: int = 400
@@ -83,7 +85,6 @@ def test_a_gain_only_the_selection_half_shows_is_not_confirmed():
     lucky = full.copy()
     lucky[pick[sparse[pick]]] = np.clip(closed[pick[sparse[pick]]] + 0.1, 0, 1)
     # on every user the old rule sees sparse users gaining ~+0.05 beyond the noise
-    from hir.model.metrics import paired_gain
     assert paired_gain(lucky[sparse], closed[sparse])["lo"] > 0
     gate = choose_gate(lucky, closed, evidence, seed=0)
     assert gate["select"]["max_events"] == 5, gate["select"]
