@@ -40,6 +40,17 @@ and every fitted basis beats truncation by far.
 ``hir refresh`` embeds new entities at K + 1 and projects them with the P the export saved
 (``embeddings/projection.npz``, stamped with the model version), so a refreshed row is the row
 the export would have written.
+
+Where the tokens live (``export.token_space``). ``full`` (the default) fits the Bag-of-Meaning
+tree on the warm entities' rank-K directions and tokenises every row there: a row the export
+placed in the served space (cold entities, cold users) is lifted back with P (:func:`lift`,
+:func:`token_vectors`), so it sees the served part of the tree. ``served`` fits and tokenises
+the served directions (the tree projected by :func:`served_tokenizer`, then refitted). Measured
+on completejourney (docs/results.md, "export.dim = 128 on the default rank"; 3 seeds, rank 256,
+d = 128): the hir_tokens ranking arm's NE lift is +1.97 / +1.58 / +1.92 % with the tokens at the
+full rank, +1.43 / +1.42 / +1.63 % with them in the served space, and +1.68 / +1.60 / +2.01 % for
+the unprojected 257-d export: the tree needs the directions the projection drops, the served
+vectors do not.
 """
 
 from __future__ import annotations
@@ -210,6 +221,50 @@ def fit_projection(z: np.ndarray, is_user: np.ndarray, warm: np.ndarray, dim: in
     report = {"rank": k, "served": d, "dim": d + 1, "fit_users": len(users), "fit_entities": len(ents),
               **{n: round(v, 4) for n, v in kept.items()}}
     return Projection(basis, model_version, report)
+
+
+TOKEN_SPACES = ("full", "served")  # export.token_space: where the Bag-of-Meaning tokens are fitted and read
+
+
+def lift(z: np.ndarray, basis: np.ndarray) -> np.ndarray:
+    """(n, d + 1) served embeddings -> (n, K + 1) in the rank-K space, ``[P z[:, :d], z[:, d]]``
+    (P = ``basis`` (K, d)): the same direction, with nothing outside the served span. A cosine
+    with a rank-K prototype c then reads ``z[:, :d] . P^T c``, so a row that exists only in the
+    served space (placed there) is tokenised by the part of the tree it can see."""
+    k, d = basis.shape
+    if z.shape[1] != d + 1:
+        raise InputError(f"served embeddings of width {z.shape[1]} cannot be lifted by a basis of {d} served "
+                         f"directions (width {d + 1})")
+    out = np.empty((len(z), k + 1), np.float32)
+    out[:, :k] = np.asarray(z[:, :d], np.float32) @ basis.T
+    out[:, k] = z[:, d]
+    return out
+
+
+def token_vectors(full: np.ndarray, projected: np.ndarray, served: np.ndarray,
+                  projection: Projection | None) -> np.ndarray:
+    """The vectors the tokens read at ``export.token_space=full``: (n, K + 1).
+
+    Args:
+        full: (n, K + 1) the network's embeddings, before the projection.
+        projected: (n, d + 1) ``projection.apply(full)``, before cold placement.
+        served: (n, d + 1) the exported embeddings (placement done).
+        projection: the export's; None (full rank) returns ``served`` as it is.
+
+    A row placement left alone takes its own rank-K vector; a row the export placed in the served
+    space (a cold entity by its content neighbours, a cold user) has no rank-K vector of its own
+    and is lifted back (:func:`lift`). `hir refresh` calls this on its new entities the same way,
+    so a refreshed row gets the tokens the export would have given it.
+    """
+    if projection is None:
+        return served
+    if full.shape[1] != projection.rank + 1 or projected.shape != served.shape:
+        raise ValueError(f"token_vectors: widths {full.shape[1]} / {projected.shape} / {served.shape} do not fit a "
+                         f"projection of rank {projection.rank} onto {projection.served}")
+    out = lift(served, projection.basis)
+    kept = (projected == served).all(axis=1)
+    out[kept] = full[kept]
+    return out
 
 
 def served_tokenizer(tokenizer: HierarchicalTokenizer, projection: Projection) -> HierarchicalTokenizer:

@@ -48,7 +48,8 @@ class ExportConfig:
     a flat k-means at level 1 grouped by co-engagement into level 0, :func:`fitted_hierarchy`);
     kmeans_reference: also report the hierarchy figures of a plain k-means on the exported
     vectors; dim: the served directions d (the embedding has d + 1 coordinates; null/``full`` =
-    the spectral rank K), see :mod:`hir.export.project`.
+    the spectral rank K), see :mod:`hir.export.project`; token_space: where the tokens are fitted
+    and read at a served dimension (``full``: the rank-K directions; ``served``: the d served ones).
     """
 
     checkpoint: str
@@ -73,12 +74,16 @@ class ExportConfig:
     # users without visible engagement: the knowledge view, or turned toward the recent demand
     # when that beats it on val (hir/export/cold_users.py)
     cold_users: ColdUsers = field(default_factory=ColdUsers)
+    # at a served dimension below the rank: the tokens' space (hir/export/project.py)
+    token_space: str = "full"
 
     def __post_init__(self) -> None:
         from hir.export.hierarchy import HIERARCHY_FITS
-        from hir.export.project import served_rank
+        from hir.export.project import TOKEN_SPACES, served_rank
 
         self.dim = served_rank(self.dim)  # raises on a bad value before any work
+        if self.token_space not in TOKEN_SPACES:
+            raise ValueError(f"export.token_space={self.token_space!r}; expected one of {list(TOKEN_SPACES)}")
         if self.hierarchy_fit not in HIERARCHY_FITS:
             raise ValueError(f"export.hierarchy_fit={self.hierarchy_fit!r}; expected one of {list(HIERARCHY_FITS)}")
 
@@ -98,6 +103,8 @@ def export_meta(embedder: Any, ckpt: Path, ex: ExportConfig, z: Any, codes: list
         # dim: the served width (validate and publish take it from here); export_dim: as configured
         "model_version": embedder.version, "checkpoint": str(ckpt), "dim": int(z.shape[1]), "export_dim": ex.dim,
         "projection": projection.report if projection is not None else None,
+        # where the tokens were fitted and read (the served space is the full rank without a projection)
+        "token_space": ex.token_space if projection is not None else "full",
         "levels": list(embedder.levels), "top_k": [int(c.shape[1]) for c in codes],
         "counts": {t: len(k) for t, k in keys.items()},
         "cold_start": {t: int((~st.warm[slice(*st.type_range(t))]).sum()) for t in keys},
@@ -115,27 +122,32 @@ def export_meta(embedder: Any, ckpt: Path, ex: ExportConfig, z: Any, codes: list
     return meta | ({"planted_hierarchy": planted} if planted else {})
 
 
-def reusable(meta_path: Path, ckpt: Path, force: bool, dim: int | None = None) -> dict[str, Any] | None:
+def reusable(meta_path: Path, ckpt: Path, force: bool, dim: int | None = None,
+             token_space: str = "full") -> dict[str, Any] | None:
     """The existing export's meta.json when it is of checkpoint ``ckpt`` at served dimension ``dim``
-    (export.dim) (and not ``force``), else None."""
+    (export.dim) with its tokens in ``token_space`` (and not ``force``), else None."""
     from hir.export.embed import checkpoint_version
 
     if meta_path.exists() and not force and ckpt.exists():
         meta = json.loads(meta_path.read_text())
-        if meta.get("model_version") == checkpoint_version(ckpt) and meta.get("export_dim") == dim:
+        same_tokens = meta.get("projection") is None or meta.get("token_space", "served") == token_space
+        if meta.get("model_version") == checkpoint_version(ckpt) and meta.get("export_dim") == dim and same_tokens:
             return meta
     return None
 
 
-def embed_snapshot(embedder: Any, ex: ExportConfig, seed: int) -> tuple[Any, dict[str, Any], Any]:
+def embed_snapshot(embedder: Any, ex: ExportConfig, seed: int) -> tuple[Any, Any, dict[str, Any], Any]:
     """Every snapshot node's embedding (n_nodes, d + 1) at the served dimension, cold entities
     with text placed by their content neighbours there (:mod:`hir.export.cold`; the boost chosen
-    on the val split) and cold users as :mod:`hir.export.cold_users` chooses, the placement's
-    report (the users' under ``users``) and the projection (None at full rank)."""
+    on the val split) and cold users as :mod:`hir.export.cold_users` chooses; the vectors the
+    tokens read (``export.token_space``: (n_nodes, K + 1) at ``full``, :func:`token_vectors`; the
+    served ones otherwise); the placement's report (the users' under ``users``) and the projection
+    (None at full rank)."""
     import numpy as np
 
     from hir.export.cold import place_cold
     from hir.export.cold_users import place_cold_users
+    from hir.export.project import token_vectors
     from hir.model import validation_set
 
     st = embedder.store
@@ -143,19 +155,22 @@ def embed_snapshot(embedder: Any, ex: ExportConfig, seed: int) -> tuple[Any, dic
     if not np.isfinite(z).all():
         raise RuntimeError(f"non-finite embeddings from {embedder.checkpoint}: the checkpoint is corrupt or "
                            "training diverged")
-    z, projection = serve_dim(embedder, z, ex.dim)
+    full = z
+    z, projection = serve_dim(embedder, z, ex.dim, ex.token_space)
+    projected = z.copy() if projection is not None and ex.token_space == "full" else None
     valset = validation_set(st, None, seed, "masked_new") if len(st.val_pairs) else None
     z, report = place_cold(z, st, valset, ex.cold)
     # after the entities are placed: the cold users are chosen against the final candidates
     z, report["users"] = place_cold_users(z, st, valset, ex.cold_users)
-    return z, report, projection
+    z_tokens = token_vectors(full, projected, z, projection) if projected is not None else z
+    return z, z_tokens, report, projection
 
 
-def serve_dim(embedder: Any, z: Any, dim: int | None) -> tuple[Any, Any]:
+def serve_dim(embedder: Any, z: Any, dim: int | None, token_space: str = "full") -> tuple[Any, Any]:
     """``export.dim``: the network's (n_nodes, K + 1) embeddings projected onto d served
-    directions (:mod:`hir.export.project`), and the tokenizer moved into that space, or both as
-    they are at full rank. Before cold placement, so `hir refresh` (knowledge view, then the saved
-    projection, then placement) writes what the export would."""
+    directions (:mod:`hir.export.project`), and at ``token_space=served`` the tokenizer moved
+    into that space, or both as they are at full rank. Before cold placement, so `hir refresh`
+    (knowledge view, then the saved projection, then placement) writes what the export would."""
     from hir.export.project import describe, fit_projection, served_tokenizer
 
     st = embedder.store
@@ -163,7 +178,8 @@ def serve_dim(embedder: Any, z: Any, dim: int | None) -> tuple[Any, Any]:
     projection = fit_projection(z, is_user, st.warm, dim, embedder.version)
     if projection is not None:
         z = projection.apply(z, is_user)
-        embedder.use_tokenizer(served_tokenizer(embedder.tokenizer, projection))
+        if token_space == "served":
+            embedder.use_tokenizer(served_tokenizer(embedder.tokenizer, projection))
     log.info("served dimension: %s%s", describe(projection), f" {projection.report}" if projection else "")
     return z, projection
 
@@ -259,7 +275,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     ex: ExportConfig = instantiate(cfg.export)
     emb_dir, hier_dir = Path(cfg.paths.embeddings_dir), Path(cfg.paths.hierarchy_dir)
     ckpt = resolve_checkpoint(ex.checkpoint, Path(cfg.paths.checkpoint_dir))
-    if (meta := reusable(emb_dir / META_FILE, ckpt, bool(cfg.force), ex.dim)) is not None:
+    if (meta := reusable(emb_dir / META_FILE, ckpt, bool(cfg.force), ex.dim, ex.token_space)) is not None:
         log.info("embeddings of model %s exist at %s; reusing them (force=true re-exports)", meta["model_version"], emb_dir)
         return meta
     # a re-export invalidates the old one first: a kill below must not leave old meta.json over new files
@@ -269,20 +285,21 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     t0 = time.perf_counter()
     embedder = Embedder(ckpt, cfg.paths.graph_dir, cfg.paths.content_dir, tuple(ex.visible_splits), ex.refit_base,
                         ex.refit_n_iter, int(cfg.seed), ex.user_gate)
-    z, cold_report, projection = embed_snapshot(embedder, ex, int(cfg.seed))
+    z, z_tok, cold_report, projection = embed_snapshot(embedder, ex, int(cfg.seed))
     t_embed = time.perf_counter() - t0
     t_fit = time.perf_counter()
     keys, texts = keys_and_texts(embedder.snapshot, embedder.store)
     anchored = None
+    # the tree is fitted, and every row tokenised, on z_tok (export.token_space); z is what is served
     if ex.hierarchy_anchor and ex.hierarchy_fit != "checkpoint":
-        anchored = anchored_hierarchy(embedder, z, str(ex.hierarchy_anchor), keys)
+        anchored = anchored_hierarchy(embedder, z_tok, str(ex.hierarchy_anchor), keys)
     elif ex.hierarchy_fit != "checkpoint":
-        refit_hierarchy(embedder, z, int(cfg.seed))
+        refit_hierarchy(embedder, z_tok, int(cfg.seed))
     if ex.hierarchy_fit in ("coengage", "bottomup") and (anchored is None or (
             ex.hierarchy_anchor_refine and ex.hierarchy_fit == "coengage")):
-        fitted_hierarchy(embedder, z, ex.hierarchy_fit, ex.visible_splits, int(cfg.seed))
+        fitted_hierarchy(embedder, z_tok, ex.hierarchy_fit, ex.visible_splits, int(cfg.seed))
     t_fit = time.perf_counter() - t_fit
-    codes, weights = embedder.tokens(z)
+    codes, weights = embedder.tokens(z_tok)
     top1 = [c[:, 0].astype("int64") for c in codes]
     created, event_ts = datetime.now(UTC), datetime.fromisoformat(embedder.store.visible_end)
     emb_dir.mkdir(parents=True, exist_ok=True)
@@ -292,10 +309,10 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         projection.save(emb_dir / PROJECTION_FILE)
     else:
         (emb_dir / PROJECTION_FILE).unlink(missing_ok=True)
-    write_prototypes(hier_dir / "prototypes.parquet", embedder, z, top1, texts, ex.label_members)
+    write_prototypes(hier_dir / "prototypes.parquet", embedder, z_tok, top1, texts, ex.label_members)
     embedder.save_tokenizer(hier_dir / TOKENIZER_FILE)
     sg, planted = hierarchy_diagnostics(embedder.snapshot, embedder.store.offsets, embedder.store.node_type, keys,
-                                        top1, embedder.levels, z if ex.kmeans_reference else None, int(cfg.seed))
+                                        top1, embedder.levels, z_tok if ex.kmeans_reference else None, int(cfg.seed))
     sg["hierarchy_fit"] = ex.hierarchy_fit
     if anchored is not None:
         sg["hierarchy_anchor"] = anchor_report(anchored, top1)

@@ -360,7 +360,7 @@ def embed(cfg: DictConfig, source: dict[str, Path], snapshot: Snapshot, delta: D
     from hir.enrich.content import encode_new_entities
     from hir.export.cold import place_like_export
     from hir.export.embed import Embedder
-    from hir.export.project import load_projection
+    from hir.export.project import load_projection, token_vectors
     from hir.export.stage import TOKENIZER_FILE
 
     emb_meta_path = Path(manifest.get("source", {}).get("embeddings_dir", "")) / "meta.json"
@@ -390,13 +390,17 @@ def embed(cfg: DictConfig, source: dict[str, Path], snapshot: Snapshot, delta: D
         links = [delta.links.get(etype, {}).get(k, []) for k in keys]
         z = embedder.embed_new(etype, mat["text_vec"], mat.get("attr_vec"), content["has_text"].to_numpy(),
                                links, mat.get("image_vec"), seed=int(cfg.seed))
+        full = z
         if projection is not None:  # as the export projected before placing its cold entities
             z = projection.apply(z, np.full(len(z), etype == "user"))
+        projected = z.copy()
         if emb_meta_path.exists():
             # as the export placed its own cold entities: by their content neighbours (hir.export.cold)
             z = place_like_export(emb_meta_path.parent, embedder.store, etype, z, mat["text_vec"],
                                   content["has_text"].to_numpy())
-        codes, weights = embedder.tokens(z)
+        # the export's token space: a tokenizer of the full rank reads the rank-K vectors (export.token_space)
+        full_space = projection is not None and embedder.tokenizer.dim == projection.rank
+        codes, weights = embedder.tokens(token_vectors(full, projected, z, projection) if full_space else z)
         n_served = len(served_keys(manifest, store_dir, etype))
         cutoff = _cutoff(manifest, etype)
         seen = first_seen(delta, etype)

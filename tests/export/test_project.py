@@ -14,11 +14,14 @@ from hir.export.cold import place_like_export
 from hir.export.embed import Embedder
 from hir.export.project import (
     PROJECTION_FILE,
+    Projection,
     fit_basis,
     fit_projection,
+    lift,
     load_projection,
     project,
     served_rank,
+    token_vectors,
 )
 from hir.export.stage import run
 from tests.export.fixtures import cold_product_inputs
@@ -97,7 +100,7 @@ def test_served_tokenizer_is_the_tree_in_the_served_space():
     original tokenizer gives the unprojected direction; at d < K it still yields a valid tree."""
     import torch
 
-    from hir.export.project import Projection, served_tokenizer
+    from hir.export.project import served_tokenizer
     from hir.nn import HierarchicalTokenizer
 
     rng = np.random.default_rng(2)
@@ -124,15 +127,53 @@ def test_served_tokenizer_is_the_tree_in_the_served_space():
                 assert torch.equal(codes[lvl], ref[lvl]), lvl
 
 
+def test_lift_keeps_the_served_direction_in_the_rank_space():
+    """A served row lifted back to rank K has the same direction inside the served span (P^T of
+    the lift is the row), nothing outside it, and the same slack; a width that is not the
+    basis's is refused."""
+    rng = np.random.default_rng(4)
+    z, is_user = universal(rng.normal(size=(10, 12)), rng.normal(size=(40, 12)), rng.uniform(0.2, 0.9, 40))
+    basis, _ = fit_basis(z[is_user, :-1], z[~is_user, :-1], 5)
+    served = project(z, basis, is_user)
+    up = lift(served, basis)
+    assert up.shape == (50, 13)
+    np.testing.assert_allclose(up[:, :-1] @ basis, served[:, :-1], atol=1e-5)
+    outside = up[:, :-1] - (up[:, :-1] @ basis) @ basis.T
+    np.testing.assert_allclose(outside, 0.0, atol=1e-5)
+    np.testing.assert_array_equal(up[:, -1], served[:, -1])
+    with pytest.raises(Exception, match="cannot be lifted"):
+        lift(z, basis)
+
+
+def test_token_vectors_keep_the_rank_vectors_of_rows_placement_left_alone():
+    """``export.token_space=full``: rows the placement did not touch read their own rank-K
+    vector; a placed row reads its served vector lifted; without a projection the served rows
+    are returned as they are."""
+    rng = np.random.default_rng(5)
+    z, is_user = universal(rng.normal(size=(10, 12)), rng.normal(size=(40, 12)), rng.uniform(0.2, 0.9, 40))
+    basis, _ = fit_basis(z[is_user, :-1], z[~is_user, :-1], 5)
+    proj = Projection(basis, "v", {})
+    projected = proj.apply(z, is_user)
+    served = projected.copy()
+    served[[3, 20]] = projected[[7, 30]]  # two rows placed elsewhere in the served space
+    out = token_vectors(z, projected, served, proj)
+    moved = np.zeros(50, bool)
+    moved[[3, 20]] = True
+    np.testing.assert_array_equal(out[~moved], z[~moved])
+    np.testing.assert_allclose(out[moved], lift(served[moved], basis), atol=1e-6)
+    assert token_vectors(z, projected, served, None) is served
+
+
 @pytest.fixture(scope="module")
 def served(trained_run: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The tiny model (rank 16) exported twice from one checkpoint: at full rank and at 8 served
-    directions, each into its own embeddings/ and hierarchy/."""
+    """The tiny model (rank 16) exported three times from one checkpoint: at full rank, at 8
+    served directions with the tokens at the full rank (the default) and with the tokens in the
+    served space, each into its own embeddings/ and hierarchy/."""
     out = {}
-    for name, dim in (("full", "null"), ("d8", "8")):
+    for name, dim, space in (("full", "null", "full"), ("d8", "8", "full"), ("d8s", "8", "served")):
         d = tmp_path_factory.mktemp(name)
         run(compose(trained_run, *TINY_DATA, *TINY_MODEL, f"export.dim={dim}", f"paths.embeddings_dir={d}/embeddings",
-                    f"paths.hierarchy_dir={d}/hierarchy", stage="export"))
+                    f"paths.hierarchy_dir={d}/hierarchy", f"export.token_space={space}", stage="export"))
         out[name] = d
     return out
 
@@ -145,10 +186,12 @@ def frames(emb_dir: Path) -> dict[str, pl.DataFrame]:
 def test_export_at_a_served_dimension(served, trained_run):
     """meta.json's dim is the served width (validate and publish read it), every row has it and unit
     norm, the basis is saved beside the export, and the tokenizer and prototypes live in the
-    served space; the warm rows are the full-rank export's rows projected with the saved basis."""
+    full-rank space (export.token_space=full): the warm rows are the full-rank export's rows
+    projected with the saved basis, with the full-rank export's tokens."""
     emb_dir = served["d8"] / "embeddings"
     meta = json.loads((emb_dir / "meta.json").read_text())
     assert meta["dim"] == 9 and meta["export_dim"] == 8 and meta["projection"]["rank"] == 16
+    assert meta["token_space"] == "full"
     assert 0 < meta["projection"]["captured_entity"] <= 1 and 0 < meta["projection"]["captured_user"] <= 1
     proj = load_projection(emb_dir, meta, meta["model_version"])
     assert proj.basis.shape == (16, 8)
@@ -162,36 +205,54 @@ def test_export_at_a_served_dimension(served, trained_run):
         warm = ~frame["cold_start"].to_numpy()
         z_full = np.stack(full[t]["embedding"].to_numpy())
         np.testing.assert_allclose(proj.apply(z_full[warm], np.full(warm.sum(), t == "user")), z[warm], atol=1e-5)
+        for lvl in range(3):
+            col = f"tokens_l{lvl}"
+            assert (np.stack(d8[t][col].to_numpy())[warm] == np.stack(full[t][col].to_numpy())[warm]).all(), (t, lvl)
     protos = pl.read_parquet(served["d8"] / "hierarchy" / "prototypes.parquet")
+    assert set(protos["vector"].list.len().to_list()) == {16}
+
+
+def test_export_with_tokens_in_the_served_space(served, trained_run):
+    """``export.token_space=served``: the tokenizer and prototypes live in the served space, and
+    the saved tokenizer gives every exported row its tokens from its served embedding."""
+    emb_dir = served["d8s"] / "embeddings"
+    meta = json.loads((emb_dir / "meta.json").read_text())
+    assert meta["dim"] == 9 and meta["token_space"] == "served"
+    protos = pl.read_parquet(served["d8s"] / "hierarchy" / "prototypes.parquet")
     assert set(protos["vector"].list.len().to_list()) == {8}
+    d8s = frames(emb_dir)
     emb = Embedder(meta["checkpoint"], trained_run / "graph", trained_run / "content")
-    emb.load_tokenizer(served["d8"] / "hierarchy" / "tokenizer.pt")
-    codes, _ = emb.tokens(np.stack(d8["product"]["embedding"].to_numpy()))
+    emb.load_tokenizer(served["d8s"] / "hierarchy" / "tokenizer.pt")
+    codes, _ = emb.tokens(np.stack(d8s["product"]["embedding"].to_numpy()))
     for lvl in range(3):
-        assert (codes[lvl] == np.stack(d8["product"][f"tokens_l{lvl}"].to_numpy())).all()
+        assert (codes[lvl] == np.stack(d8s["product"][f"tokens_l{lvl}"].to_numpy())).all()
 
 
-def test_refresh_projects_a_new_entity_as_export_did(served, trained_run):
+@pytest.mark.parametrize("run_name", ["d8", "d8s"])
+def test_refresh_projects_a_new_entity_as_export_did(served, trained_run, run_name):
     """A cold product re-embedded from its content and links (the knowledge view at rank 16),
     projected with the basis the export saved and placed as the export placed its cold ones (what
     `hir refresh` does, hir/publish/refresh.py) lands where the served export put it, and its
-    tokens come from the saved served-space tokenizer."""
-    out, emb_dir = trained_run, served["d8"] / "embeddings"
+    tokens come from the saved tokenizer: at the full rank from its placed vector lifted back
+    (:func:`token_vectors`), in the served space from the served vector itself."""
+    out, emb_dir = trained_run, served[run_name] / "embeddings"
     meta = json.loads((emb_dir / "meta.json").read_text())
     emb = Embedder(meta["checkpoint"], out / "graph", out / "content")
-    emb.load_tokenizer(served["d8"] / "hierarchy" / "tokenizer.pt")
+    emb.load_tokenizer(served[run_name] / "hierarchy" / "tokenizer.pt")
     cold, content, links = cold_product_inputs(out, emb_dir)
     text = np.stack(content["text_vec"].to_numpy())
-    z = emb.embed_new("product", text, np.stack(content["attr_vec"].to_numpy()), content["has_text"].to_numpy(), links)
-    assert z.shape[1] == 17
+    full = emb.embed_new("product", text, np.stack(content["attr_vec"].to_numpy()), content["has_text"].to_numpy(),
+                         links)
+    assert full.shape[1] == 17
     proj = load_projection(emb_dir, meta, emb.version)
-    z = place_like_export(emb_dir, emb.store, "product", proj.apply(z, np.zeros(len(z), bool)), text,
-                          content["has_text"].to_numpy())
+    projected = proj.apply(full, np.zeros(len(full), bool))
+    z = place_like_export(emb_dir, emb.store, "product", projected.copy(), text, content["has_text"].to_numpy())
     exported = np.stack(cold["embedding"].to_numpy())
     assert z.shape == exported.shape == (cold.height, 9)
     np.testing.assert_allclose(np.linalg.norm(z, axis=1), 1.0, atol=1e-5)
     assert (np.sum(z * exported, axis=1) > 0.999).all()
-    codes, _ = emb.tokens(z)
+    assert emb.tokenizer.dim == (16 if meta["token_space"] == "full" else 8)
+    codes, _ = emb.tokens(token_vectors(full, projected, z, proj) if meta["token_space"] == "full" else z)
     assert [c.shape[1] for c in codes] == [2, 2, 2]
     assert (codes[0][:, 0] == np.stack(cold["tokens_l0"].to_numpy())[:, 0]).mean() > 0.9
 
@@ -213,3 +274,22 @@ def test_export_is_redone_when_the_served_dimension_changes(served, trained_run)
     assert meta["dim"] == 9 and meta["export_dim"] == 8 and (d / "embeddings" / PROJECTION_FILE).exists()
     assert len(pl.read_parquet(d / "embeddings" / "product.parquet")["embedding"][0]) == 9
     assert export("full")["dim"] == 17 and not (d / "embeddings" / PROJECTION_FILE).exists()
+
+
+def test_export_is_redone_when_the_token_space_changes(served, trained_run):
+    """At a served dimension an export is reused only with the same ``export.token_space`` (its
+    tokens and saved tokenizer depend on it)."""
+    d = served["d8s"]
+
+    def export(space: str) -> dict:
+        return run(compose(trained_run, *TINY_DATA, *TINY_MODEL, "export.dim=8", f"export.token_space={space}",
+                           f"paths.embeddings_dir={d}/embeddings", f"paths.hierarchy_dir={d}/hierarchy",
+                           stage="export"))
+
+    mtime = (d / "embeddings" / "product.parquet").stat().st_mtime
+    assert export("served")["token_space"] == "served"
+    assert (d / "embeddings" / "product.parquet").stat().st_mtime == mtime
+    assert export("full")["token_space"] == "full"
+    assert (d / "embeddings" / "product.parquet").stat().st_mtime != mtime
+    with pytest.raises(Exception, match="token_space"):
+        export("neither")
