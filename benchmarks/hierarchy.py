@@ -1,6 +1,11 @@
 """The hierarchy judged on engagement it never saw (issue 34), beside a plain k-means.
 
     python benchmarks/hierarchy.py --run outputs/online_retail/i34 [--row today] [--methods hir,kmeans,...]
+    python benchmarks/hierarchy.py --run RUN --embeddings RUN/full/embeddings   # a full-rank re-export
+
+The ``hir`` and fit methods refit the checkpoint's rank-K tree on the exported vectors, so they need
+an export at full rank (``export.dim=null``); at the default ``export.token_space=full`` its warm
+entities' tokens are those of the served export.
 
 Reads one run's export (``embeddings/<type>.parquet``: vectors and tokens; the checkpoint for the
 seed refits) and its snapshot (``graph/``: the test period's engagement, the taxonomy), and
@@ -68,12 +73,15 @@ class Space:
     """The engaged entity types of one export laid end to end (``offset[type] + node_id``), their
     vectors, cold flags and exported tokens, and the users' pairs per split."""
 
-    def __init__(self, run: Path) -> None:
+    def __init__(self, run: Path, embeddings: Path | None = None) -> None:
+        emb_dir = embeddings or run / "embeddings"
         self.snap = load_snapshot(run / "graph")
         self.types = self.snap.engaged_types()
-        frames = {t: pl.read_parquet(run / "embeddings" / f"{t}.parquet").sort("node_id") for t in self.types}
+        frames = {t: pl.read_parquet(emb_dir / f"{t}.parquet").sort("node_id") for t in self.types}
         self.offset = dict(zip(self.types, np.cumsum([0] + [f.height for f in frames.values()])[:-1].tolist()))
-        self.levels = tuple(json.loads((run / "embeddings" / "meta.json").read_text())["levels"])
+        self.emb_dir = emb_dir
+        self.meta = json.loads((emb_dir / "meta.json").read_text())
+        self.levels = tuple(self.meta["levels"])
         dim = int(frames[self.types[0]]["embedding"].list.len()[0])
         self.z = np.concatenate([f["embedding"].list.to_array(dim).to_numpy() for f in frames.values()]).astype(np.float32)
         self.cold = np.concatenate([f["cold_start"].to_numpy() for f in frames.values()])
@@ -116,6 +124,14 @@ def hir_refits(run: Path, space: Space, seeds: tuple[int, ...], fits: tuple[str,
     from hir.export.embed import load_checkpoint, resolve_checkpoint
     from hir.export.hierarchy import refit_tokenizer
 
+    if space.meta.get("projection"):
+        # the checkpoint's rank-K tree is refitted on the exported directions: they must be the rank's own
+        raise SystemExit(
+            f"{space.emb_dir} is served at {space.meta['dim']} of rank {space.meta['projection']['rank']} + 1 "
+            "coordinates; the refits need the rank's own vectors. Export the run at full rank into a dir of its own "
+            "(hir export export.dim=null paths.embeddings_dir=<run>/full/embeddings "
+            "paths.hierarchy_dir=<run>/full/hierarchy) and pass --embeddings <run>/full/embeddings: with "
+            "export.token_space=full (the default) its warm entities' tokens are the served export's")
     net, _ = load_checkpoint(resolve_checkpoint("best", run / "checkpoints"))
     with torch.no_grad():
         d = net.semantic(torch.from_numpy(space.z)).numpy()
@@ -216,6 +232,8 @@ def markdown(row: dict[str, Any]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run", type=Path, required=True, help="a run dir with graph/, embeddings/, checkpoints/")
+    ap.add_argument("--embeddings", type=Path, default=None,
+                    help="the export to judge (default <run>/embeddings); it must be at full rank (export.dim=null)")
     ap.add_argument("--row", default="today", help="the row's name in hierarchy.json")
     ap.add_argument("--methods", default="hir,kmeans,kmeans_dir,coengage,bottomup")
     ap.add_argument("--seed", type=int, default=42, help="the seed the run's export used (cfg.seed)")
@@ -223,7 +241,7 @@ def main() -> None:
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     t0 = time.perf_counter()
-    space = Space(args.run)
+    space = Space(args.run, args.embeddings)
     n_ent = len(space.z)
     tax = {k: v for k, v in taxonomy_labels(space.snap, "product").items() if k.startswith("taxonomy_")} \
         if "product" in space.types else {}
