@@ -69,10 +69,9 @@ from _results_md import markers, write_section  # benchmarks/ (the script's fold
 
 ROOT = Path(__file__).resolve().parents[1]
 DATASETS = ("online_retail", "beibei", "completejourney", "gowalla")
-# untrained: one batch then the epoch's validation (`trainer.max_steps=1` stopped mid-epoch, before
-# any validation, and early stopping failed on the missing metric: this round's three untrained
-# cells did not run)
-ARMS = {"untrained": ["model.net.transformer=false", "trainer.max_epochs=1", "+trainer.limit_train_batches=1"],
+# untrained: nothing learns (model.train_parts=none: the step-0 model, prototypes by k-means, the
+# knowledge view as initialised). Until 2026-12-04 this arm was one batch then the epoch's validation
+ARMS = {"untrained": ["model.net.transformer=false", "model.train_parts=none"],
         "base": ["model.net.transformer=false"],
         # the correction alone, trained on the same seed's base cell (its weights and basis: hir/train/warm.py),
         # so a closed gate exports the base cell's model exactly; run_cell adds model.warm_start
@@ -155,11 +154,12 @@ def cell_dir(dataset: str, arm: str, seed: int) -> Path:
     return ROOT / "outputs" / dataset / f"learner_{arm}_s{seed}"
 
 
-def run_cell(dataset: str, arm: str, seed: int, snapshot: Path, ranking: bool) -> dict[str, Any]:
+def run_cell(dataset: str, arm: str, seed: int, snapshot: Path, ranking: bool,
+             overrides: tuple[str, ...] = ()) -> dict[str, Any]:
     """train, export and evaluate one cell; returns the stages' wall seconds (and the error, if one failed).
-    ``ranking`` false: evaluate with NO_RANKING."""
+    ``ranking`` false: evaluate with NO_RANKING. ``overrides`` (--override) go to every stage."""
     run_dir = cell_dir(dataset, arm, seed)
-    common = [f"data={dataset}", f"run_name={run_dir.name}", f"seed={seed}", *arm_overrides(arm),
+    common = [f"data={dataset}", f"run_name={run_dir.name}", f"seed={seed}", *arm_overrides(arm), *overrides,
               f"paths.graph_dir={snapshot / 'graph'}", f"paths.content_dir={snapshot / 'content'}"]
     evaluate = evaluate_overrides(ranking)
     stages = {"train": [], "export": [], "evaluate": evaluate}
@@ -509,6 +509,9 @@ def main() -> None:
     ap.add_argument("--budget-min", type=float, default=None,
                     help="launch no new cell after this many minutes (the cells not run are listed as missing)")
     ap.add_argument("--with-ranking", action="store_true", help="evaluate with every ranker seed (defaults)")
+    ap.add_argument("--override", action="append", default=[],
+                    help="a hir override for every cell run now (repeatable), e.g. export.dim=256 to match cells "
+                         "exported before a default changed; each cell records its command")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "learner.json")
     ap.add_argument("--md", type=Path, default=ROOT / "docs" / "results.md")
     args = ap.parse_args()
@@ -533,7 +536,7 @@ def main() -> None:
                     if args.budget_min is not None and (time.monotonic() - t0) / 60 > args.budget_min:
                         print(f"  {ds} {arm} seed {seed}: not started (over {args.budget_min} minutes)", flush=True)
                         continue
-                    if "error" in run_cell(ds, arm, seed, snapshot, args.with_ranking):
+                    if "error" in run_cell(ds, arm, seed, snapshot, args.with_ranking, tuple(args.override)):
                         failed.append(f"{ds} {arm} seed {seed}")
             for seed in seeds if args.ablate else ():
                 for arm in (f"ablate_{part}" for part in ABLATIONS):
@@ -542,7 +545,7 @@ def main() -> None:
                     if read_cell(ds, "base", seed) is None:
                         failed.append(f"{ds} {arm} seed {seed} (no base cell to compare with)")
                         continue
-                    if "error" in run_cell(ds, arm, seed, snapshot, args.with_ranking):
+                    if "error" in run_cell(ds, arm, seed, snapshot, args.with_ranking, tuple(args.override)):
                         failed.append(f"{ds} {arm} seed {seed}")
         doc[ds] = collect(ds, seeds)
         print(f"{ds}: untrained {doc[ds]['untrained']}, base {doc[ds]['base']}, full {doc[ds]['full']}, "

@@ -48,7 +48,9 @@ class InitialValidation(Callback):
 
     At step 0 the engagement view is exactly the spectral base (the transformer's corrections
     start at zero), so this point is what training must beat: it joins the validation history
-    (epoch -1) and competes for the best checkpoint that export uses. Skipped on resume.
+    (epoch -1) and competes for the best checkpoint that export uses. Skipped on resume. A fit
+    that runs no batch (``model.train_parts=none``: Lightning then skips the train start) records
+    it at the fit's end, after the module's own fit start initialised the prototypes.
 
     Args:
         dirpath: the checkpoint directory.
@@ -60,6 +62,14 @@ class InitialValidation(Callback):
         self.score: float | None = None
 
     def on_train_start(self, trainer: L.Trainer, pl_module: Any) -> None:
+        self._record(trainer, pl_module)
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: Any) -> None:
+        # no batch ran and no step-0 point exists yet (a resumed run brought its own)
+        if self.score is None and not any(h.get("epoch") == -1 for h in pl_module.history):
+            self._record(trainer, pl_module)
+
+    def _record(self, trainer: L.Trainer, pl_module: Any) -> None:
         if trainer.global_step > 0 or not len(trainer.datamodule.val):
             return
         metrics = pl_module.validate_now()

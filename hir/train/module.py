@@ -28,9 +28,11 @@ OBJECTIVE_KEYS = ("weights", "student_temp", "teacher_temp_start", "teacher_temp
                   "center_momentum", "catalogue_temp", "learn_temperature", "cross_view", "momentum",
                   "prototype_decay", "init_nodes")
 OPTIM_KEYS = ("lr", "weight_decay", "warmup", "min_lr_ratio")
-# what `train_parts` trains: everything, or the user correction alone (hir.nn.HirNet: the head, its
-# gate and the tokens' base projection, which only the engagement view's correction reads)
-TRAIN_PARTS = ("all", "correction")
+# what `train_parts` trains: everything, the user correction alone (hir.nn.HirNet: the head, its
+# gate and the tokens' base projection, which only the engagement view's correction reads), or
+# nothing (the step-0 model: the spectral base, the knowledge view as initialised, the prototypes
+# by hierarchical k-means)
+TRAIN_PARTS = ("all", "correction", "none")
 CORRECTION_PARAMS = ("head.", "gate", "encoder.base.")
 
 
@@ -69,6 +71,9 @@ class HirModule(L.LightningModule):
             needs the transformer). Every other weight, the prototypes and the teacher's copy of them
             stay as loaded (``model.warm_start``, a ``transformer=false`` run's checkpoint): what the
             evidence gate closes on is then exactly that run's model, knowledge view included.
+            ``none``: no step is taken (the trainer runs no batch, hir.train.trainer.build_trainer);
+            the prototypes are initialised and the step-0 point is validated and saved as
+            ``init.ckpt``, which export takes (without the transformer only).
         warm_start: the checkpoint `hir train` loaded before fitting (hir/train/warm.py), recorded.
     """
 
@@ -81,6 +86,9 @@ class HirModule(L.LightningModule):
         if train_parts == "correction" and not net.use_transformer:
             raise HirError("model.train_parts=correction trains the user correction, which needs "
                            "model.net.transformer=true")
+        if train_parts == "none" and net.use_transformer:
+            raise HirError("model.train_parts=none trains nothing, so the transformer's correction would stay "
+                           "zero: set model.net.transformer=false, or train it (model.train_parts=all|correction)")
         objective, optim = dict(objective), dict(optim)
         _check_keys("model.objective", objective, OBJECTIVE_KEYS)
         _check_keys("model.objective.weights", objective["weights"], LOSS_PARTS)

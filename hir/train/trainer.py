@@ -98,6 +98,10 @@ def build_trainer(cfg: DictConfig, ckpt_dir: Path, monitor: str, planned_steps: 
             # a plan shorter than one epoch (data.train_max_steps below it) is that many batches,
             # not a whole epoch: the schedule is planned over the stepping batches either way
             extra["limit_train_batches"] = int(planned_steps)
+    if cfg.model.get("train_parts") == "none":
+        # nothing learns: Lightning runs no batch, and InitialValidation records the step-0 point
+        # (validated and saved as init.ckpt) at the fit's end instead of at the first batch
+        extra |= {"limit_train_batches": 0, "max_epochs": 1}
     # checkpoints written beside their final name and renamed: a kill leaves a whole last.ckpt
     # (hir/train/checkpoint_io.py); a killed writer's temporary file goes now
     remove_stale_tmp(ckpt_dir)
@@ -133,7 +137,8 @@ def fit_report(cfg: DictConfig, trainer: L.Trainer, module: HirModule, dm: HirDa
     best = best_checkpoint(module.history, module.monitor, ckpt_dir, best_cb, write=trainer.is_global_zero)
     early = next((c for c in trainer.callbacks if isinstance(c, EarlyStopping)), None)
     gate = any(type(c).__name__ == "StopBelowBase" and getattr(c, "stopped", False) for c in trainer.callbacks)
-    stopped_by = ("below_base" if gate else
+    stopped_by = ("train_parts=none" if module.train_parts == "none" else
+                  "below_base" if gate else
                   "early_stopping" if early is not None and early.stopped_epoch > 0 else
                   "max_steps" if trainer.max_steps and 0 < trainer.max_steps <= trainer.global_step else
                   "max_time" if trainer.max_epochs and trainer.current_epoch < trainer.max_epochs else

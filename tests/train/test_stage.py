@@ -122,3 +122,32 @@ def test_correction_alone_needs_the_transformer_and_a_matching_warm_start(traine
     with pytest.raises(InputError, match="differs in"), single_thread():
         run(compose(tmp_path, *TINY_DATA, *TINY_MODEL, "model.net.depth=2", f"model.warm_start={base_out / 'checkpoints'}",
                     f"paths.graph_dir={base_out / 'graph'}", f"paths.content_dir={base_out / 'content'}"))
+
+
+def test_nothing_trained_exports_the_step_zero_model(trained, tmp_path: Path):
+    """`model.train_parts=none`: no batch runs; the step-0 point (the spectral base, prototypes
+    initialised by k-means) is validated, saved as init.ckpt and is what export takes; its val
+    recall is the trained run's step-0 recall, and the knowledge view is the initial one."""
+    base_out, _ = trained
+    out = tmp_path / "none"
+    shutil.copytree(base_out / "graph", out / "graph")
+    shutil.copytree(base_out / "content", out / "content")
+    with single_thread():
+        run(compose(out, *TINY_DATA, *TINY_MODEL, "model.train_parts=none"))
+    report = json.loads((out / "checkpoints" / "train_metrics.json").read_text())
+    trained_report = json.loads((base_out / "checkpoints" / "train_metrics.json").read_text())
+    assert [h["epoch"] for h in report["history"]] == [-1] and report["global_step"] == 0
+    assert report["stopped_by"] == "train_parts=none"
+    assert Path(report["best_checkpoint"]).name == "init.ckpt" and Path(report["best_checkpoint"]).exists()
+    step0 = report["history"][0]["val/recall@20"]
+    assert step0 == pytest.approx(trained_report["history"][0]["val/recall@20"], abs=1e-6)
+    ckpt = torch.load(report["best_checkpoint"], weights_only=True)
+    assert bool(ckpt["state_dict"]["prototypes_ready"])
+    assert ckpt["hyper_parameters"]["train_parts"] == "none"
+    # the trained run's knowledge view moved; this one's is the initial one (the same seed's init)
+    init_trained = torch.load(base_out / "checkpoints" / "init.ckpt", weights_only=True)["state_dict"]
+    know = [k for k in init_trained if k.startswith("teacher.") and "know" in k]
+    assert know and all(torch.equal(init_trained[k], ckpt["state_dict"][k]) for k in know)
+    with pytest.raises(Exception, match="train_parts=none trains nothing"):
+        run(compose(tmp_path / "t", *TINY_DATA, *TINY_MODEL, "model.train_parts=none", "model.net.transformer=true",
+                    f"paths.graph_dir={out / 'graph'}", f"paths.content_dir={out / 'content'}"))
