@@ -70,9 +70,11 @@ from _results_md import markers, write_section  # benchmarks/ (the script's fold
 ROOT = Path(__file__).resolve().parents[1]
 DATASETS = ("online_retail", "beibei", "completejourney", "gowalla")
 # untrained: nothing learns (model.train_parts=none: the step-0 model, prototypes by k-means, the
-# knowledge view as initialised). Until 2026-12-04 this arm was one batch then the epoch's validation
+# knowledge view as initialised; the default since 2026-12-04: model.train_parts=auto). Until then
+# this arm was one batch then the epoch's validation (online_retail: the same test recall, per seed,
+# to the last digit). base: the knowledge view, scale heads and prototypes trained (model.train_parts=all)
 ARMS = {"untrained": ["model.net.transformer=false", "model.train_parts=none"],
-        "base": ["model.net.transformer=false"],
+        "base": ["model.net.transformer=false", "model.train_parts=all"],
         # the correction alone, trained on the same seed's base cell (its weights and basis: hir/train/warm.py),
         # so a closed gate exports the base cell's model exactly; run_cell adds model.warm_start
         "full": ["model.net.transformer=true", "model.train_parts=correction"]}

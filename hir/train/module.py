@@ -32,8 +32,19 @@ OPTIM_KEYS = ("lr", "weight_decay", "warmup", "min_lr_ratio")
 # gate and the tokens' base projection, which only the engagement view's correction reads), or
 # nothing (the step-0 model: the spectral base, the knowledge view as initialised, the prototypes
 # by hierarchical k-means)
-TRAIN_PARTS = ("all", "correction", "none")
+TRAIN_PARTS = ("auto", "all", "correction", "none")
 CORRECTION_PARAMS = ("head.", "gate", "encoder.base.")
+
+
+def resolve_train_parts(train_parts: str, transformer: bool) -> str:
+    """``model.train_parts`` as trained: ``auto`` is ``all`` with the transformer and ``none``
+    without it (conf/model/hir.yaml: without the correction, training the knowledge view, the
+    scale heads and the prototypes helped no slice on test beyond the noise)."""
+    if train_parts not in TRAIN_PARTS:
+        raise HirError(f"model.train_parts={train_parts!r}; expected one of {list(TRAIN_PARTS)}")
+    if train_parts == "auto":
+        return "all" if transformer else "none"
+    return train_parts
 
 
 def _check_keys(what: str, given: dict[str, Any], expected: tuple[str, ...]) -> None:
@@ -67,7 +78,8 @@ class HirModule(L.LightningModule):
         monitor_k: the cut-off early stopping and the best checkpoint follow (:attr:`monitor`).
         seed: base of the per-epoch torch seed (dropout), so a resumed run repeats an uninterrupted one.
         data: how contexts were built (``graph`` options, ``context`` sizes), kept for export.
-        train_parts: ``all``, or ``correction``: only the user correction learns (:data:`CORRECTION_PARAMS`;
+        train_parts: ``auto`` (:func:`resolve_train_parts`: ``all`` with the transformer, else
+            ``none``), ``all``, or ``correction``: only the user correction learns (:data:`CORRECTION_PARAMS`;
             needs the transformer). Every other weight, the prototypes and the teacher's copy of them
             stay as loaded (``model.warm_start``, a ``transformer=false`` run's checkpoint): what the
             evidence gate closes on is then exactly that run's model, knowledge view included.
@@ -81,8 +93,7 @@ class HirModule(L.LightningModule):
                  seed: int, data: dict[str, Any] | None = None, train_parts: str = "all",
                  warm_start: str | None = None) -> None:
         super().__init__()
-        if train_parts not in TRAIN_PARTS:
-            raise HirError(f"model.train_parts={train_parts!r}; expected one of {list(TRAIN_PARTS)}")
+        train_parts = resolve_train_parts(train_parts, net.use_transformer)
         if train_parts == "correction" and not net.use_transformer:
             raise HirError("model.train_parts=correction trains the user correction, which needs "
                            "model.net.transformer=true")

@@ -21,7 +21,7 @@ from hir.atomic import remove_stale_tmp
 from hir.train.callbacks import InitialValidation, ProgressBar, best_checkpoint
 from hir.train.checkpoint_io import AtomicCheckpointIO
 from hir.train.datamodule import HirDataModule
-from hir.train.module import HirModule
+from hir.train.module import HirModule, resolve_train_parts
 from hir_kernels import attention_backend
 
 log = logging.getLogger(__name__)
@@ -98,7 +98,8 @@ def build_trainer(cfg: DictConfig, ckpt_dir: Path, monitor: str, planned_steps: 
             # a plan shorter than one epoch (data.train_max_steps below it) is that many batches,
             # not a whole epoch: the schedule is planned over the stepping batches either way
             extra["limit_train_batches"] = int(planned_steps)
-    if cfg.model.get("train_parts") == "none":
+    parts = resolve_train_parts(str(cfg.model.get("train_parts", "all")), bool(cfg.model.net.get("transformer")))
+    if parts == "none":
         # nothing learns: Lightning runs no batch, and InitialValidation records the step-0 point
         # (validated and saved as init.ckpt) at the fit's end instead of at the first batch
         extra |= {"limit_train_batches": 0, "max_epochs": 1}
