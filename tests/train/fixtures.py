@@ -29,6 +29,8 @@ TINY_MODEL = [
     "model.net.hierarchy.top_k=2", "datamodule.batch_size=48", "datamodule.task.users=16", "datamodule.seeds_per_epoch=192",
     "datamodule.embed_batch_size=256", "datamodule.val_candidates=null", "model.objective.init_nodes=256",
     "export.batch_size=256", "trainer.max_epochs=2", "trainer.log_every_n_steps=1", "trainer.enable_progress_bar=false",
+    # the tests of training train (the default, model.train_parts=auto, trains nothing without the transformer)
+    "model.train_parts=all",
 ]
 
 

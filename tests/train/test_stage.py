@@ -124,6 +124,10 @@ def test_correction_alone_needs_the_transformer_and_a_matching_warm_start(traine
                     f"paths.graph_dir={base_out / 'graph'}", f"paths.content_dir={base_out / 'content'}"))
 
 
+# the default's training (model.train_parts=auto: none without the transformer) on the tiny model
+UNTRAINED = [*(o for o in TINY_MODEL if not o.startswith("model.train_parts=")), "model.train_parts=none"]
+
+
 def test_nothing_trained_exports_the_step_zero_model(trained, tmp_path: Path):
     """`model.train_parts=none`: no batch runs; the step-0 point (the spectral base, prototypes
     initialised by k-means) is validated, saved as init.ckpt and is what export takes; its val
@@ -133,7 +137,7 @@ def test_nothing_trained_exports_the_step_zero_model(trained, tmp_path: Path):
     shutil.copytree(base_out / "graph", out / "graph")
     shutil.copytree(base_out / "content", out / "content")
     with single_thread():
-        run(compose(out, *TINY_DATA, *TINY_MODEL, "model.train_parts=none"))
+        run(compose(out, *TINY_DATA, *UNTRAINED))
     report = json.loads((out / "checkpoints" / "train_metrics.json").read_text())
     trained_report = json.loads((base_out / "checkpoints" / "train_metrics.json").read_text())
     assert [h["epoch"] for h in report["history"]] == [-1] and report["global_step"] == 0
@@ -149,5 +153,19 @@ def test_nothing_trained_exports_the_step_zero_model(trained, tmp_path: Path):
     know = [k for k in init_trained if k.startswith("teacher.") and "know" in k]
     assert know and all(torch.equal(init_trained[k], ckpt["state_dict"][k]) for k in know)
     with pytest.raises(Exception, match="train_parts=none trains nothing"):
-        run(compose(tmp_path / "t", *TINY_DATA, *TINY_MODEL, "model.train_parts=none", "model.net.transformer=true",
+        run(compose(tmp_path / "t", *TINY_DATA, *UNTRAINED, "model.net.transformer=true",
                     f"paths.graph_dir={out / 'graph'}", f"paths.content_dir={out / 'content'}"))
+
+
+def test_train_parts_auto_trains_only_with_the_transformer(tmp_path: Path):
+    """The default ``model.train_parts=auto``: everything with the transformer, nothing without it;
+    an unknown value is refused with the accepted ones."""
+    from hir.errors import HirError
+    from hir.train.module import resolve_train_parts
+
+    cfg = compose(tmp_path, *TINY_DATA)
+    assert cfg.model.train_parts == "auto" and cfg.model.net.transformer is False
+    assert resolve_train_parts("auto", False) == "none" and resolve_train_parts("auto", True) == "all"
+    assert resolve_train_parts("correction", True) == "correction"
+    with pytest.raises(HirError, match="expected one of"):
+        resolve_train_parts("some", False)
