@@ -78,7 +78,7 @@ ARMS = {"untrained": ["model.net.transformer=false", "model.train_parts=none"],
         # the correction alone, trained on the same seed's base cell (its weights and basis: hir/train/warm.py),
         # so a closed gate exports the base cell's model exactly; run_cell adds model.warm_start
         "full": ["model.net.transformer=true", "model.train_parts=correction"]}
-TRAINS = {"untrained": "nothing: the spectral base (refit on train + val), knowledge view untrained",
+TRAINS = {"untrained": "nothing (the default): the spectral base (refit on train + val), knowledge view untrained",
           "base": "the knowledge view (cold entities) and the prototypes; users are the spectral base",
           "full": "the base cell's model, then the transformer's user correction alone on the training task "
                   "(hir.model.task; everything else frozen), exported behind the evidence gate fit on val",
@@ -308,7 +308,7 @@ def verdict(dataset: str, paired: dict[str, dict[str, Any]], num: str = "full", 
     """The targets (issue 32) on the paired ratios ``num / den`` of the seeds where both arms
     finished: never worse (all users: >= 1.00, low end >= 0.99), helps overall (>= 1.03, interval
     above 1), sparse users (<= 5 events: >= 1.20, interval above 1, on SPARSE_DATASETS). The issue's
-    pair is full / base (the correction); base / untrained asks the same of the default's training."""
+    pair is full / base (the correction); base / untrained asks the same of training the knowledge view."""
     key = f"{num}/{den}"
     full_base = paired["all"].get(key)
     if full_base is None:
@@ -473,8 +473,9 @@ def markdown(doc: dict[str, Any]) -> str:
                          + " | ".join(_ratio(p[k]) for k in ("full/base", "forced/base", "forced/full", "base/untrained")) + " |")
         lines += ["", f"- **Verdict (the correction, the issue's targets):** {r['verdict']['verdict']}."]
         if r.get("verdict_default_training"):
-            lines.append("- **The same targets for the default's training (the knowledge view and the prototypes "
-                         f"over the training-free base):** {r['verdict_default_training']['verdict']}.")
+            lines.append("- **The same targets for training the knowledge view and the prototypes (base: "
+                         "`model.train_parts=all`, the default until 2026-12-04) over the untrained model (the "
+                         f"default since):** {r['verdict_default_training']['verdict']}.")
         if r.get("ablation"):
             lines += ["", "Ablation (`--ablate`): the base arm with one part taken away (`+ablation=<part>`: "
                       "conf/ablation/), over the base arm, paired, seeds pooled; below 1 the part helps. The "
