@@ -101,6 +101,13 @@ class Space:
         return np.concatenate(us).astype(np.int64), np.concatenate(es).astype(np.int64)
 
 
+def shown(path: Path) -> str:
+    """``path`` as the results file records it: relative to the checkout, or only its name when it
+    lies outside (no machine's absolute path in a tracked file)."""
+    p = path.absolute()
+    return str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else p.name
+
+
 def kmeans_tokens(x: np.ndarray, levels: tuple[int, ...], seed: int) -> list[np.ndarray]:
     """One MiniBatchKMeans per level on x (n, d) (as hir.export.hierarchy.kmeans_reference)."""
     from sklearn.cluster import MiniBatchKMeans
@@ -250,7 +257,7 @@ def main() -> None:
     result: dict[str, Any] = {"when": datetime.now(UTC).isoformat(timespec="seconds"),
                               "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
                                                        capture_output=True, text=True).stdout.strip(),
-                              "machine": platform.platform(), "run": str(args.run), "levels": list(space.levels),
+                              "machine": platform.platform(), "run": shown(args.run), "levels": list(space.levels),
                               "entities": n_ent, "users": space.n_users,
                               "pairs": {s: len(p[0]) for s, p in space.pairs.items()}, "methods": {}}
     tokenizations: dict[str, dict[int, list[np.ndarray]]] = {}

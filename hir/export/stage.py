@@ -157,7 +157,8 @@ def embed_snapshot(embedder: Any, ex: ExportConfig, seed: int) -> tuple[Any, Any
                            "training diverged")
     full = z
     z, projection = serve_dim(embedder, z, ex.dim, ex.token_space)
-    projected = z.copy() if projection is not None and ex.token_space == "full" else None
+    # placement returns new arrays (hir/export/cold.py placed, cold_users) and leaves this one as it is
+    projected = z if projection is not None and ex.token_space == "full" else None
     valset = validation_set(st, None, seed, "masked_new") if len(st.val_pairs) else None
     z, report = place_cold(z, st, valset, ex.cold)
     # after the entities are placed: the cold users are chosen against the final candidates

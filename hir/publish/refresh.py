@@ -379,6 +379,8 @@ def embed(cfg: DictConfig, source: dict[str, Path], snapshot: Snapshot, delta: D
         embedder.load_tokenizer(tokenizer_path)
     # the served dimension of the live version: its export's projection (export.dim), None at full rank
     projection = load_projection(emb_meta_path.parent, emb_meta, embedder.version) if emb_meta else None
+    # the export's token space: a tokenizer of the full rank reads the rank-K vectors (export.token_space)
+    full_space = projection is not None and embedder.tokenizer.dim == projection.rank
     now = datetime.now(UTC).replace(microsecond=0)
     frames = {}
     store_dir = Path(cfg.publish.store_dir).resolve()
@@ -393,13 +395,11 @@ def embed(cfg: DictConfig, source: dict[str, Path], snapshot: Snapshot, delta: D
         full = z
         if projection is not None:  # as the export projected before placing its cold entities
             z = projection.apply(z, np.full(len(z), etype == "user"))
-        projected = z.copy()
+        projected = z  # placement returns a new array and leaves this one as it is
         if emb_meta_path.exists():
             # as the export placed its own cold entities: by their content neighbours (hir.export.cold)
             z = place_like_export(emb_meta_path.parent, embedder.store, etype, z, mat["text_vec"],
                                   content["has_text"].to_numpy())
-        # the export's token space: a tokenizer of the full rank reads the rank-K vectors (export.token_space)
-        full_space = projection is not None and embedder.tokenizer.dim == projection.rank
         codes, weights = embedder.tokens(token_vectors(full, projected, z, projection) if full_space else z)
         n_served = len(served_keys(manifest, store_dir, etype))
         cutoff = _cutoff(manifest, etype)
