@@ -133,6 +133,8 @@ class Embedder:
         if self.basis.rank != self.net.base_dim:
             raise InputError(f"{spectral} has rank {self.basis.rank} but {checkpoint} was trained on rank "
                              f"{self.net.base_dim}: the two files come from different runs")
+        # the served dimension `hir train` chose on val (export.dim=auto; None: not recorded)
+        self.served_dim = self.basis.served_dim
         self.refit = self.refit_report(refit_base, visible_splits)
         if self.refit["done"]:
             self.basis, self.base = refit_aligned(self.store, self.basis, n_iter, seed)

@@ -65,66 +65,45 @@ import torch
 
 from hir.atomic import atomic_path
 from hir.errors import InputError
+from hir.model.served import fit_basis
 from hir.nn import HierarchicalTokenizer
 
 log = logging.getLogger(__name__)
 
 PROJECTION_FILE = "projection.npz"  # embeddings/: the served basis (refresh projects with it)
 FULL = ("full", "none")  # export.dim values that mean no projection (as does null)
+AUTO = "auto"  # export.dim: the served dimension `hir train` chose on val (hir/model/served.py)
 
 
-def served_rank(dim: int | str | None) -> int | None:
-    """``export.dim`` -> the served direction count d (the embedding has d + 1 coordinates), or
-    None for the full rank (null, ``full``)."""
+def served_rank(dim: int | str | None) -> int | str | None:
+    """``export.dim`` -> the served direction count d (the embedding has d + 1 coordinates), None
+    for the full rank (null, ``full``), or ``auto`` (the d `hir train` chose on val,
+    :mod:`hir.model.served`; :func:`resolve_dim`)."""
     if dim is None or (isinstance(dim, str) and dim.lower() in FULL):
         return None
+    if isinstance(dim, str) and dim.lower() == AUTO:
+        return AUTO
     try:
         d = int(dim)
     except (TypeError, ValueError):
-        raise ValueError(f"export.dim={dim!r}; expected a positive int (served directions) or null/full") from None
+        raise ValueError(f"export.dim={dim!r}; expected a positive int (served directions), auto, or null/full") from None
     if d < 1:
-        raise ValueError(f"export.dim={d}; expected a positive int (served directions) or null/full")
+        raise ValueError(f"export.dim={d}; expected a positive int (served directions), auto, or null/full")
     return d
 
 
-def second_moment(x: np.ndarray, chunk: int = 65536) -> np.ndarray:
-    """(n, K) rows -> (K, K) float64 ``x^T x / n``, in chunks (a (chunk, K) float64 copy at a time)."""
-    out = np.zeros((x.shape[1], x.shape[1]), np.float64)
-    for lo in range(0, len(x), chunk):
-        part = np.asarray(x[lo:lo + chunk], np.float64)
-        out += part.T @ part
-    return out / max(len(x), 1)
-
-
-def fit_basis(users: np.ndarray, entities: np.ndarray, d: int) -> tuple[np.ndarray, dict[str, float]]:
-    """The served basis (module doc): top-d eigenvectors of the trace-normalised second moments.
-
-    Args:
-        users: (U, K) user directions ``s_u`` (the embedding without its last coordinate).
-        entities: (E, K) entity vectors ``x_e = a s_e``.
-        d: served directions, 1 <= d <= K.
-
-    Returns:
-        P (K, d) float32, orthonormal columns, leading first, each column's largest-magnitude
-        component positive (the same inputs give the same P); and the share of each group's
-        second moment P keeps (``captured_user``, ``captured_entity``, in [0, 1]).
-    """
-    k = users.shape[1] if len(users) else entities.shape[1]
-    if not 1 <= d <= k:
-        raise ValueError(f"served directions d={d} must be in [1, {k}] (the spectral rank)")
-    moments = [second_moment(g) for g in (users, entities) if len(g)]
-    moments = [m / tr for m in moments if (tr := float(np.trace(m))) > 0]
-    if not moments:
-        raise ValueError("fit_basis: no user or entity row has a non-zero vector; nothing to project")
-    _, vecs = np.linalg.eigh(sum(moments))  # eigenvalues ascending
-    p = vecs[:, ::-1][:, :d]
-    sign = np.sign(p[np.abs(p).argmax(axis=0), np.arange(d)])
-    p = p * np.where(sign == 0, 1.0, sign)
-    cu = second_moment(users) if len(users) else None
-    ce = second_moment(entities) if len(entities) else None
-    kept = {name: float(np.trace(p.T @ m @ p) / max(float(np.trace(m)), 1e-30))
-            for name, m in (("captured_user", cu), ("captured_entity", ce)) if m is not None}
-    return p.astype(np.float32), kept
+def resolve_dim(dim: int | str | None, chosen: int | None, fallback: int) -> int | None:
+    """The served directions an export takes: ``dim`` itself, or at ``auto`` the d `hir train`
+    chose on val (``chosen``, from the basis file: 0 = the full rank), and ``fallback`` for a
+    basis trained before that choice existed (None: it has none)."""
+    d = served_rank(dim)
+    if d != AUTO:
+        return d
+    if chosen is None:
+        log.warning("export.dim=auto: the checkpoint's spectral basis records no served dimension chosen on val "
+                    "(trained before export.dim=auto); serving export.dim_fallback=%d", fallback)
+        return int(fallback)
+    return None if int(chosen) == 0 else int(chosen)
 
 
 def project(z: np.ndarray, basis: np.ndarray, is_user: np.ndarray) -> np.ndarray:
@@ -211,6 +190,8 @@ def fit_projection(z: np.ndarray, is_user: np.ndarray, warm: np.ndarray, dim: in
     (``warm`` (n,) bool; all rows when none is warm), or None when ``dim`` asks for the full rank
     or for at least K directions (nothing to project: the export is the network's own)."""
     d = served_rank(dim)
+    if d == AUTO:
+        raise ValueError("export.dim=auto must be resolved to the chosen dimension first (resolve_dim)")
     k = z.shape[1] - 1
     if d is None or d >= k:
         return None

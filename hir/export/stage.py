@@ -48,8 +48,10 @@ class ExportConfig:
     a flat k-means at level 1 grouped by co-engagement into level 0, :func:`fitted_hierarchy`);
     kmeans_reference: also report the hierarchy figures of a plain k-means on the exported
     vectors; dim: the served directions d (the embedding has d + 1 coordinates; null/``full`` =
-    the spectral rank K), see :mod:`hir.export.project`; token_space: where the tokens are fitted
-    and read at a served dimension (``full``: the rank-K directions; ``served``: the d served ones).
+    the spectral rank K; ``auto`` = the d `hir train` chose on val, :mod:`hir.model.served`), see
+    :mod:`hir.export.project`; token_space: where the tokens are fitted and read at a served
+    dimension (``full``: the rank-K directions; ``served``: the d served ones); dim_fallback: the d
+    ``auto`` serves for a basis that records no choice (trained before it existed).
     """
 
     checkpoint: str
@@ -76,6 +78,8 @@ class ExportConfig:
     cold_users: ColdUsers = field(default_factory=ColdUsers)
     # at a served dimension below the rank: the tokens' space (hir/export/project.py)
     token_space: str = "full"
+    # export.dim=auto with a basis trained before `hir train` chose the served dimension on val
+    dim_fallback: int = 256
 
     def __post_init__(self) -> None:
         from hir.export.hierarchy import HIERARCHY_FITS
@@ -147,7 +151,7 @@ def embed_snapshot(embedder: Any, ex: ExportConfig, seed: int) -> tuple[Any, Any
 
     from hir.export.cold import place_cold
     from hir.export.cold_users import place_cold_users
-    from hir.export.project import token_vectors
+    from hir.export.project import resolve_dim, token_vectors
     from hir.model import validation_set
 
     st = embedder.store
@@ -156,7 +160,7 @@ def embed_snapshot(embedder: Any, ex: ExportConfig, seed: int) -> tuple[Any, Any
         raise RuntimeError(f"non-finite embeddings from {embedder.checkpoint}: the checkpoint is corrupt or "
                            "training diverged")
     full = z
-    z, projection = serve_dim(embedder, z, ex.dim, ex.token_space)
+    z, projection = serve_dim(embedder, z, resolve_dim(ex.dim, embedder.served_dim, ex.dim_fallback), ex.token_space)
     # placement returns new arrays (hir/export/cold.py placed, cold_users) and leaves this one as it is
     projected = z if projection is not None and ex.token_space == "full" else None
     valset = validation_set(st, None, seed, "masked_new") if len(st.val_pairs) else None

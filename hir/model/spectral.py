@@ -43,6 +43,8 @@ import scipy.sparse as sp
 
 from hir.model.filters import trend_factor, user_filter
 from hir.model.metrics import masked_recall, recall_per_user
+from hir.model.served import cap as served_cap
+from hir.model.served import choose_served_dim
 from hir.model.store import GraphStore
 from hir.model.usersample import refine_on_all, stratified_users
 from hir.model.valset import ValSet
@@ -95,7 +97,8 @@ class SpectralConfig:
     than ``noise_z`` paired standard errors over those users and by ``min_gain`` (relative);
     n_iter: randomised-SVD power iterations; sample_users: the users the basis is fit on (null =
     all; a fraction in (0, 1] or a count: a seeded sample stratified by activity,
-    :mod:`hir.model.usersample`; every user is still folded in from its own row).
+    :mod:`hir.model.usersample`; every user is still folded in from its own row); served_dims:
+    the served dimensions ``export.dim=auto`` chooses among on val (:mod:`hir.model.served`).
     """
 
     rank: int | str
@@ -116,6 +119,7 @@ class SpectralConfig:
     noise_z: float = 1.96
     published: list[dict[str, Any]] = field(default_factory=list)
     sample_users: int | float | None = None
+    served_dims: list[int] = field(default_factory=lambda: [128, 256])
 
     @property
     def candidate_ranks(self) -> list[int]:
@@ -228,6 +232,9 @@ class SpectralBasis:
     validation and export. A basis fit on a sample of users (:mod:`hir.model.usersample`) keeps
     ``rows`` (S,) the sampled user rows ``u`` belongs to, ``row_weight`` (S,) their weight in the
     fit, and ``sample_cap`` (what a refit samples again); None: every user, in order.
+    ``served_dim``: the served dimension chosen on val (:mod:`hir.model.served`; 0 = the full
+    rank; None = not chosen, a basis saved before the choice existed), what ``export.dim=auto``
+    serves.
     """
 
     cols: np.ndarray
@@ -242,6 +249,7 @@ class SpectralBasis:
     rows: np.ndarray | None = None
     row_weight: np.ndarray | None = None
     sample_cap: int | float | None = None
+    served_dim: int | None = None
 
     @property
     def rank(self) -> int:
@@ -277,7 +285,8 @@ class SpectralBasis:
                      user_half_life=f.user_half_life,
                      **({} if self.frame is None else {"frame": self.frame}),
                      **({} if self.rows is None else {"rows": self.rows, "row_weight": self.row_weight}),
-                     **({} if self.sample_cap is None else {"sample_cap": self.sample_cap}))
+                     **({} if self.sample_cap is None else {"sample_cap": self.sample_cap}),
+                     **({} if self.served_dim is None else {"served_dim": self.served_dim}))
 
     def parts(self, store: GraphStore) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """What :meth:`base_for` is computed from: (n, K) float32 base vectors in the SVD's own
@@ -310,8 +319,9 @@ class SpectralBasis:
                 filt = Filter(0.5, "linear", 1.0 / c) if c > 0 else Filter(0.5, "none", 1.0)
             # (bases written while a `holdout` option existed carry a `heldout` array; it is not read)
             cap = f["sample_cap"].item() if "sample_cap" in f else None
+            served = int(f["served_dim"]) if "served_dim" in f else None
             return cls(f["cols"], f["v"], f["u"], f["sigma"], f["col_degree"], f["scale_ref"], float(f["stage_base"]),
-                       filt, f.get("frame"), f.get("rows"), f.get("row_weight"), cap)
+                       filt, f.get("frame"), f.get("rows"), f.get("row_weight"), cap, served)
 
 
 def fit_spectral(store: GraphStore, rank: int, stage_base: float, n_iter: int, seed: int,
@@ -687,12 +697,15 @@ def fit_base(store: GraphStore, val: ValSet | None, config: SpectralConfig, seed
                 basis = fit_spectral(store, max(ranks), float(stage_base), n_iter, seed, filt, cap)
                 k, filt = select_filter(store, basis, val, config, seed, tried, filt, k)
             basis = with_scale_ref(store, basis.truncate(k).with_filter(filt))
+            basis, report["served"] = with_served_dim(store, basis, val, config)
             report["candidates"] = tried
             report["val_recall@20_by_rank"] = {
                 str(t["rank"]): t["val_recall@20"] for t in tried
                 if (_candidate_key(t)[0], _candidate_key(t)[2]) == (basis.stage_base, filt)}
         elif max(ranks) > basis.rank:
             basis = fit_spectral(store, max(ranks), float(stage_base), n_iter, seed, start, cap)
+        if not has_val:  # nothing to choose the served dimension with: the cap
+            basis = replace(basis, served_dim=served_cap(basis.rank, list(config.served_dims)))
         path.parent.mkdir(parents=True, exist_ok=True)
         basis.save(path)
     report |= {"rank": basis.rank, "stage_base": basis.stage_base, "filter": asdict(basis.filter),
@@ -700,6 +713,19 @@ def fit_base(store: GraphStore, val: ValSet | None, config: SpectralConfig, seed
     log.info("spectral base: rank %d, stage_base %g, %s (%d candidates scored on val) in %.1fs", basis.rank,
              basis.stage_base, basis.filter.label(), len(report.get("candidates", [])), report["seconds"])
     return basis, report
+
+
+def with_served_dim(store: GraphStore, basis: SpectralBasis, val: ValSet,
+                    config: SpectralConfig) -> tuple[SpectralBasis, dict[str, Any]]:
+    """``basis`` with the served dimension chosen on ``val`` among ``config.served_dims``
+    (:func:`hir.model.served.choose_served_dim`: its base as export serves it, users' directions
+    and entities at their scale), and the choice's report."""
+    vectors = base_vectors(store, basis)
+    scale = 1.0 / (1.0 + np.exp(-scale_logits(store, basis, vectors)))  # a_e: the base's scale, in (0, 1)
+    is_user = store.node_type == store.types.index("user")
+    d, report = choose_served_dim(vectors, scale, is_user, val, list(config.served_dims), config.noise_z,
+                                  config.min_gain)
+    return replace(basis, served_dim=int(d)), report
 
 
 def procrustes(store: GraphStore, src: np.ndarray, dst: np.ndarray) -> np.ndarray:

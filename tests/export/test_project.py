@@ -293,3 +293,32 @@ def test_export_is_redone_when_the_token_space_changes(served, trained_run):
     assert (d / "embeddings" / "product.parquet").stat().st_mtime != mtime
     with pytest.raises(Exception, match="token_space"):
         export("neither")
+
+
+def test_export_dim_auto_serves_the_dimension_chosen_in_training(trained_run: Path, tmp_path: Path):
+    """``export.dim=auto`` serves the d the spectral basis beside the checkpoint records (`hir train`
+    chose it on val): the full rank for the tiny model (its rank 16 is below every default
+    candidate), and 8 directions once the basis records 8."""
+    import shutil
+    from dataclasses import replace
+
+    from hir.model import SPECTRAL_FILE, SpectralBasis
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    for sub in ("graph", "content"):
+        (run_dir / sub).symlink_to(trained_run / sub)
+    shutil.copytree(trained_run / "checkpoints", run_dir / "checkpoints")
+    ckpt = Path(json.loads((run_dir / "checkpoints" / "train_metrics.json").read_text())["best_checkpoint"]).name
+    basis = SpectralBasis.load(run_dir / "checkpoints" / SPECTRAL_FILE)
+    assert basis.rank == 16 and basis.served_dim == 0
+
+    def export() -> dict:
+        return run(compose(run_dir, *TINY_DATA, *TINY_MODEL, "export.dim=auto", "force=true",
+                           f"export.checkpoint={run_dir / 'checkpoints' / ckpt}", stage="export"))
+
+    meta = export()
+    assert meta["dim"] == 17 and meta["export_dim"] == "auto" and meta["projection"] is None
+    replace(basis, served_dim=8).save(run_dir / "checkpoints" / SPECTRAL_FILE)
+    meta = export()
+    assert meta["dim"] == 9 and meta["export_dim"] == "auto" and meta["projection"]["served"] == 8

@@ -61,6 +61,25 @@ def test_the_choice_is_the_best_candidate_scored_and_is_recorded(store, tmp_path
     assert held.filter == Filter() and held.rank == 16 and len(rep["candidates"]) > 1
 
 
+def test_the_served_dimension_is_chosen_on_val_and_saved(store, tmp_path: Path) -> None:
+    """fit_base chooses the served dimension among the candidates below the chosen rank on val
+    (hir/model/served.py), saves it in the basis file, and takes the cap without val."""
+    from hir.model import SpectralBasis
+
+    val = validation_set(store, None, 0, "masked_new")
+    basis, report = fit_base(store, val, _config(ranks=[16], served_dims=[2, 4, 32]), 0, tmp_path / "s.npz", reuse=False)
+    served = report["served"]
+    assert served["candidates"] == [2, 4] and basis.served_dim in (2, 4)
+    assert set(served["val_recall@20"]) >= {"full", "2"}
+    assert SpectralBasis.load(tmp_path / "s.npz").served_dim == basis.served_dim
+    # the full rank beats no candidate beyond an infinite noise: the smallest is taken
+    loose, _ = fit_base(store, val, _config(ranks=[16], served_dims=[2, 4], noise_z=1e9), 0, tmp_path / "l.npz",
+                        reuse=False)
+    assert loose.served_dim == 2
+    none, _ = fit_base(store, None, _config(ranks=[16], served_dims=[2, 4]), 0, tmp_path / "n.npz", reuse=False)
+    assert none.served_dim == 4 and SpectralBasis.load(tmp_path / "n.npz").served_dim == 4
+
+
 def test_the_trend_factor_needs_time(store) -> None:
     recent, total, timed = engaged_users(store, 7.0)
     assert timed and (recent <= total).all() and recent.sum() < total.sum()

@@ -1,0 +1,132 @@
+"""The served dimension's basis, and its choice on val (``export.dim=auto``).
+
+The exported embedding keeps K free inside and serves d of its directions (hir/export/project.py
+has the projection and why these directions): ``P`` (K, d) the top-d eigenvectors of the sum of
+the users' and the entities' second moments, each normalised to unit trace.
+
+Which d. A served vector costs storage, feature-store and ANN memory, and every ranker's input
+width in proportion to d, so the smallest d that ranks as well as the full rank is the product's
+choice. `hir train` makes it on the val split, beside the base's own choices
+(:func:`choose_served_dim`, called by :func:`hir.model.spectral.fit_base`): every candidate d
+below the rank is scored by the val recall@20 of the base projected onto its d directions,
+ranked as export serves it (users ``s_u``, entities ``x_e = a_e s_e`` with ``a_e`` the base's
+scale), against the unprojected base on the same users; the smallest d that the full rank does
+not beat beyond the paired noise (:func:`hir.model.spectral.beats`) is taken, and the largest
+candidate (the cap) when the full rank beats them all. A rank at or below every candidate serves
+the full rank.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+
+from hir.model.metrics import recall_per_user
+from hir.model.valset import ValSet
+
+log = logging.getLogger(__name__)
+
+
+def second_moment(x: np.ndarray, chunk: int = 65536) -> np.ndarray:
+    """(n, K) rows -> (K, K) float64 ``x^T x / n``, in chunks (a (chunk, K) float64 copy at a time)."""
+    out = np.zeros((x.shape[1], x.shape[1]), np.float64)
+    for lo in range(0, len(x), chunk):
+        part = np.asarray(x[lo:lo + chunk], np.float64)
+        out += part.T @ part
+    return out / max(len(x), 1)
+
+
+def leading_directions(users: np.ndarray, entities: np.ndarray) -> tuple[np.ndarray, list[np.ndarray | None]]:
+    """(K, K) float64 eigenvectors of the trace-normalised ``C_u + C_e``, leading first, each
+    column's largest-magnitude component positive (the same inputs give the same directions), and
+    the two raw moments (None for an empty group). ``users`` (U, K), ``entities`` (E, K)."""
+    raw = [second_moment(g) if len(g) else None for g in (users, entities)]
+    moments = [m / tr for m in raw if m is not None and (tr := float(np.trace(m))) > 0]
+    if not moments:
+        raise ValueError("no user or entity row has a non-zero vector; nothing to project")
+    _, vecs = np.linalg.eigh(sum(moments))  # eigenvalues ascending
+    p = vecs[:, ::-1]
+    sign = np.sign(p[np.abs(p).argmax(axis=0), np.arange(p.shape[1])])
+    return p * np.where(sign == 0, 1.0, sign), raw
+
+
+def fit_basis(users: np.ndarray, entities: np.ndarray, d: int) -> tuple[np.ndarray, dict[str, float]]:
+    """The served basis: top-d eigenvectors of the trace-normalised second moments.
+
+    Args:
+        users: (U, K) user directions ``s_u`` (the embedding without its last coordinate).
+        entities: (E, K) entity vectors ``x_e = a s_e``.
+        d: served directions, 1 <= d <= K.
+
+    Returns:
+        P (K, d) float32, orthonormal columns, leading first, each column's largest-magnitude
+        component positive (the same inputs give the same P); and the share of each group's
+        second moment P keeps (``captured_user``, ``captured_entity``, in [0, 1]).
+    """
+    k = users.shape[1] if len(users) else entities.shape[1]
+    if not 1 <= d <= k:
+        raise ValueError(f"served directions d={d} must be in [1, {k}] (the spectral rank)")
+    vecs, raw = leading_directions(users, entities)
+    p = vecs[:, :d]
+    kept = {name: float(np.trace(p.T @ m @ p) / max(float(np.trace(m)), 1e-30))
+            for name, m in zip(("captured_user", "captured_entity"), raw, strict=True) if m is not None}
+    return p.astype(np.float32), kept
+
+
+def below(rank: int, dims: list[int]) -> list[int]:
+    """The candidate served dimensions below ``rank``, ascending."""
+    return sorted({int(d) for d in dims if 0 < int(d) < rank})
+
+
+def cap(rank: int, dims: list[int]) -> int:
+    """The served dimension without a choice (no val): the largest candidate below ``rank``, or 0
+    (the full rank) when none is."""
+    return max(below(rank, dims), default=0)
+
+
+def choose_served_dim(vectors: np.ndarray, scale: np.ndarray, is_user: np.ndarray, val: ValSet,
+                      dims: list[int], z: float, min_gain: float) -> tuple[int, dict[str, Any]]:
+    """The served dimension chosen on val (module doc).
+
+    Args:
+        vectors: (n, K) the base of every node (zero rows: none).
+        scale: (n,) each entity's served norm ``a_e`` in (0, 1) (the base's scale).
+        is_user: (n,) bool, the user rows.
+        val: the val users, their candidates, positives and masked rows.
+        dims: the candidate served dimensions (the largest is the cap).
+        z, min_gain: the paired-noise rule (:func:`hir.model.spectral.beats`).
+
+    Returns:
+        d (0 = the full rank: no candidate below it) and a report: each candidate's and the full
+        rank's val recall@20, and the rule.
+    """
+    from hir.model.spectral import beats
+
+    k = vectors.shape[1]
+    cands = below(k, dims)
+    report: dict[str, Any] = {"rank": k, "candidates": cands, "rule": "the smallest d the full rank does not beat "
+                              "beyond the paired noise on val, else the largest"}
+    if not cands or not len(val):
+        report |= {"served_dim": cap(k, dims), "why": "no candidate below the rank" if not cands else "no val users"}
+        return report["served_dim"], report
+    norm = np.linalg.norm(vectors, axis=1)
+    has = norm > 0
+    unit = np.divide(vectors, norm[:, None], out=np.zeros_like(vectors), where=has[:, None])
+    x = unit * np.where(is_user, 1.0, scale)[:, None].astype(np.float32)  # users s_u, entities a_e s_e
+    vecs, _ = leading_directions(x[has & is_user], x[has & ~is_user])
+    users, items = x[val.users], x[val.cands]
+    full = recall_per_user(users, items, val.positives, val.masked, 20)
+    recall = {"full": round(float(np.nanmean(full)), 5)}
+    chosen = max(cands)
+    for d in cands:
+        p = vecs[:, :d].astype(np.float32)
+        got = recall_per_user(users @ p, items @ p, val.positives, val.masked, 20)
+        recall[str(d)] = round(float(np.nanmean(got)), 5)
+        if not beats(full, got, z, min_gain):
+            chosen = d
+            break
+    report |= {"served_dim": chosen, "val_recall@20": recall}
+    log.info("served dimension: %d of rank %d on val (recall@20 %s)", chosen, k, recall)
+    return chosen, report
