@@ -42,7 +42,7 @@ from hir.model import (
 )
 from hir.model.batches import catalogue_cold
 from hir.model.mapped import load_mapped, mapped_ready, save_mapped
-from hir.model.spectral import fit_spectral, procrustes
+from hir.model.spectral import SpectralBasis, fit_spectral, procrustes
 from hir.model.stats import input_stats
 from hir.model.task import TaskConfig, task_snapshot
 
@@ -213,6 +213,10 @@ class HirDataModule(L.LightningDataModule):
         mapped_dir: lay the data out once under this directory as memory-mapped files and map it
             (every rank of a machine shares one copy; :func:`shared_state`); None = build it in
             this process. `hir train` sets it under DDP.
+        task_view: cut the training task (its view's store, base, frame and targets). `hir train`
+            passes False when nothing trains (``model.train_parts`` resolves to ``none``): no batch
+            reads the task, so it is not built, and the task's attributes are the train store's
+            (the prototypes' initial sample is drawn there).
     """
 
     def __init__(self, graph_dir: str | Path, content_dir: str | Path, graph: dict[str, Any], context: dict[str, int],
@@ -220,7 +224,7 @@ class HirDataModule(L.LightningDataModule):
                  task: TaskConfig | dict[str, Any],
                  seeds_per_epoch: int | None, embed_batch_size: int, num_workers: int, pin_memory: bool,
                  persistent_workers: bool, seed: int, spectral_file: str | Path, reuse_spectral: bool = False,
-                 mapped_dir: str | Path | None = None) -> None:
+                 mapped_dir: str | Path | None = None, task_view: bool = True) -> None:
         super().__init__()
         self.graph_dir, self.content_dir = Path(graph_dir), Path(content_dir)
         self.graph, self.context, self.spectral = dict(graph), dict(context), spectral
@@ -233,6 +237,7 @@ class HirDataModule(L.LightningDataModule):
         self.persistent_workers = persistent_workers and num_workers > 0
         self.seed = seed
         self.mapped_dir = None if mapped_dir is None else Path(mapped_dir)
+        self.task_view = bool(task_view)
         self.store: GraphStore | None = None
 
     def setup(self, stage: str | None = None) -> None:
@@ -253,7 +258,7 @@ class HirDataModule(L.LightningDataModule):
         return {"graph_dir": self.graph_dir, "content_dir": self.content_dir, "graph": self.graph,
                 "context": self.context, "spectral": self.spectral, "val_protocol": self.val_protocol,
                 "val_candidates": self.val_candidates, "task": self.task, "seed": self.seed,
-                "spectral_file": self.spectral_file, "reuse_spectral": self.reuse_spectral}
+                "spectral_file": self.spectral_file, "reuse_spectral": self.reuse_spectral, "task_view": self.task_view}
 
     @property
     def net_sizes(self) -> dict[str, int]:
@@ -324,7 +329,7 @@ STATE = ("store", "val", "basis", "spectral_report", "task_store", "task_report"
 
 def build_state(graph_dir: Path, content_dir: Path, graph: dict[str, Any], context: dict[str, int],
                 spectral: SpectralConfig, val_protocol: str, val_candidates: int | None, task: TaskConfig, seed: int,
-                spectral_file: Path, reuse_spectral: bool) -> dict[str, Any]:
+                spectral_file: Path, reuse_spectral: bool, task_view: bool = True) -> dict[str, Any]:
     """Everything :meth:`HirDataModule.setup` keeps (the keys of ``STATE``), built in this process.
 
     The train-visible store and its val set; the spectral basis, fitted (or reloaded) and chosen on
@@ -332,7 +337,8 @@ def build_state(graph_dir: Path, content_dir: Path, graph: dict[str, Any], conte
     its base (the chosen filter fit on the view alone, in its own frame: nothing of it depends on
     a target), its context sampler and its targets. The train basis is then turned into the view's
     frame (:attr:`SpectralBasis.frame`, saved), so validation and export read the coordinates the
-    network was trained in.
+    network was trained in. Without ``task_view`` (nothing trains) no task is cut: the task's keys
+    are the train store, its base and sampler, no targets, and the basis keeps the SVD's frame.
     """
     snap = load_snapshot(graph_dir)
     store = load_graph(snap, content_dir, ("train",), **graph)
@@ -348,6 +354,8 @@ def build_state(graph_dir: Path, content_dir: Path, graph: dict[str, Any], conte
     select = val if val_candidates is None else validation_set(store, None, seed, val_protocol)
     basis, spectral_report = fit_base(store, select, spectral, seed, spectral_file, reuse_spectral)
     del select
+    if not task_view:
+        return _without_task(store, val, basis, spectral_report, context, seed)
 
     t0 = time.perf_counter()
     task_snap, task_report = task_snapshot(snap, task, seed)
@@ -375,6 +383,22 @@ def build_state(graph_dir: Path, content_dir: Path, graph: dict[str, Any], conte
     return {"store": store, "val": val, "basis": basis, "spectral_report": spectral_report, "task_store": task_store,
             "task_report": task_report, "targets": targets, "task_base": task_base, "base": base, "sampler": sampler,
             "task_sampler": task_sampler}
+
+
+def _without_task(store: GraphStore, val: ValSet, basis: SpectralBasis, spectral_report: dict[str, Any],
+                  context: dict[str, int], seed: int) -> dict[str, Any]:
+    """:func:`build_state`'s keys when nothing trains: no task view, its second store and spectral
+    fit, nor the frame (a second SVD's rotation nobody trains in); on completejourney that is
+    19 s of `make run` and a second copy of the graph in memory."""
+    base = basis.base_for(store)
+    sampler = ContextSampler(store, **context)
+    none = ValSet(np.zeros(0, np.int64), np.zeros(0, np.int64), [], [], "masked_new")
+    report = {"kind": "none", "why": "model.train_parts=none: nothing trains, so no task is cut",
+              "target_users": 0, "target_pairs": 0, "planned_steps": 0, "seconds": 0.0,
+              "inputs": {"val (train split)": input_stats(store, base, sampler, val, seed)}}
+    return {"store": store, "val": val, "basis": basis, "spectral_report": spectral_report, "task_store": store,
+            "task_report": report, "targets": none, "task_base": base, "base": base, "sampler": sampler,
+            "task_sampler": sampler}
 
 
 def _fingerprint(args: dict[str, Any]) -> dict[str, Any]:

@@ -59,6 +59,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 
     from hir.model import SPECTRAL_FILE
     from hir.train import warm
+    from hir.train.module import resolve_train_parts
     from hir.train.trainer import build_trainer, fit_report, is_ddp, log_setup, prepare_process, trainer_world
 
     prepare_process(cfg, ckpt_dir)
@@ -72,9 +73,13 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     # DDP: the data is laid out once per machine as memory-mapped files that every rank maps
     # (hir.train.datamodule.shared_state); one process builds it in memory, as always
     mapped = mapped_dir(cfg) if is_ddp(cfg) and trainer_world(cfg) > 1 else None
+    # nothing trains (model.train_parts resolves to none): no batch reads the training task, so
+    # it is not cut (a second store and spectral fit)
+    parts = resolve_train_parts(str(cfg.model.get("train_parts", "all")), bool(cfg.model.net.get("transformer")))
+    trains = parts != "none"
     dm = instantiate(cfg.datamodule, spectral_file=str(ckpt_dir / SPECTRAL_FILE),
                      reuse_spectral=bool(cfg.get("ckpt_path")) or warm_ckpt is not None,
-                     mapped_dir=None if mapped is None else str(mapped))
+                     mapped_dir=None if mapped is None else str(mapped), task_view=trains)
     dm.setup("fit")
     t_data = time.perf_counter() - t0
     L.seed_everything(cfg.seed, workers=True, verbose=False)

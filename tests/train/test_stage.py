@@ -6,9 +6,11 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
+from hir.model import SPECTRAL_FILE
 from hir.train.stage import run
 from tests.train.fixtures import TINY_DATA, TINY_MODEL, compose, graph_options, single_thread
 
@@ -142,6 +144,10 @@ def test_nothing_trained_exports_the_step_zero_model(trained, tmp_path: Path):
     trained_report = json.loads((base_out / "checkpoints" / "train_metrics.json").read_text())
     assert [h["epoch"] for h in report["history"]] == [-1] and report["global_step"] == 0
     assert report["stopped_by"] == "train_parts=none"
+    # no training task was cut (its second store and fit), so the basis keeps the SVD's own frame
+    assert report["task"]["kind"] == "none" and report["task"]["target_users"] == 0
+    assert "frame" not in np.load(out / "checkpoints" / SPECTRAL_FILE)
+    assert trained_report["task"]["kind"] != "none" and "frame" in np.load(base_out / "checkpoints" / SPECTRAL_FILE)
     assert Path(report["best_checkpoint"]).name == "init.ckpt" and Path(report["best_checkpoint"]).exists()
     step0 = report["history"][0]["val/recall@20"]
     assert step0 == pytest.approx(trained_report["history"][0]["val/recall@20"], abs=1e-6)
