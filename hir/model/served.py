@@ -113,8 +113,9 @@ def choose_served_dim(vectors: np.ndarray, scale: np.ndarray, is_user: np.ndarra
         return report["served_dim"], report
     norm = np.linalg.norm(vectors, axis=1)
     has = norm > 0
-    unit = np.divide(vectors, norm[:, None], out=np.zeros_like(vectors), where=has[:, None])
-    x = unit * np.where(is_user, 1.0, scale)[:, None].astype(np.float32)  # users s_u, entities a_e s_e
+    # users s_u, entities a_e s_e: one (n, K) copy of the base
+    factor = np.where(has, np.where(is_user, 1.0, scale) / np.maximum(norm, 1e-30), 0.0).astype(np.float32)
+    x = vectors * factor[:, None]
     vecs, _ = leading_directions(x[has & is_user], x[has & ~is_user])
     users, items = x[val.users], x[val.cands]
     full = recall_per_user(users, items, val.positives, val.masked, 20)

@@ -59,7 +59,7 @@ def test_the_full_rank_below_every_candidate_and_the_cap_without_val() -> None:
 
 def test_the_choice_is_the_basis_export_projects_with() -> None:
     """The directions scored on val are those export fits (fit_basis) on the same rows."""
-    vec, scale, is_user, val = _world(spread=6)
+    vec, scale, is_user, _ = _world(spread=6)
     unit = vec / np.linalg.norm(vec, axis=1, keepdims=True)
     x = unit * scale[:, None]
     p, kept = fit_basis(x[is_user], x[~is_user], 6)
