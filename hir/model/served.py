@@ -10,10 +10,16 @@ choice. `hir train` makes it on the val split, beside the base's own choices
 (:func:`choose_served_dim`, called by :func:`hir.model.spectral.fit_base`): every candidate d
 below the rank is scored by the val recall@20 of the base projected onto its d directions,
 ranked as export serves it (users ``s_u``, entities ``x_e = a_e s_e`` with ``a_e`` the base's
-scale), against the unprojected base on the same users; the smallest d that the full rank does
-not beat beyond the paired noise (:func:`hir.model.spectral.beats`) is taken, and the largest
-candidate (the cap) when the full rank beats them all. A rank at or below every candidate serves
-the full rank.
+scale), against the unprojected base on the same users, on two protocols: new-to-user (each
+user's history masked, the headline) and the full ranking (every val engagement relevant, repeats
+included, nothing masked); the smallest d that the full rank beats on neither beyond the paired
+noise (:func:`hir.model.spectral.beats`) is taken, and the largest candidate (the cap) when the
+full rank beats them all. A rank at or below every candidate serves the full rank.
+
+Why both protocols: scored on new-to-user recall alone, 128 served directions were chosen on
+beibei in every seed and raised its test new-to-user recall by 2.1% [0.5, 3.7], while its full
+ranking (the items a user carts and then buys) lost 10% in the same cells: the directions the
+projection drops are those that tell a user's own items apart.
 """
 
 from __future__ import annotations
@@ -87,20 +93,23 @@ def cap(rank: int, dims: list[int]) -> int:
 
 
 def choose_served_dim(vectors: np.ndarray, scale: np.ndarray, is_user: np.ndarray, val: ValSet,
-                      dims: list[int], z: float, min_gain: float) -> tuple[int, dict[str, Any]]:
+                      dims: list[int], z: float, min_gain: float,
+                      full_ranking: ValSet | None = None) -> tuple[int, dict[str, Any]]:
     """The served dimension chosen on val (module doc).
 
     Args:
         vectors: (n, K) the base of every node (zero rows: none).
         scale: (n,) each entity's served norm ``a_e`` in (0, 1) (the base's scale).
         is_user: (n,) bool, the user rows.
-        val: the val users, their candidates, positives and masked rows.
+        val: the val users, their candidates, positives and masked rows (new-to-user).
         dims: the candidate served dimensions (the largest is the cap).
         z, min_gain: the paired-noise rule (:func:`hir.model.spectral.beats`).
+        full_ranking: the val set of the full ranking (protocol ``all``: repeats relevant, nothing
+            masked), which a candidate must not lose either; None: ``val`` alone.
 
     Returns:
         d (0 = the full rank: no candidate below it) and a report: each candidate's and the full
-        rank's val recall@20, and the rule.
+        rank's val recall@20 per protocol, and the rule.
     """
     from hir.model.spectral import beats
 
@@ -117,15 +126,28 @@ def choose_served_dim(vectors: np.ndarray, scale: np.ndarray, is_user: np.ndarra
     factor = np.where(has, np.where(is_user, 1.0, scale) / np.maximum(norm, 1e-30), 0.0).astype(np.float32)
     x = vectors * factor[:, None]
     vecs, _ = leading_directions(x[has & is_user], x[has & ~is_user])
-    users, items = x[val.users], x[val.cands]
-    full = recall_per_user(users, items, val.positives, val.masked, 20)
-    recall = {"full": round(float(np.nanmean(full)), 5)}
+    sets = {"new_to_user": val} | ({"full_ranking": full_ranking} if full_ranking is not None and len(full_ranking)
+                                   else {})
+    recall: dict[str, dict[str, float]] = {name: {} for name in sets}
+
+    def scores(vs: ValSet, p: np.ndarray | None) -> np.ndarray:
+        users, items = x[vs.users], x[vs.cands]
+        if p is not None:
+            users, items = users @ p, items @ p
+        return recall_per_user(users, items, vs.positives, vs.masked, 20)
+
+    full = {name: scores(vs, None) for name, vs in sets.items()}
+    for name in sets:
+        recall[name]["full"] = round(float(np.nanmean(full[name])), 5)
     chosen = max(cands)
     for d in cands:
         p = vecs[:, :d].astype(np.float32)
-        got = recall_per_user(users @ p, items @ p, val.positives, val.masked, 20)
-        recall[str(d)] = round(float(np.nanmean(got)), 5)
-        if not beats(full, got, z, min_gain):
+        lost = False
+        for name, vs in sets.items():
+            got = scores(vs, p)
+            recall[name][str(d)] = round(float(np.nanmean(got)), 5)
+            lost = lost or beats(full[name], got, z, min_gain)
+        if not lost:
             chosen = d
             break
     report |= {"served_dim": chosen, "val_recall@20": recall}

@@ -43,11 +43,12 @@ import scipy.sparse as sp
 
 from hir.model.filters import trend_factor, user_filter
 from hir.model.metrics import masked_recall, recall_per_user
+from hir.model.served import below as served_below
 from hir.model.served import cap as served_cap
 from hir.model.served import choose_served_dim
 from hir.model.store import GraphStore
 from hir.model.usersample import refine_on_all, stratified_users
-from hir.model.valset import ValSet
+from hir.model.valset import ValSet, validation_set
 
 log = logging.getLogger(__name__)
 
@@ -697,7 +698,7 @@ def fit_base(store: GraphStore, val: ValSet | None, config: SpectralConfig, seed
                 basis = fit_spectral(store, max(ranks), float(stage_base), n_iter, seed, filt, cap)
                 k, filt = select_filter(store, basis, val, config, seed, tried, filt, k)
             basis = with_scale_ref(store, basis.truncate(k).with_filter(filt))
-            basis, report["served"] = with_served_dim(store, basis, val, config)
+            basis, report["served"] = with_served_dim(store, basis, val, config, seed)
             report["candidates"] = tried
             report["val_recall@20_by_rank"] = {
                 str(t["rank"]): t["val_recall@20"] for t in tried
@@ -715,16 +716,20 @@ def fit_base(store: GraphStore, val: ValSet | None, config: SpectralConfig, seed
     return basis, report
 
 
-def with_served_dim(store: GraphStore, basis: SpectralBasis, val: ValSet,
-                    config: SpectralConfig) -> tuple[SpectralBasis, dict[str, Any]]:
-    """``basis`` with the served dimension chosen on ``val`` among ``config.served_dims``
-    (:func:`hir.model.served.choose_served_dim`: its base as export serves it, users' directions
-    and entities at their scale), and the choice's report."""
+def with_served_dim(store: GraphStore, basis: SpectralBasis, val: ValSet, config: SpectralConfig,
+                    seed: int) -> tuple[SpectralBasis, dict[str, Any]]:
+    """``basis`` with the served dimension chosen on ``val`` and on the full ranking of the same
+    split among ``config.served_dims`` (:func:`hir.model.served.choose_served_dim`: its base as
+    export serves it, users' directions and entities at their scale), and the choice's report."""
+    if not served_below(basis.rank, list(config.served_dims)):
+        return replace(basis, served_dim=0), {"rank": basis.rank, "served_dim": 0,
+                                              "why": "no candidate below the rank"}
     vectors = base_vectors(store, basis)
     scale = 1.0 / (1.0 + np.exp(-scale_logits(store, basis, vectors)))  # a_e: the base's scale, in (0, 1)
     is_user = store.node_type == store.types.index("user")
+    full_ranking = validation_set(store, None, seed, "all") if val.protocol != "all" else None
     d, report = choose_served_dim(vectors, scale, is_user, val, list(config.served_dims), config.noise_z,
-                                  config.min_gain)
+                                  config.min_gain, full_ranking)
     return replace(basis, served_dim=int(d)), report
 
 

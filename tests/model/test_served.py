@@ -36,16 +36,17 @@ def _world(spread: int, k: int = 16, users: int = 300, items: int = 200, seed: i
 def test_the_smallest_dimension_that_ranks_as_well_is_taken() -> None:
     vec, scale, is_user, val = _world(spread=4)  # rank 16, but the data spans 4 directions
     d, report = choose_served_dim(vec, scale, is_user, val, [4, 8], 1.96, 0.0)
-    assert d == 4 and report["val_recall@20"]["full"] == pytest.approx(1.0)
-    assert report["val_recall@20"]["4"] == pytest.approx(1.0) and report["candidates"] == [4, 8]
+    recall = report["val_recall@20"]["new_to_user"]
+    assert d == 4 and recall["full"] == pytest.approx(1.0)
+    assert recall["4"] == pytest.approx(1.0) and report["candidates"] == [4, 8]
 
 
 def test_the_cap_when_the_full_rank_beats_every_candidate() -> None:
     vec, scale, is_user, val = _world(spread=16)  # every direction carries signal
     d, report = choose_served_dim(vec, scale, is_user, val, [2, 4], 1.96, 0.0)
     assert d == 4  # the largest candidate (the cap), although the full rank beats it
-    assert report["val_recall@20"]["4"] < report["val_recall@20"]["full"] - 0.1
-    assert set(report["val_recall@20"]) == {"full", "2", "4"}
+    recall = report["val_recall@20"]["new_to_user"]
+    assert recall["4"] < recall["full"] - 0.1 and set(recall) == {"full", "2", "4"}
 
 
 def test_the_full_rank_below_every_candidate_and_the_cap_without_val() -> None:
@@ -82,3 +83,19 @@ def test_export_dim_auto_resolves_to_the_recorded_choice(tmp_path: Path) -> None
     assert SpectralBasis.load(tmp_path / "none.npz").served_dim is None
     assert SpectralBasis.load(tmp_path / "zero.npz").served_dim == 0
     assert SpectralBasis.load(tmp_path / "d.npz").served_dim == 128
+
+
+def test_the_full_ranking_can_veto_a_dimension_new_to_user_recall_accepts() -> None:
+    """A candidate must not lose the full ranking either: with new-to-user positives the
+    projection does not hurt (drawn at random here) but full-ranking positives that need every
+    direction, the cap is served, not the smallest candidate."""
+    vec, scale, is_user, full = _world(spread=16)  # positives: each user's top 5 at full rank
+    rng = np.random.default_rng(1)
+    users = len(full.users)
+    anywhere = ValSet(full.users, full.cands, [rng.choice(len(full.cands), 5, replace=False) for _ in range(users)],
+                      [np.zeros(0, np.int64)] * users, "masked_new")
+    alone, _ = choose_served_dim(vec, scale, is_user, anywhere, [2, 4], 1.96, 0.0)
+    both, report = choose_served_dim(vec, scale, is_user, anywhere, [2, 4], 1.96, 0.0, full_ranking=full)
+    assert alone == 2 and both == 4
+    assert set(report["val_recall@20"]) == {"new_to_user", "full_ranking"}
+    assert report["val_recall@20"]["full_ranking"]["2"] < report["val_recall@20"]["full_ranking"]["full"] - 0.1
