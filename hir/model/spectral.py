@@ -120,7 +120,7 @@ class SpectralConfig:
     noise_z: float = 1.96
     published: list[dict[str, Any]] = field(default_factory=list)
     sample_users: int | float | None = None
-    served_dims: list[int] = field(default_factory=lambda: [128, 256])
+    served_dims: list[int] = field(default_factory=list)
 
     @property
     def candidate_ranks(self) -> list[int]:
