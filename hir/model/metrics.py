@@ -1,4 +1,4 @@
-"""Pure metric functions: masked recall@k by inner product, prototype usage."""
+"""Pure metric functions: masked recall@k by inner product, prototype usage, the paired-noise rule (:func:`beats`)."""
 
 from __future__ import annotations
 
@@ -124,3 +124,16 @@ def usage_stats(top1: Tensor, n_protos: int) -> tuple[float, float]:
     p = counts / counts.sum().clamp_min(1)
     h = -(p[p > 0] * p[p > 0].log()).sum().item()
     return float((counts > 0).double().mean()), h / math.log(n_protos)
+
+
+def beats(new: np.ndarray, old: np.ndarray, z: float, min_gain: float) -> bool:
+    """Whether per-user metric ``new`` beats ``old`` (both (U,), the same users) beyond the paired
+    noise: the mean paired difference is more than ``z`` standard errors above 0, and the relative
+    gain is above ``min_gain``."""
+    ok = ~(np.isnan(new) | np.isnan(old))
+    d = new[ok] - old[ok]
+    if len(d) < 2:
+        return False
+    se = float(d.std(ddof=1)) / np.sqrt(len(d))
+    base = float(old[ok].mean())
+    return float(d.mean()) > z * se and (base <= 0 or float(d.mean()) > min_gain * base)

@@ -13,7 +13,7 @@ ranked as export serves it (users ``s_u``, entities ``x_e = a_e s_e`` with ``a_e
 scale), against the unprojected base on the same users, on two protocols: new-to-user (each
 user's history masked, the headline) and the full ranking (every val engagement relevant, repeats
 included, nothing masked); the smallest d that the full rank beats on neither beyond the paired
-noise (:func:`hir.model.spectral.beats`) is taken, and the largest candidate (the cap) when the
+noise (:func:`hir.model.metrics.beats`) is taken, and the largest candidate (the cap) when the
 full rank beats them all. A rank at or below every candidate serves the full rank.
 
 Why both protocols: scored on new-to-user recall alone, 128 served directions were chosen on
@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from hir.model.metrics import recall_per_user
+from hir.model.metrics import beats, recall_per_user
 from hir.model.valset import ValSet
 
 log = logging.getLogger(__name__)
@@ -103,7 +103,7 @@ def choose_served_dim(vectors: np.ndarray, scale: np.ndarray, is_user: np.ndarra
         is_user: (n,) bool, the user rows.
         val: the val users, their candidates, positives and masked rows (new-to-user).
         dims: the candidate served dimensions (the largest is the cap).
-        z, min_gain: the paired-noise rule (:func:`hir.model.spectral.beats`).
+        z, min_gain: the paired-noise rule (:func:`hir.model.metrics.beats`).
         full_ranking: the val set of the full ranking (protocol ``all``: repeats relevant, nothing
             masked), which a candidate must not lose either; None: ``val`` alone.
 
@@ -111,8 +111,6 @@ def choose_served_dim(vectors: np.ndarray, scale: np.ndarray, is_user: np.ndarra
         d (0 = the full rank: no candidate below it) and a report: each candidate's and the full
         rank's val recall@20 per protocol, and the rule.
     """
-    from hir.model.spectral import beats
-
     k = vectors.shape[1]
     cands = below(k, dims)
     report: dict[str, Any] = {"rank": k, "candidates": cands, "rule": "the smallest d the full rank does not beat "

@@ -42,7 +42,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from hir.model.filters import trend_factor, user_filter
-from hir.model.metrics import masked_recall, recall_per_user
+from hir.model.metrics import beats, masked_recall, recall_per_user
 from hir.model.served import below as served_below
 from hir.model.served import cap as served_cap
 from hir.model.served import choose_served_dim
@@ -568,19 +568,6 @@ def select_rank(store: GraphStore, basis: SpectralBasis, val: ValSet, ranks: lis
         table[r] = round(float(masked_recall(users, b[val.cands], val.positives, val.masked, k)), 5)
     best = max(table, key=lambda r: (table[r], -r))
     return best, table
-
-
-def beats(new: np.ndarray, old: np.ndarray, z: float, min_gain: float) -> bool:
-    """Whether per-user metric ``new`` beats ``old`` (both (U,), the same users) beyond the paired
-    noise: the mean paired difference is more than ``z`` standard errors above 0, and the relative
-    gain is above ``min_gain``."""
-    ok = ~(np.isnan(new) | np.isnan(old))
-    d = new[ok] - old[ok]
-    if len(d) < 2:
-        return False
-    se = float(d.std(ddof=1)) / np.sqrt(len(d))
-    base = float(old[ok].mean())
-    return float(d.mean()) > z * se and (base <= 0 or float(d.mean()) > min_gain * base)
 
 
 def select_filter(store: GraphStore, basis: SpectralBasis, val: ValSet, config: SpectralConfig, seed: int,
