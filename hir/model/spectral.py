@@ -393,9 +393,10 @@ def fit_spectral(store: GraphStore, rank: int, stage_base: float, n_iter: int, s
     return with_scale_ref(store, basis)
 
 
-def with_scale_ref(store: GraphStore, basis: SpectralBasis) -> SpectralBasis:
-    """``basis`` with ``scale_ref`` set to the largest base norm of each type on ``store``."""
-    norms = np.linalg.norm(base_vectors(store, basis), axis=1)
+def with_scale_ref(store: GraphStore, basis: SpectralBasis, vectors: np.ndarray | None = None) -> SpectralBasis:
+    """``basis`` with ``scale_ref`` set to the largest base norm of each type on ``store``
+    (``vectors``: its :func:`base_vectors` on ``store``, when already computed)."""
+    norms = np.linalg.norm(base_vectors(store, basis) if vectors is None else vectors, axis=1)
     ref = np.ones(len(store.types), np.float32)
     for t in range(len(store.types)):
         sel = (store.node_type == t) & (norms > 0)
@@ -684,8 +685,12 @@ def fit_base(store: GraphStore, val: ValSet | None, config: SpectralConfig, seed
                 log.info("spectral base: val recall still rises at rank %d; fitting rank %d", basis.rank, max(ranks))
                 basis = fit_spectral(store, max(ranks), float(stage_base), n_iter, seed, filt, cap)
                 k, filt = select_filter(store, basis, val, config, seed, tried, filt, k)
-            basis = with_scale_ref(store, basis.truncate(k).with_filter(filt))
-            basis, report["served"] = with_served_dim(store, basis, val, config, seed)
+            basis = basis.truncate(k).with_filter(filt)
+            # the chosen base, computed once for its scale reference and the served dimension's choice
+            vectors = base_vectors(store, basis) if served_below(basis.rank, list(config.served_dims)) else None
+            basis = with_scale_ref(store, basis, vectors)
+            basis, report["served"] = with_served_dim(store, basis, val, config, seed, vectors)
+            del vectors
             report["candidates"] = tried
             report["val_recall@20_by_rank"] = {
                 str(t["rank"]): t["val_recall@20"] for t in tried
@@ -703,15 +708,17 @@ def fit_base(store: GraphStore, val: ValSet | None, config: SpectralConfig, seed
     return basis, report
 
 
-def with_served_dim(store: GraphStore, basis: SpectralBasis, val: ValSet, config: SpectralConfig,
-                    seed: int) -> tuple[SpectralBasis, dict[str, Any]]:
+def with_served_dim(store: GraphStore, basis: SpectralBasis, val: ValSet, config: SpectralConfig, seed: int,
+                    vectors: np.ndarray | None = None) -> tuple[SpectralBasis, dict[str, Any]]:
     """``basis`` with the served dimension chosen on ``val`` and on the full ranking of the same
     split among ``config.served_dims`` (:func:`hir.model.served.choose_served_dim`: its base as
-    export serves it, users' directions and entities at their scale), and the choice's report."""
+    export serves it, users' directions and entities at their scale), and the choice's report;
+    ``vectors``: the basis's :func:`base_vectors` on ``store``, when already computed."""
     if not served_below(basis.rank, list(config.served_dims)):
         return replace(basis, served_dim=0), {"rank": basis.rank, "served_dim": 0,
                                               "why": "no candidate below the rank"}
-    vectors = base_vectors(store, basis)
+    if vectors is None:
+        vectors = base_vectors(store, basis)
     scale = 1.0 / (1.0 + np.exp(-scale_logits(store, basis, vectors)))  # a_e: the base's scale, in (0, 1)
     is_user = store.node_type == store.types.index("user")
     full_ranking = validation_set(store, None, seed, "all") if val.protocol != "all" else None
