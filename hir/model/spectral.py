@@ -99,7 +99,9 @@ class SpectralConfig:
     n_iter: randomised-SVD power iterations; sample_users: the users the basis is fit on (null =
     all; a fraction in (0, 1] or a count: a seeded sample stratified by activity,
     :mod:`hir.model.usersample`; every user is still folded in from its own row); served_dims:
-    the served dimensions ``export.dim=auto`` chooses among on val (:mod:`hir.model.served`).
+    the served dimensions ``export.dim=auto`` chooses among on val (:mod:`hir.model.served`);
+    svd_dtype: the randomised SVD's float type (:func:`svd_dtype`: ``auto`` = float32 only for a
+    fit whose float64 working set would pass ``SVD_FLOAT32_ABOVE_GIB``; export's refit uses ``auto``).
     """
 
     rank: int | str
@@ -121,6 +123,10 @@ class SpectralConfig:
     published: list[dict[str, Any]] = field(default_factory=list)
     sample_users: int | float | None = None
     served_dims: list[int] = field(default_factory=list)
+    svd_dtype: str = "auto"
+
+    def __post_init__(self) -> None:
+        svd_dtype(1, 1, 1, self.svd_dtype)  # a bad value names the key now, not after the data loads
 
     @property
     def candidate_ranks(self) -> list[int]:
@@ -325,9 +331,29 @@ class SpectralBasis:
                        filt, f.get("frame"), f.get("rows"), f.get("row_weight"), cap, served)
 
 
+# svd_dtype "auto": float32 once the randomised SVD's dense float64 blocks, (rows + columns) x
+# (rank + oversampling) x 8 bytes, would pass this. Below it (every real dataset here: gowalla at
+# rank 1024 is 0.58 GB) the fit is float64 and unchanged; the 10M-event synthetic log at rank 1024
+# is 4.1 GB, and the range finder, its LU normalisations and the projected SVD hold several such
+# blocks at once
+SVD_FLOAT32_ABOVE_GIB = 2.0
+SVD_DTYPES = ("auto", "float64", "float32")
+
+
+def svd_dtype(n_rows: int, n_cols: int, k: int, setting: str = "auto") -> type:
+    """The float type the randomised SVD of an ``n_rows x n_cols`` matrix at rank ``k`` runs in."""
+    if setting not in SVD_DTYPES:
+        raise ValueError(f"spectral.svd_dtype={setting!r}; expected one of {list(SVD_DTYPES)}")
+    if setting == "auto":
+        dense = (n_rows + n_cols) * (k + 10) * 8
+        return np.float32 if dense > SVD_FLOAT32_ABOVE_GIB * 2**30 else np.float64
+    return np.float32 if setting == "float32" else np.float64
+
+
 def fit_spectral(store: GraphStore, rank: int, stage_base: float, n_iter: int, seed: int,
                  filt: Filter | None = None, sample_users: int | float | None = None,
-                 refine_passes: int | None = None, chunk_users: int = 65536) -> SpectralBasis:
+                 refine_passes: int | None = None, chunk_users: int = 65536,
+                 dtype: str = "auto") -> SpectralBasis:
     """Randomised truncated SVD of the store's normalised engagement matrix.
 
     Args:
@@ -347,6 +373,8 @@ def fit_spectral(store: GraphStore, rank: int, stage_base: float, n_iter: int, s
             iterations of the full fit with the sample's subspace as the start instead of a
             random one; 0 = the sample's SVD as it is).
         chunk_users: rows per block of those passes (their user-side memory is one block).
+        dtype: the SVD's float type (:func:`svd_dtype`; ``auto``: float32 only where the float64
+            working set would pass ``SVD_FLOAT32_ABOVE_GIB``, so small fits are unchanged).
     """
     from sklearn.utils.extmath import randomized_svd
 
@@ -366,6 +394,9 @@ def fit_spectral(store: GraphStore, rank: int, stage_base: float, n_iter: int, s
     r = r[:, cols].tocsr()
     rn = sp.diags(row_scale) @ r @ sp.diags(1.0 / np.sqrt(dc))
     k = max(1, min(int(rank), min(rn.shape) - 1))
+    ftype = svd_dtype(rn.shape[0], rn.shape[1], k, dtype)
+    if ftype is np.float32:  # sklearn keeps a float32 input in float32 throughout (half the blocks)
+        rn = rn.astype(np.float32)
     t0 = time.perf_counter()
     u, s, vt = randomized_svd(rn, k, n_iter=n_iter, random_state=seed)
     passes = int(n_iter) + 1 if refine_passes is None else int(refine_passes)
@@ -387,9 +418,9 @@ def fit_spectral(store: GraphStore, rank: int, stage_base: float, n_iter: int, s
                           filt or Filter(), sample_cap=sample_users)
     if sample is not None:
         basis = replace(basis, rows=sample[0], row_weight=sample[1].astype(np.float32))
-    log.info("spectral base: rank %d of a %d x %d matrix (%d pairs%s) in %.1fs, singular values %.3f .. %.3f",
+    log.info("spectral base: rank %d of a %d x %d matrix (%d pairs%s, %s) in %.1fs, singular values %.3f .. %.3f",
              k, r.shape[0], r.shape[1], r.nnz, "" if sample is None else f"; {r.shape[0]} of {len(du)} users sampled",
-             time.perf_counter() - t0, float(s[0]), float(s[-1]))
+             np.dtype(ftype).name, time.perf_counter() - t0, float(s[0]), float(s[-1]))
     return with_scale_ref(store, basis)
 
 
@@ -670,7 +701,7 @@ def fit_base(store: GraphStore, val: ValSet | None, config: SpectralConfig, seed
             stage_bases = stage_bases[:1]  # nothing to choose with, or one stage: the weighting is moot
         cap = config.sample_users
         start = search_start(store, config)
-        probes = {sb: fit_spectral(store, probe, sb, n_iter, seed, start, cap) for sb in stage_bases}
+        probes = {sb: fit_spectral(store, probe, sb, n_iter, seed, start, cap, dtype=config.svd_dtype) for sb in stage_bases}
         if len(probes) > 1:
             for b in probes.values():
                 tried.append(_candidate(b, FilterScorer(store, b, val, config.select_users, seed)(b.rank, start)))
@@ -683,7 +714,8 @@ def fit_base(store: GraphStore, val: ValSet | None, config: SpectralConfig, seed
             if (k >= basis.rank == probe and max(ranks) > probe
                     and still_rises(store, basis, val, config, seed, k, filt)):
                 log.info("spectral base: val recall still rises at rank %d; fitting rank %d", basis.rank, max(ranks))
-                basis = fit_spectral(store, max(ranks), float(stage_base), n_iter, seed, filt, cap)
+                basis = fit_spectral(store, max(ranks), float(stage_base), n_iter, seed, filt, cap,
+                                     dtype=config.svd_dtype)
                 k, filt = select_filter(store, basis, val, config, seed, tried, filt, k)
             basis = basis.truncate(k).with_filter(filt)
             # the chosen base, computed once for its scale reference and the served dimension's choice
@@ -696,7 +728,7 @@ def fit_base(store: GraphStore, val: ValSet | None, config: SpectralConfig, seed
                 str(t["rank"]): t["val_recall@20"] for t in tried
                 if (_candidate_key(t)[0], _candidate_key(t)[2]) == (basis.stage_base, filt)}
         elif max(ranks) > basis.rank:
-            basis = fit_spectral(store, max(ranks), float(stage_base), n_iter, seed, start, cap)
+            basis = fit_spectral(store, max(ranks), float(stage_base), n_iter, seed, start, cap, dtype=config.svd_dtype)
         if not has_val:  # nothing to choose the served dimension with: the cap
             basis = replace(basis, served_dim=served_cap(basis.rank, list(config.served_dims)))
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -362,7 +362,7 @@ def build_state(graph_dir: Path, content_dir: Path, graph: dict[str, Any], conte
     task_store = load_graph(task_snap, content_dir, ("train",), **graph)
     targets = validation_set(task_store, None, seed, "masked_new")
     task_basis = fit_spectral(task_store, basis.rank, basis.stage_base, int(spectral.n_iter), seed, basis.filter,
-                              basis.sample_cap)
+                              basis.sample_cap, dtype=spectral.svd_dtype)
     task_base = task_basis.base_for(task_store)
     parts = basis.parts(store)  # the chosen base on train, in the SVD's frame: computed once for both uses
     if basis.frame is None:  # (a resumed run reloads the basis with its frame)

@@ -171,3 +171,34 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tests.train.fixtures import tiny_snapshot
 
     return tiny_snapshot(tmp_path_factory.mktemp("loo"))
+
+
+def test_the_svd_runs_in_float32_only_where_float64_would_be_large() -> None:
+    from hir.model.spectral import SVD_FLOAT32_ABOVE_GIB, svd_dtype
+
+    # gowalla at rank 1024 (the largest real fit here) stays float64; the 10M-event log does not
+    assert svd_dtype(29_858, 40_981, 1024) is np.float64
+    assert svd_dtype(200_000, 300_000, 1024) is np.float32
+    # the rule is the threshold, both sides of it
+    n = int(SVD_FLOAT32_ABOVE_GIB * 2**30 / (8 * 266))
+    assert svd_dtype(n - 10, 0, 256) is np.float64 and svd_dtype(n + 10, 0, 256) is np.float32
+    assert svd_dtype(10, 10, 4, "float32") is np.float32 and svd_dtype(10**7, 10**7, 4096, "float64") is np.float64
+    with pytest.raises(ValueError, match=r"spectral\.svd_dtype"):
+        SpectralConfig(rank=8, ranks=[8], stage_base=4.0, n_iter=2, svd_dtype="half")
+
+
+def test_a_float32_fit_is_the_float64_fit_to_float32_precision(tiny: Path) -> None:
+    from hir.model import load_graph, spectral
+    from tests.train.fixtures import graph_options
+
+    store = load_graph(tiny / "graph", tiny / "content", ("train",), **graph_options())
+    a = spectral.fit_spectral(store, 8, 4.0, 4, 0, Filter(), dtype="float64")
+    b = spectral.fit_spectral(store, 8, 4.0, 4, 0, Filter(), dtype="float32")
+    assert spectral.fit_spectral(store, 8, 4.0, 4, 0, Filter()).sigma.tolist() == a.sigma.tolist()  # auto: float64
+    assert not np.array_equal(b.sigma, a.sigma)  # it did run in float32
+    np.testing.assert_allclose(b.sigma, a.sigma, rtol=1e-3)
+    # the same subspace (singular vectors up to sign, and rotations among near-equal values)
+    overlap = np.linalg.svd(a.v.T.astype(np.float64) @ b.v.astype(np.float64), compute_uv=False)
+    assert overlap.min() > 0.99
+    np.testing.assert_allclose(spectral.base_vectors(store, b) @ spectral.base_vectors(store, b).T,
+                               spectral.base_vectors(store, a) @ spectral.base_vectors(store, a).T, atol=1e-3)
