@@ -202,3 +202,16 @@ def test_a_float32_fit_is_the_float64_fit_to_float32_precision(tiny: Path) -> No
     assert overlap.min() > 0.99
     np.testing.assert_allclose(spectral.base_vectors(store, b) @ spectral.base_vectors(store, b).T,
                                spectral.base_vectors(store, a) @ spectral.base_vectors(store, a).T, atol=1e-3)
+
+
+def test_the_users_fold_in_in_blocks_is_the_whole_one(tiny: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hir.model import load_graph, spectral
+    from tests.train.fixtures import graph_options
+
+    store = load_graph(tiny / "graph", tiny / "content", ("train",), **graph_options())
+    basis = spectral.fit_spectral(store, 8, 4.0, 4, 0, Filter(beta=0.4))
+    whole = spectral.base_vectors(store, basis)
+    monkeypatch.setattr(spectral, "FOLD_BLOCK", 3)
+    lo, hi = store.type_range("user")
+    assert hi - lo > 3 and np.abs(whole[lo:hi]).sum() > 0
+    np.testing.assert_array_equal(spectral.base_vectors(store, basis), whole)
