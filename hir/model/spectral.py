@@ -414,7 +414,9 @@ def fit_spectral(store: GraphStore, rank: int, stage_base: float, n_iter: int, s
         vt = v.T
         # the sampled users' left vectors in the refined basis (new columns are folded in through them)
         u = (rn @ v) / np.maximum(s, 1e-12)[None, :]
-    basis = SpectralBasis(cols.astype(np.int64), vt.T.astype(np.float32), u.astype(np.float32), s.astype(np.float32),
+    # copy=False: a float32 SVD's factors are kept as they are, not copied beside themselves
+    basis = SpectralBasis(cols.astype(np.int64), vt.T.astype(np.float32, copy=False), u.astype(np.float32, copy=False),
+                          s.astype(np.float32),
                           dc.astype(np.float32), np.ones(len(store.types), np.float32), float(stage_base),
                           filt or Filter(), sample_cap=sample_users)
     if sample is not None:
@@ -428,7 +430,10 @@ def fit_spectral(store: GraphStore, rank: int, stage_base: float, n_iter: int, s
 def with_scale_ref(store: GraphStore, basis: SpectralBasis, vectors: np.ndarray | None = None) -> SpectralBasis:
     """``basis`` with ``scale_ref`` set to the largest base norm of each type on ``store``
     (``vectors``: its :func:`base_vectors` on ``store``, when already computed)."""
-    norms = np.linalg.norm(base_vectors(store, basis) if vectors is None else vectors, axis=1)
+    vectors = base_vectors(store, basis) if vectors is None else vectors
+    # row norms a block at a time: linalg.norm squares its whole input first (an (n, K) copy)
+    norms = np.concatenate([np.linalg.norm(vectors[b:b + FOLD_BLOCK], axis=1)
+                            for b in range(0, len(vectors), FOLD_BLOCK)]) if len(vectors) else np.zeros(0)
     ref = np.ones(len(store.types), np.float32)
     for t in range(len(store.types)):
         sel = (store.node_type == t) & (norms > 0)
@@ -485,7 +490,11 @@ def _base(store: GraphStore, basis: SpectralBasis) -> tuple[np.ndarray, np.ndarr
     r = engagement_matrix(store, basis.stage_base)  # (n_users, n_nodes) visible pairs
     item_v, deg_fit, ent = _entity_frame(store, basis, r)
     trend = trend_of(store, f)
-    out[ent] = item_v[ent] * (np.power(deg_fit[ent], f.beta) * trend[ent])[:, None].astype(np.float32)
+    # into `out` directly: no (entities, K) copy of item_v[ent] and of its product (4.4 GB at 540,040
+    # nodes and rank 1024); a row without a vector is zero in item_v, so a zero factor keeps it zero
+    factor = np.zeros(n, np.float32)
+    factor[ent] = (np.power(deg_fit[ent], f.beta) * trend[ent]).astype(np.float32)
+    np.multiply(item_v, factor[:, None], out=out)
     # users: r~_u D^-b V g(s), over every visible entity column with a vector
     inv = np.where(ent, np.power(np.maximum(deg_fit, 1e-12), -f.beta), 0.0)
     lo, _ = store.type_range("user")
