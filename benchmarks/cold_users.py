@@ -48,9 +48,11 @@ def users_plan(run_dir: Path) -> dict[str, Any] | None:
     return (json.loads(meta.read_text()).get("cold_placement") or {}).get("users")
 
 
-def run_cell(dataset: str, seed: int, ref: str = "untrained", overrides: tuple[str, ...] = ()) -> dict[str, Any]:
-    """Export and evaluate the ``ref`` cell's checkpoints with today's defaults; the stages' seconds."""
-    base, run_dir = learner.cell_dir(dataset, ref, seed), learner.cell_dir(dataset, ARM, seed)
+def run_cell(dataset: str, seed: int, ref: str = "untrained", overrides: tuple[str, ...] = (),
+             arm: str = ARM) -> dict[str, Any]:
+    """Export and evaluate the ``ref`` cell's checkpoints with today's defaults and ``overrides`` in
+    ``arm``'s cell; the stages' seconds."""
+    base, run_dir = learner.cell_dir(dataset, ref, seed), learner.cell_dir(dataset, arm, seed)
     if not (base / "checkpoints" / "train_metrics.json").exists():
         return {"error": f"{base / 'checkpoints'} is missing: run `benchmarks/learner.py --arms {ref}` first"}
     if run_dir.exists():
@@ -65,9 +67,10 @@ def run_cell(dataset: str, seed: int, ref: str = "untrained", overrides: tuple[s
                               f"{dataset} seed {seed}")
 
 
-def collect(dataset: str, seeds: list[int], ref: str = "untrained", overrides: tuple[str, ...] = ()) -> dict[str, Any]:
-    done = [s for s in seeds if (learner.cell_dir(dataset, ARM, s) / "report" / learner.USERS_FILE).exists()]
-    plans = {s: users_plan(learner.cell_dir(dataset, ARM, s)) for s in done}
+def collect(dataset: str, seeds: list[int], ref: str = "untrained", overrides: tuple[str, ...] = (),
+            arm: str = ARM) -> dict[str, Any]:
+    done = [s for s in seeds if (learner.cell_dir(dataset, arm, s) / "report" / learner.USERS_FILE).exists()]
+    plans = {s: users_plan(learner.cell_dir(dataset, arm, s)) for s in done}
     # without overrides, a reference exported by this code already placed its cold users the same way
     stale = [] if overrides else [s for s in done if (users_plan(learner.cell_dir(dataset, ref, s)) or {})
                                   .get("method") == "recent"]
@@ -81,8 +84,8 @@ def collect(dataset: str, seeds: list[int], ref: str = "untrained", overrides: t
         "overrides": list(overrides),
         "chosen_by_reference": {str(s): {k: (users_plan(learner.cell_dir(dataset, ref, s)) or {}).get(k)
                                          for k in ("method", "window_days", "weight")} for s in done},
-        "paired": {sl: learner.paired_ratio(dataset, ARM, ref, done, sl) for sl in learner.SLICES},
-        "cells": {str(s): learner.read_cell(dataset, ARM, s) for s in done},
+        "paired": {sl: learner.paired_ratio(dataset, arm, ref, done, sl) for sl in learner.SLICES},
+        "cells": {str(s): learner.read_cell(dataset, arm, s) for s in done},
     }
 
 
@@ -116,28 +119,26 @@ def markdown(doc: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    global ARM
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--datasets", default="online_retail,completejourney")
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--reuse", action="store_true", help="read finished cells only; run nothing")
     ap.add_argument("--override", action="append", default=[],
                     help="a Hydra override for the export (repeatable), e.g. export.cold_users.windows=[3,7]")
-    ap.add_argument("--arm", default="coldusers", help="the cells' name (outputs/<d>/learner_<arm>_s<seed>)")
+    ap.add_argument("--arm", default=ARM, help="the cells' name (outputs/<d>/learner_<arm>_s<seed>)")
     ap.add_argument("--ref", default="untrained", help="the learner arm whose checkpoints are exported again "
                                                         "and whose export is the reference")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "cold_users.json")
     ap.add_argument("--md", type=Path, default=ROOT / "docs" / "results.md")
     args = ap.parse_args()
-    ARM = args.arm
     seeds = [int(s) for s in args.seeds.split(",") if s]
     doc: dict[str, Any] = json.loads(args.out.read_text()) if args.out.exists() else {}
     failed = []
     for ds in [d for d in args.datasets.split(",") if d]:
         for seed in seeds if not args.reuse else ():
-            if "error" in run_cell(ds, seed, args.ref, tuple(args.override)):
+            if "error" in run_cell(ds, seed, args.ref, tuple(args.override), args.arm):
                 failed.append(f"{ds} seed {seed}")
-        doc[ds] = collect(ds, seeds, args.ref, tuple(args.override))
+        doc[ds] = collect(ds, seeds, args.ref, tuple(args.override), args.arm)
         p = doc[ds]["paired"]["all"]
         print(f"{ds}: all users {p['ratio']:.3f} [{p['lo']:.3f}, {p['hi']:.3f}]" if p else f"{ds}: no cell", flush=True)
     gits = sorted({c.get("git") for r in doc.values() if isinstance(r, dict) and "cells" in r

@@ -35,6 +35,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -334,7 +335,7 @@ class SpectralBasis:
 # svd_dtype "auto": float32 once the randomised SVD's dense float64 blocks, (rows + columns) x
 # (rank + oversampling) x 8 bytes, would pass this. Below it (every real dataset here: gowalla at
 # rank 1024 is 0.58 GB) the fit is float64 and unchanged; the 10M-event synthetic log at rank 1024
-# is 4.1 GB, and the range finder, its LU normalisations and the projected SVD hold several such
+# (200,000 users x 247,877 entities) is 3.7 GB, and the range finder, its LU normalisations and the projected SVD hold several such
 # blocks at once
 SVD_FLOAT32_ABOVE_GIB = 2.0
 FOLD_BLOCK = 16384  # users per block of the base's user fold-in (:func:`_base`)
@@ -354,7 +355,7 @@ def svd_dtype(n_rows: int, n_cols: int, k: int, setting: str = "auto") -> type:
 def fit_spectral(store: GraphStore, rank: int, stage_base: float, n_iter: int, seed: int,
                  filt: Filter | None = None, sample_users: int | float | None = None,
                  refine_passes: int | None = None, chunk_users: int = 65536,
-                 dtype: str = "auto") -> SpectralBasis:
+                 dtype: str = "auto", scale_ref: bool = True) -> SpectralBasis:
     """Randomised truncated SVD of the store's normalised engagement matrix.
 
     Args:
@@ -376,6 +377,9 @@ def fit_spectral(store: GraphStore, rank: int, stage_base: float, n_iter: int, s
         chunk_users: rows per block of those passes (their user-side memory is one block).
         dtype: the SVD's float type (:func:`svd_dtype`; ``auto``: float32 only where the float64
             working set would pass ``SVD_FLOAT32_ABOVE_GIB``, so small fits are unchanged).
+        scale_ref: set the basis's scale reference (:func:`with_scale_ref`: one whole base
+            computed); False leaves ones, for a caller that truncates and filters the basis first
+            and sets it then (:func:`fit_base`).
     """
     from sklearn.utils.extmath import randomized_svd
 
@@ -424,7 +428,7 @@ def fit_spectral(store: GraphStore, rank: int, stage_base: float, n_iter: int, s
     log.info("spectral base: rank %d of a %d x %d matrix (%d pairs%s, %s) in %.1fs, singular values %.3f .. %.3f",
              k, r.shape[0], r.shape[1], r.nnz, "" if sample is None else f"; {r.shape[0]} of {len(du)} users sampled",
              np.dtype(ftype).name, time.perf_counter() - t0, float(s[0]), float(s[-1]))
-    return with_scale_ref(store, basis)
+    return with_scale_ref(store, basis) if scale_ref else basis
 
 
 def with_scale_ref(store: GraphStore, basis: SpectralBasis, vectors: np.ndarray | None = None) -> SpectralBasis:
@@ -718,7 +722,10 @@ def fit_base(store: GraphStore, val: ValSet | None, config: SpectralConfig, seed
             stage_bases = stage_bases[:1]  # nothing to choose with, or one stage: the weighting is moot
         cap = config.sample_users
         start = search_start(store, config)
-        probes = {sb: fit_spectral(store, probe, sb, n_iter, seed, start, cap, dtype=config.svd_dtype) for sb in stage_bases}
+        # no scale reference per fit: the search never reads it, and the chosen basis gets its own below
+        fit = partial(fit_spectral, store, n_iter=n_iter, seed=seed, sample_users=cap, dtype=config.svd_dtype,
+                      scale_ref=False)
+        probes = {sb: fit(probe, sb, filt=start) for sb in stage_bases}
         if len(probes) > 1:
             for b in probes.values():
                 tried.append(_candidate(b, FilterScorer(store, b, val, config.select_users, seed)(b.rank, start)))
@@ -731,8 +738,7 @@ def fit_base(store: GraphStore, val: ValSet | None, config: SpectralConfig, seed
             if (k >= basis.rank == probe and max(ranks) > probe
                     and still_rises(store, basis, val, config, seed, k, filt)):
                 log.info("spectral base: val recall still rises at rank %d; fitting rank %d", basis.rank, max(ranks))
-                basis = fit_spectral(store, max(ranks), float(stage_base), n_iter, seed, filt, cap,
-                                     dtype=config.svd_dtype)
+                basis = fit(max(ranks), float(stage_base), filt=filt)
                 k, filt = select_filter(store, basis, val, config, seed, tried, filt, k)
             basis = basis.truncate(k).with_filter(filt)
             # the chosen base, computed once for its scale reference and the served dimension's choice
@@ -745,9 +751,9 @@ def fit_base(store: GraphStore, val: ValSet | None, config: SpectralConfig, seed
                 str(t["rank"]): t["val_recall@20"] for t in tried
                 if (_candidate_key(t)[0], _candidate_key(t)[2]) == (basis.stage_base, filt)}
         elif max(ranks) > basis.rank:
-            basis = fit_spectral(store, max(ranks), float(stage_base), n_iter, seed, start, cap, dtype=config.svd_dtype)
+            basis = fit(max(ranks), float(stage_base), filt=start)
         if not has_val:  # nothing to choose the served dimension with: the cap
-            basis = replace(basis, served_dim=served_cap(basis.rank, list(config.served_dims)))
+            basis = replace(with_scale_ref(store, basis), served_dim=served_cap(basis.rank, list(config.served_dims)))
         path.parent.mkdir(parents=True, exist_ok=True)
         basis.save(path)
     report |= {"rank": basis.rank, "stage_base": basis.stage_base, "filter": asdict(basis.filter),

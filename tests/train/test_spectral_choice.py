@@ -205,3 +205,18 @@ def test_a_second_search_starts_from_the_first_choice_not_the_largest_rank(store
     assert select_filter(store, basis, val, still, 0, [], Filter()) == (16, Filter())
     # a fixed rank is kept even when the search is handed another start rank (the probe's)
     assert select_filter(store, basis, val, _config(rank=16, noise_z=1e9), 0, [], Filter(), 8) == (16, Filter())
+
+
+def test_the_chosen_basis_carries_its_own_scale_reference(store, tmp_path: Path) -> None:
+    """The search's fits skip the scale reference (a whole base each); the basis fit_base returns
+    and saves has the one of its own base, with val and without."""
+    from hir.model.spectral import SpectralBasis, fit_spectral, with_scale_ref
+
+    val = validation_set(store, None, 0, "masked_new")
+    for name, v in (("val", val), ("noval", None)):
+        basis, _ = fit_base(store, v, _config(ranks=[16]), 0, tmp_path / f"{name}.npz", reuse=False)
+        want = with_scale_ref(store, replace(basis, scale_ref=np.ones_like(basis.scale_ref))).scale_ref
+        assert not np.allclose(basis.scale_ref, 1.0)
+        np.testing.assert_array_equal(basis.scale_ref, want)
+        np.testing.assert_array_equal(SpectralBasis.load(tmp_path / f"{name}.npz").scale_ref, want)
+    assert np.array_equal(fit_spectral(store, 8, 4.0, 2, 0, scale_ref=False).scale_ref, np.ones(len(store.types)))
