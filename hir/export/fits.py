@@ -40,7 +40,12 @@ def coengage_refine(tokens: list[np.ndarray], levels: tuple[int, ...], pairs: tu
             c = np.zeros((n_users, k), np.float32)
             np.add.at(c, (users, t[ents]), 1.0)
             q = (c.sum(0) + 1) / (c.sum() + k)
-            lift = np.log((c + alpha * q) / (c.sum(1, keepdims=True) + alpha) / q)  # (n_users, k)
+            # (n_users, k), its steps in place: one (users, k) array, not four (1.6 GB at 200,000 users
+            # and 512 tokens; each step is the same float32 operation as written out whole)
+            lift = c + alpha * q
+            lift /= c.sum(1, keepdims=True) + alpha
+            lift /= q
+            np.log(lift, out=lift)
             new = t.copy()
             for lo in range(0, len(rows), 4096):
                 r = rows[lo:lo + 4096]
