@@ -107,6 +107,24 @@ def test_the_base_filled_in_place_is_the_base_as_it_was(stores, filt: Filter) ->
     assert (~known & (np.asarray(r.sum(0)).ravel() > 0)).any()
 
 
+def test_member_means_in_groups_of_runs_are_the_whole_reduceat(stores, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hir.model import spectral
+
+    train = stores[0]
+    basis = fit_spectral(train, 8, 4.0, 4, 0, Filter())
+    whole = base_vectors(train, basis)
+    monkeypatch.setattr(spectral, "FOLD_BLOCK", 2)  # many groups, and runs longer than a group
+    np.testing.assert_array_equal(base_vectors(train, basis), whole)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((500, 16)).astype(np.float32)
+    sizes = rng.integers(1, 9, 60)
+    members, starts = rng.integers(0, 500, sizes.sum()), np.r_[0, np.cumsum(sizes)[:-1]]
+    for block in (1, 5, 40, 10_000):
+        monkeypatch.setattr(spectral, "FOLD_BLOCK", block)
+        np.testing.assert_array_equal(spectral._member_sums(x, members, starts),
+                                      np.add.reduceat(x[members].astype(np.float64), starts, axis=0))
+
+
 def test_row_norms_are_linalg_norms() -> None:
     x = np.random.default_rng(0).standard_normal((40_000, 7)).astype(np.float32)
     np.testing.assert_array_equal(row_norms(x), np.linalg.norm(x, axis=1))
