@@ -808,12 +808,13 @@ def fit_base(store: GraphStore, val: ValSet | None, config: SpectralConfig, seed
                       scale_ref=False)
         probes = {sb: fit(probe, sb, filt=start) for sb in stage_bases}
         if len(probes) > 1:
-            for b in probes.values():
-                tried.append(_candidate(b, FilterScorer(store, b, val, config.select_users, seed)(b.rank, start)))
+            tried.extend(_candidate(b, FilterScorer(store, b, val, config.select_users, seed)(b.rank, start))
+                         for b in probes.values())
             stage_base = max(tried, key=lambda t: t["val_recall@20"])["stage_base"]
         else:
             stage_base = stage_bases[0]
         basis = probes[float(stage_base)]
+        del probes  # the other weightings' probes are not read again (each is entities x rank)
         if has_val:
             k, filt = select_filter(store, basis, val, config, seed, tried, start)
             if (k >= basis.rank == probe and max(ranks) > probe
