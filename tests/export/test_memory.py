@@ -65,3 +65,23 @@ def test_procrustes_from_float64_rows_is_the_formula_on_whole_copies(z: np.ndarr
     rows = np.flatnonzero(both)
     np.testing.assert_array_equal(_procrustes(_rows64(src, rows), _rows64(dst, rows)),
                                   (left @ right).astype(np.float32))
+
+
+def test_top1_tokens_in_chunks_are_the_tokens_of_every_row_at_once() -> None:
+    import torch
+
+    from hir.export.fits import top1_of
+    from hir.nn import HierarchicalTokenizer
+
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((3000, 32)).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    tok = HierarchicalTokenizer(32, (4, 16, 64), 3, 0.1, 0.2)
+    tok.init_from_data(torch.from_numpy(x), iters=5, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        whole = [lp.argmax(1).numpy() for lp in tok.log_probs(torch.from_numpy(x))]
+    for chunk in (1000, 4096):
+        got = top1_of(tok, x, chunk)
+        assert [len(np.unique(g)) > 1 for g in got] == [True] * 3
+        for g, w in zip(got, whole, strict=True):
+            np.testing.assert_array_equal(g, w)
