@@ -573,9 +573,10 @@ def _member_sums(x: np.ndarray, members: np.ndarray, starts: np.ndarray) -> np.n
     """(S, K) float64 sums of the rows ``x[members]`` over the S runs that start at ``starts``:
     ``np.add.reduceat(x[members].astype(float64), starts, axis=0)`` a group of whole runs of at
     most ``FOLD_BLOCK`` rows at a time (a longer run alone). The whole gather and its float64
-    copy were (pairs, K) x 12 bytes: the 1M-event synthetic log has 63,000 member pairs, so
-    about 7 GB at 10M events and rank 1024. A run's sum is the same reduction of the same rows
-    in either form (a run is never split), so bit-identical."""
+    copy were (pairs, K) x 12 bytes: the 1M-event synthetic log has 63,000 member pairs of
+    advertisers and categories (an upper bound of those summed), so up to about 7 GB at 10M
+    events and rank 1024. A run's sum is the same reduction of the same rows in either form (a
+    run is never split), so bit-identical."""
     ends = np.r_[starts[1:], len(members)]
     sums = np.empty((len(starts), x.shape[1]), np.float64)
     s = 0
