@@ -15,6 +15,7 @@ import hashlib
 import json
 import logging
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -167,6 +168,16 @@ class Embedder:
                                              "train basis"}
         return {"done": True, "visible_splits": list(visible_splits)}
 
+    def release_base(self) -> None:
+        """Drop the spectral base once the snapshot is embedded (`hir export` reads it no more): an
+        (n_nodes, K) array, 2.2 GB at 10M events and rank 1024, that would otherwise stay alive
+        through the projection and the hierarchy fit; and with it the basis's factors, (entities +
+        users) x K (1.7 GB there), which only computed it. The basis keeps its rank, stage
+        weighting and filter (what meta.json reports). Embedding again afterwards raises."""
+        self.base = None
+        b = self.basis
+        self.basis = replace(b, v=np.zeros((0, b.rank), b.v.dtype), u=np.zeros((0, b.rank), b.u.dtype))
+
     @property
     def dim(self) -> int:
         return self.net.dim
@@ -206,6 +217,8 @@ class Embedder:
         """Global node ids (n,) -> (n, dim) float32 unit embeddings: nodes with engagement in the
         visible splits (warm) through the engagement view, the rest (cold start) through the
         knowledge view."""
+        if self.base is None:
+            raise RuntimeError("this Embedder's spectral base was released (release_base): embed before releasing it")
         ds = EmbedBatches(self.store, self.base, self.sampler, np.asarray(nodes, np.int64), batch_size, seed)
         out = np.zeros((len(nodes), self.dim), np.float32)
         pos = 0
@@ -221,6 +234,8 @@ class Embedder:
         # the evidence gate: a user with more visible events than the gate admits takes its base
         # (the correction closed); warm entities keep their base and cold ones the knowledge view
         # either way (the correction refines users only)
+        if self.gate_max_events is None:  # no gate: no (n, K) copy of the nodes' base to pass it
+            return out
         nodes = np.asarray(nodes, np.int64)
         return gate_users(out, self.base.vectors[nodes], self.store.node_type[nodes] == USER_TYPE,
                           self.store.exposure[nodes], self.gate_max_events)
@@ -234,6 +249,15 @@ class Embedder:
         """(n, w) universal embeddings -> (n, w - 1) their unit direction, the tokenizer's space
         (see :class:`hir.nn.HirNet`); w is K + 1, or d + 1 for served ones (:mod:`hir.export.project`)."""
         return direction(torch.from_numpy(np.ascontiguousarray(z, np.float32))).numpy()
+
+    def semantic_rows(self, z: np.ndarray, rows: np.ndarray, block: int = 16384) -> np.ndarray:
+        """:meth:`semantic` of ``z[rows]`` (m, w - 1), a block of rows at a time: no (m, w) copy of
+        the rows beside the output (a direction is its own row's, so the values are the same)."""
+        rows = np.asarray(rows, np.int64)
+        out = np.empty((len(rows), z.shape[1] - 1), np.float32)
+        for lo in range(0, len(rows), block):
+            out[lo:lo + block] = self.semantic(z[rows[lo:lo + block]])
+        return out
 
     @torch.inference_mode()
     def tokens(self, z: np.ndarray, batch_size: int = 8192) -> tuple[list[np.ndarray], list[np.ndarray]]:

@@ -65,7 +65,7 @@ import torch
 
 from hir.atomic import atomic_path
 from hir.errors import InputError
-from hir.model.served import fit_basis
+from hir.model.served import Rows, fit_basis
 from hir.nn import HierarchicalTokenizer
 
 log = logging.getLogger(__name__)
@@ -197,7 +197,8 @@ def fit_projection(z: np.ndarray, is_user: np.ndarray, warm: np.ndarray, dim: in
         return None
     rows = np.asarray(warm, bool) if np.asarray(warm, bool).any() else np.ones(len(z), bool)
     is_user = np.asarray(is_user, bool)
-    users, ents = z[rows & is_user, :-1], z[rows & ~is_user, :-1]
+    # the fitted rows are read a chunk at a time (Rows), not copied whole: an (n, K) copy at 10M events
+    users, ents = (Rows(z, np.flatnonzero(rows & sel), k) for sel in (is_user, ~is_user))
     basis, kept = fit_basis(users, ents, d)
     report = {"rank": k, "served": d, "dim": d + 1, "fit_users": len(users), "fit_entities": len(ents),
               **{n: round(v, 4) for n, v in kept.items()}}
@@ -244,7 +245,11 @@ def token_vectors(full: np.ndarray, projected: np.ndarray, served: np.ndarray,
                          f"projection of rank {projection.rank} onto {projection.served}")
     out = lift(served, projection.basis)
     kept = (projected == served).all(axis=1)
-    out[kept] = full[kept]
+    # a block of rows at a time: full[kept] whole is an (n, K + 1) copy (2.2 GB at 10M events)
+    block = 16384
+    for lo in range(0, len(out), block):
+        k = kept[lo:lo + block]
+        out[lo:lo + block][k] = full[lo:lo + block][k]
     return out
 
 

@@ -94,12 +94,12 @@ class ExportConfig:
 
 def export_meta(embedder: Any, ckpt: Path, ex: ExportConfig, z: Any, codes: list[Any], keys: dict[str, list[str]],
                 event_ts: datetime, created: datetime, sg: dict[str, Any], planted: dict[str, Any] | None,
-                cold_report: dict[str, Any], seconds: dict[str, float], projection: Any = None) -> dict[str, Any]:
+                cold_report: dict[str, Any], seconds: dict[str, float], projection: Any = None,
+                inputs: dict[str, Any] | None = None) -> dict[str, Any]:
     """``embeddings/meta.json`` (docs/contracts.md): the model version, sizes, counts, cut-off
-    and what the export measured."""
+    and what the export measured; ``inputs``: :func:`user_inputs`, taken before the base was
+    released (None: taken here, from the embedder's base)."""
     import numpy as np
-
-    from hir.model.stats import input_stats
 
     st = embedder.store
     norms = np.linalg.norm(z, axis=1)
@@ -120,10 +120,21 @@ def export_meta(embedder: Any, ckpt: Path, ex: ExportConfig, z: Any, codes: list
         # the users the transformer's correction reaches (None: no correction, or everybody)
         "user_gate": {"max_events": embedder.gate_max_events, "corrects": embedder.net.corrects},
         # the users' input distribution here, beside train_metrics.json's task.inputs (training, val)
-        "inputs": input_stats(st, embedder.base, embedder.sampler, np.arange(*st.type_range("user")), 0),
+        "inputs": user_inputs(embedder) if inputs is None else inputs,
         "seconds": seconds,
     }
     return meta | ({"planted_hierarchy": planted} if planted else {})
+
+
+def user_inputs(embedder: Any) -> dict[str, Any]:
+    """The users' input distribution (:func:`hir.model.stats.input_stats` of every user, seed 0)
+    on the embedder's base, for meta.json's ``inputs``."""
+    import numpy as np
+
+    from hir.model.stats import input_stats
+
+    st = embedder.store
+    return input_stats(st, embedder.base, embedder.sampler, np.arange(*st.type_range("user")), 0)
 
 
 def reusable(meta_path: Path, ckpt: Path, force: bool, dim: int | None = None,
@@ -156,6 +167,7 @@ def embed_snapshot(embedder: Any, ex: ExportConfig, seed: int) -> tuple[Any, Any
 
     st = embedder.store
     z = embedder.embed_snapshot(ex.batch_size, seed)
+    embedder.release_base()  # nothing below reads it (meta.json's inputs are taken before, user_inputs)
     if not np.isfinite(z).all():
         raise RuntimeError(f"non-finite embeddings from {embedder.checkpoint}: the checkpoint is corrupt or "
                            "training diverged")
@@ -206,7 +218,7 @@ def refit_hierarchy(embedder: Any, z: Any, seed: int) -> None:
 
     rows = fitted_rows(embedder)
     t0 = time.perf_counter()
-    embedder.use_tokenizer(refit_tokenizer(embedder.tokenizer, embedder.semantic(z[rows]), seed))
+    embedder.use_tokenizer(refit_tokenizer(embedder.tokenizer, embedder.semantic_rows(z, rows), seed))
     log.info("hierarchy refitted on the directions of %d warm entities in %.1fs", len(rows), time.perf_counter() - t0)
 
 
@@ -230,7 +242,7 @@ def anchored_hierarchy(embedder: Any, z: Any, anchor_dir: str, keys: dict[str, l
             lo = st.type_range(t)[0]
             prev[lo:lo + len(levels[lvl])] = levels[lvl]
         previous.append(prev[rows])
-    anchor_tree(embedder.tokenizer, embedder.semantic(z[rows]), previous)
+    anchor_tree(embedder.tokenizer, embedder.semantic_rows(z, rows), previous)
     anchored = int((np.stack(previous) >= 0).all(0).sum())
     log.info("hierarchy refitted from the tokens of %s (%d of %d warm entities anchored) in %.1fs", anchor_dir,
              anchored, len(rows), time.perf_counter() - t0)
@@ -260,7 +272,7 @@ def fitted_hierarchy(embedder: Any, z: Any, fit: str, visible_splits: list[str],
     st = embedder.store
     t0 = time.perf_counter()
     rows = fitted_rows(embedder)
-    directions = embedder.semantic(z[rows])
+    directions = embedder.semantic_rows(z, rows)
     users, ents = engagement_pairs(embedder.snapshot, st.offsets, tuple(visible_splits))
     pos = np.minimum(np.searchsorted(rows, ents), len(rows) - 1)
     seen = rows[pos] == ents  # pairs of entities outside the fitted rows (cold by definition) drop out
@@ -290,6 +302,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     t0 = time.perf_counter()
     embedder = Embedder(ckpt, cfg.paths.graph_dir, cfg.paths.content_dir, tuple(ex.visible_splits), ex.refit_base,
                         ex.refit_n_iter, int(cfg.seed), ex.user_gate)
+    inputs = user_inputs(embedder)  # before embed_snapshot releases the base
     z, z_tok, cold_report, projection = embed_snapshot(embedder, ex, int(cfg.seed))
     t_embed = time.perf_counter() - t0
     t_fit = time.perf_counter()
@@ -324,7 +337,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     write_text_atomic(hier_dir / "supergraph.json", json.dumps(sg, indent=2))
     meta = export_meta(embedder, ckpt, ex, z, codes, keys, event_ts, created, sg, planted, cold_report,
                        {"embed": round(t_embed, 2), "hierarchy_fit": round(t_fit, 2),
-                        "total": round(time.perf_counter() - t0, 2)}, projection)
+                        "total": round(time.perf_counter() - t0, 2)}, projection, inputs)
     # meta.json last and atomic: its presence marks a complete export (what `reusable` checks)
     write_text_atomic(emb_dir / META_FILE, json.dumps(meta, indent=2))
     log.info("exported %s (cold start %s) as model %s in %.1fs; super-graph density gain %s%s",

@@ -66,7 +66,9 @@ def write_prototypes(path: Path, embedder: Embedder, z: np.ndarray, top1: list[n
     tokenizer = embedder.tokenizer
     with_text = np.array([i for i, t in enumerate(texts) if t], dtype=np.int64)
     # prototypes live in the direction part of the embedding (without the scale slack)
-    members = top_members(tokenizer, embedder.semantic(z), with_text, label_members)
+    # (only the rows with text are candidates: their directions alone, not an (n_nodes, K) array)
+    members = [with_text[m] for m in top_members(tokenizer, embedder.semantic_rows(z, with_text),
+                                                 np.arange(len(with_text)), label_members)]
     vectors = [v.detach().numpy() for v in tokenizer.vectors()]
     rows = []
     for lvl, k in enumerate(embedder.levels):

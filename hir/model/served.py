@@ -35,7 +35,25 @@ from hir.model.valset import ValSet
 log = logging.getLogger(__name__)
 
 
-def second_moment(x: np.ndarray, chunk: int = 65536) -> np.ndarray:
+class Rows:
+    """``x[rows, :k]`` (m, k) without its copy: what :func:`second_moment` reads, a chunk of rows
+    at a time (each chunk a C-contiguous copy, as a slice of the whole copy would be)."""
+
+    def __init__(self, x: np.ndarray, rows: np.ndarray, k: int) -> None:
+        self.x, self.rows, self.k = x, np.asarray(rows, np.int64), int(k)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return len(self.rows), self.k
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, sl: slice) -> np.ndarray:
+        return np.ascontiguousarray(self.x[self.rows[sl], :self.k])
+
+
+def second_moment(x: np.ndarray | Rows, chunk: int = 65536) -> np.ndarray:
     """(n, K) rows -> (K, K) float64 ``x^T x / n``, in chunks (a (chunk, K) float64 copy at a time)."""
     out = np.zeros((x.shape[1], x.shape[1]), np.float64)
     for lo in range(0, len(x), chunk):
@@ -44,7 +62,7 @@ def second_moment(x: np.ndarray, chunk: int = 65536) -> np.ndarray:
     return out / max(len(x), 1)
 
 
-def leading_directions(users: np.ndarray, entities: np.ndarray) -> tuple[np.ndarray, list[np.ndarray | None]]:
+def leading_directions(users: np.ndarray | Rows, entities: np.ndarray | Rows) -> tuple[np.ndarray, list[np.ndarray | None]]:
     """(K, K) float64 eigenvectors of the trace-normalised ``C_u + C_e``, leading first, each
     column's largest-magnitude component positive (the same inputs give the same directions), and
     the two raw moments (None for an empty group). ``users`` (U, K), ``entities`` (E, K)."""
@@ -58,7 +76,7 @@ def leading_directions(users: np.ndarray, entities: np.ndarray) -> tuple[np.ndar
     return p * np.where(sign == 0, 1.0, sign), raw
 
 
-def fit_basis(users: np.ndarray, entities: np.ndarray, d: int) -> tuple[np.ndarray, dict[str, float]]:
+def fit_basis(users: np.ndarray | Rows, entities: np.ndarray | Rows, d: int) -> tuple[np.ndarray, dict[str, float]]:
     """The served basis: top-d eigenvectors of the trace-normalised second moments.
 
     Args:
@@ -123,7 +141,7 @@ def choose_served_dim(vectors: np.ndarray, scale: np.ndarray, is_user: np.ndarra
     # users s_u, entities a_e s_e: one (n, K) copy of the base
     factor = np.where(has, np.where(is_user, 1.0, scale) / np.maximum(norm, 1e-30), 0.0).astype(np.float32)
     x = vectors * factor[:, None]
-    vecs, _ = leading_directions(x[has & is_user], x[has & ~is_user])
+    vecs, _ = leading_directions(Rows(x, np.flatnonzero(has & is_user), k), Rows(x, np.flatnonzero(has & ~is_user), k))
     sets = {"new_to_user": val} | ({"full_ranking": full_ranking} if full_ranking is not None and len(full_ranking)
                                    else {})
     recall: dict[str, dict[str, float]] = {name: {} for name in sets}

@@ -431,13 +431,20 @@ def fit_spectral(store: GraphStore, rank: int, stage_base: float, n_iter: int, s
     return with_scale_ref(store, basis) if scale_ref else basis
 
 
+def row_norms(x: np.ndarray) -> np.ndarray:
+    """(n,) the Euclidean norms of the rows of ``x`` (n, K), a block of rows at a time:
+    ``np.linalg.norm(x, axis=1)`` squares its whole input first (an (n, K) copy). Each row's norm
+    is the same computation on the same row, so the values are bit-identical to it."""
+    if not len(x):
+        return np.zeros(0, x.dtype)
+    return np.concatenate([np.linalg.norm(x[b:b + FOLD_BLOCK], axis=1) for b in range(0, len(x), FOLD_BLOCK)])
+
+
 def with_scale_ref(store: GraphStore, basis: SpectralBasis, vectors: np.ndarray | None = None) -> SpectralBasis:
     """``basis`` with ``scale_ref`` set to the largest base norm of each type on ``store``
     (``vectors``: its :func:`base_vectors` on ``store``, when already computed)."""
     vectors = base_vectors(store, basis) if vectors is None else vectors
-    # row norms a block at a time: linalg.norm squares its whole input first (an (n, K) copy)
-    norms = np.concatenate([np.linalg.norm(vectors[b:b + FOLD_BLOCK], axis=1)
-                            for b in range(0, len(vectors), FOLD_BLOCK)]) if len(vectors) else np.zeros(0)
+    norms = row_norms(vectors)
     ref = np.ones(len(store.types), np.float32)
     for t in range(len(store.types)):
         sel = (store.node_type == t) & (norms > 0)
@@ -456,13 +463,34 @@ def base_vectors(store: GraphStore, basis: SpectralBasis) -> np.ndarray:
     return _base(store, basis)[0]
 
 
-def _entity_frame(store: GraphStore, basis: SpectralBasis, r: sp.csr_matrix) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _entity_frame(store: GraphStore, basis: SpectralBasis, r: sp.csr_matrix,
+                  rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(item_v (n, K) singular vectors of every visible entity column, deg (n,) their degree,
     ent (n,) bool: has a vector). Columns known at fit time keep their fit-time vector and
-    degree; new ones are folded in through U."""
+    degree; new ones are folded in through U. ``rows`` (m,) sorted node ids: item_v holds only
+    those rows, (m, K) (:class:`FilterScorer` reads a few; deg and ent stay (n,)). A row's vector
+    is the same computation either way (a new column's fold-in is its own sparse row times U)."""
     deg = np.asarray(r.sum(0)).ravel()
-    item_v, known, deg_fit = basis.fit_columns(store.n_nodes)
+    n, k = store.n_nodes, basis.rank
+    known = np.zeros(n, bool)
+    known[basis.cols] = True
+    deg_fit = np.zeros(n, np.float64)
+    deg_fit[basis.cols] = basis.col_degree
+    if rows is None:
+        item_v = np.zeros((n, k), np.float32)
+        item_v[basis.cols] = basis.v
+        pos = None
+    else:
+        pos = np.full(n, -1, np.int64)
+        pos[rows] = np.arange(len(rows))
+        item_v = np.zeros((len(rows), k), np.float32)
+        at = pos[basis.cols]
+        item_v[at[at >= 0]] = basis.v[at >= 0]
     new = np.flatnonzero(~known & (deg > 0))
+    if len(new):
+        deg_fit[new] = deg[new]
+        if pos is not None:
+            new = new[pos[new] >= 0]
     if len(new):
         # fold-in: V[e] = (D_u^-1/2 R[:, e] d_e^-1/2)^T U / s
         du = np.asarray(r.sum(1)).ravel()
@@ -472,8 +500,7 @@ def _entity_frame(store: GraphStore, basis: SpectralBasis, r: sp.csr_matrix) -> 
             rc, scale = rc[basis.rows], scale[basis.rows] * basis.row_weight
         rc = sp.diags(scale) @ rc
         vn = (rc.T @ basis.u) / np.sqrt(deg[new])[:, None] / np.maximum(basis.sigma, 1e-12)[None, :]
-        item_v[new] = vn.astype(np.float32)
-        deg_fit[new] = deg[new]
+        item_v[new if pos is None else pos[new]] = vn.astype(np.float32)
     return item_v, deg_fit, known | (deg > 0)
 
 
@@ -488,23 +515,25 @@ def trend_of(store: GraphStore, filt: Filter) -> np.ndarray:
 def _base(store: GraphStore, basis: SpectralBasis) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """:func:`base_vectors` (in the SVD's own frame), plus each node's column degree d (n,) and the
     user filter (K,)."""
-    n, k = store.n_nodes, basis.rank
+    n = store.n_nodes
     f = basis.filter
-    out = np.zeros((n, k), np.float32)
     r = engagement_matrix(store, basis.stage_base)  # (n_users, n_nodes) visible pairs
     item_v, deg_fit, ent = _entity_frame(store, basis, r)
     trend = trend_of(store, f)
-    # into `out` directly: no (entities, K) copy of item_v[ent] and of its product (4.4 GB at 540,040
-    # nodes and rank 1024); a row without a vector is zero in item_v, so a zero factor keeps it zero
     factor = np.zeros(n, np.float32)
     factor[ent] = (np.power(deg_fit[ent], f.beta) * trend[ent]).astype(np.float32)
-    np.multiply(item_v, factor[:, None], out=out)
     # users: r~_u D^-b V g(s), over every visible entity column with a vector
     inv = np.where(ent, np.power(np.maximum(deg_fit, 1e-12), -f.beta), 0.0)
-    lo, _ = store.type_range("user")
+    lo, hi = store.type_range("user")
     filt = user_filter(basis.sigma, f.response, f.ideal_weight)
     if f.user_half_life > 0:
         r = engagement_matrix(store, basis.stage_base, f.user_half_life)
+    # the base is item_v itself, filled in place: no second (n, K) array (2.2 GB at 540,040 nodes
+    # and rank 1024). The fold reads only the rows of entity columns with a vector (inv is 0
+    # elsewhere) and no user row is one (users are no column), so the users' fold is written into
+    # the user rows first and the entity rows are scaled after; a store whose users are engaged
+    # columns themselves keeps a separate output
+    out = item_v if not ent[lo:hi].any() else np.zeros_like(item_v)
     # a block of users at a time: the (users, K) float64 product and its filtered copy are then one
     # block each, not the whole user side twice (3.2 GB at 200,000 users and rank 1024); a sparse
     # row times item_v is the same sum whichever rows share its block, so the vectors are unchanged
@@ -513,6 +542,13 @@ def _base(store: GraphStore, basis: SpectralBasis) -> tuple[np.ndarray, np.ndarr
         e = min(b + FOLD_BLOCK, m.shape[0])
         out[lo + b:lo + e] = np.asarray(m[b:e] @ item_v) * filt[None, :]
     del m
+    # entities: t d^b V, a block of rows at a time (a row without a vector is zero in item_v, so a
+    # zero factor keeps it zero); the user rows hold the fold now and are skipped
+    for b0, b1 in ((0, lo), (hi, n)):
+        for b in range(b0, b1, FOLD_BLOCK):
+            e = min(b + FOLD_BLOCK, b1)
+            np.multiply(item_v[b:e], factor[b:e, None], out=out[b:e])
+    del item_v
     # entities nobody engages with: the mean of their members' vectors (a category's products)
     down = store.down
     rows = np.repeat(np.arange(n), np.diff(down.indptr))
@@ -527,16 +563,35 @@ def _base(store: GraphStore, basis: SpectralBasis) -> tuple[np.ndarray, np.ndarr
         # by reduceat (np.add.at over (pairs, K) took ~2.3 s a call on completejourney)
         pr = rows[pick]
         starts = np.flatnonzero(np.r_[True, pr[1:] != pr[:-1]])
-        sums = np.add.reduceat(out[down.dst[pick]].astype(np.float64), starts, axis=0)
+        sums = _member_sums(out, down.dst[pick], starts)
         cnt = np.diff(np.r_[starts, len(pr)])
         out[pr[starts]] = (sums / cnt[:, None]).astype(np.float32)
     return out, deg_fit.astype(np.float32), filt
 
 
+def _member_sums(x: np.ndarray, members: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """(S, K) float64 sums of the rows ``x[members]`` over the S runs that start at ``starts``:
+    ``np.add.reduceat(x[members].astype(float64), starts, axis=0)`` a group of whole runs of at
+    most ``FOLD_BLOCK`` rows at a time (a longer run alone). The whole gather and its float64
+    copy were (pairs, K) x 12 bytes: the 1M-event synthetic log has 63,000 member pairs of
+    advertisers and categories (an upper bound of those summed), so up to about 7 GB at 10M
+    events and rank 1024. A run's sum is the same reduction of the same rows in either form (a
+    run is never split), so bit-identical."""
+    ends = np.r_[starts[1:], len(members)]
+    sums = np.empty((len(starts), x.shape[1]), np.float64)
+    s = 0
+    while s < len(starts):
+        e = max(int(np.searchsorted(ends, starts[s] + FOLD_BLOCK, "right")), s + 1)
+        rows = x[members[starts[s]:ends[e - 1]]].astype(np.float64)
+        sums[s:e] = np.add.reduceat(rows, starts[s:e] - starts[s], axis=0)
+        s = e
+    return sums
+
+
 def scale_logits(store: GraphStore, basis: SpectralBasis, base: np.ndarray) -> np.ndarray:
     """(n_nodes,) float32 logit of each node's base scale: ``log(r / (1 - r))`` with r its base
     norm over the largest of its type at fit time (clipped to [R_MIN, R_MAX])."""
-    ratio = np.linalg.norm(base, axis=1) / basis.scale_ref[store.node_type] * R_MAX
+    ratio = row_norms(base) / basis.scale_ref[store.node_type] * R_MAX
     ratio = np.clip(ratio, R_MIN, R_MAX)
     return np.log(ratio / (1 - ratio)).astype(np.float32)
 
@@ -557,6 +612,11 @@ class FilterScorer:
     users: val users scored (a seeded sample of ``val``'s, at most ``max_users``); every
     candidate entity of ``val`` is ranked (no candidate sampling: the choice is made on the
     ranking the test uses).
+
+    Memory: the entity frame is kept only on the rows a score reads, the candidates and the
+    columns the scored users engage (``rows``): item_v (m, K), not (n_nodes, K) (at 10M events
+    and rank 1024 the full frame is 2.2 GB). The users' rows are remapped onto those rows in
+    order, so every fold-in is the same sum in the same order as over the full frame.
     """
 
     def __init__(self, store: GraphStore, basis: SpectralBasis, val: ValSet, max_users: int | None, seed: int) -> None:
@@ -569,12 +629,27 @@ class FilterScorer:
         self.masked = [val.masked[i] for i in keep]
         self.cands = val.cands
         r = engagement_matrix(store, basis.stage_base)
-        self.item_v, self.deg, self.ent = _entity_frame(store, basis, r)
         lo, _ = store.type_range("user")
-        self.r_users = r[self.users - lo]
+        r_users = r[self.users - lo]
+        # the frame's rows a score reads: the candidates and the scored users' engaged columns
+        self.rows = np.union1d(self.cands, r_users.indices)  # (m,) sorted node ids
+        self._pos = np.full(store.n_nodes, -1, np.int64)
+        self._pos[self.rows] = np.arange(len(self.rows))
+        self.item_v, deg, ent = _entity_frame(store, basis, r, self.rows)  # (m, K)
+        del r
+        self.deg, self.ent = deg[self.rows], ent[self.rows]  # (m,)
+        self.cand_rows = self._pos[self.cands]  # (C,) the candidates' rows of item_v
+        self.r_users = self._on_rows(r_users)
         self._fold: dict[tuple[float, float], np.ndarray] = {}
         self._trend: dict[tuple[float, float], np.ndarray] = {}
         self.timed = engaged_users(store, 0.0)[2]
+
+    def _on_rows(self, m: sp.csr_matrix) -> sp.csr_matrix:
+        """(U, n_nodes) user rows -> (U, m) over the kept frame rows: a monotone column renumbering
+        of the same stored entries, in the same order."""
+        cols = self._pos[m.indices]
+        assert (cols >= 0).all(), "a scored user's pair lies outside the kept frame rows"
+        return sp.csr_matrix((m.data, cols, m.indptr), shape=(m.shape[0], len(self.rows)))
 
     def fold(self, beta: float, half_life: float = 0.0) -> np.ndarray:
         """(U, K) users' fold-in ``r~_u D^-b V`` at full rank (``half_life``: the user-side decay)."""
@@ -584,7 +659,7 @@ class FilterScorer:
             rows = self.r_users
             if half_life > 0:
                 lo, _ = self.store.type_range("user")
-                rows = engagement_matrix(self.store, self.basis.stage_base, half_life)[self.users - lo]
+                rows = self._on_rows(engagement_matrix(self.store, self.basis.stage_base, half_life)[self.users - lo])
             self._fold[key] = np.asarray(rows @ sp.diags(inv) @ self.item_v, np.float32)
         return self._fold[key]
 
@@ -599,13 +674,20 @@ class FilterScorer:
 
     def per_user(self, rank: int, filt: Filter) -> np.ndarray:
         """(U,) val recall@20 of each scored user under the candidate (paired comparisons)."""
+        return recall_per_user(*self.vectors(rank, filt), self.positives, self.masked, 20)
+
+    def vectors(self, rank: int, filt: Filter) -> tuple[np.ndarray, np.ndarray]:
+        """The candidate's (U, k) unit user vectors and (C, k) candidate entity vectors, k the rank."""
         k = min(int(rank), self.basis.rank)
         g = user_filter(self.basis.sigma[:k], filt.response, filt.ideal_weight)
         users = self.fold(filt.beta, filt.user_half_life)[:, :k] * g[None, :]
-        users /= np.maximum(np.linalg.norm(users, axis=1, keepdims=True), 1e-12)
-        scale = np.power(np.maximum(self.deg[self.cands], 1e-12), filt.beta) * self.trend(filt)
-        cands = self.item_v[self.cands, :k] * (scale * self.ent[self.cands])[:, None].astype(np.float32)
-        return recall_per_user(users, cands, self.positives, self.masked, 20)
+        users /= np.maximum(row_norms(users), 1e-12)[:, None]
+        deg, ent = self.deg[self.cand_rows], self.ent[self.cand_rows]
+        scale = (np.power(np.maximum(deg, 1e-12), filt.beta) * self.trend(filt) * ent).astype(np.float32)
+        # one (C, k) array, scaled in place (not a copy and then its product: 2.5 GB at 10M events)
+        cands = self.item_v[self.cand_rows, :k]
+        np.multiply(cands, scale[:, None], out=cands)
+        return users, cands
 
 
 def select_rank(store: GraphStore, basis: SpectralBasis, val: ValSet, ranks: list[int],
@@ -727,12 +809,13 @@ def fit_base(store: GraphStore, val: ValSet | None, config: SpectralConfig, seed
                       scale_ref=False)
         probes = {sb: fit(probe, sb, filt=start) for sb in stage_bases}
         if len(probes) > 1:
-            for b in probes.values():
-                tried.append(_candidate(b, FilterScorer(store, b, val, config.select_users, seed)(b.rank, start)))
+            tried.extend(_candidate(b, FilterScorer(store, b, val, config.select_users, seed)(b.rank, start))
+                         for b in probes.values())
             stage_base = max(tried, key=lambda t: t["val_recall@20"])["stage_base"]
         else:
             stage_base = stage_bases[0]
         basis = probes[float(stage_base)]
+        del probes  # the other weightings' probes are not read again (each is entities x rank)
         if has_val:
             k, filt = select_filter(store, basis, val, config, seed, tried, start)
             if (k >= basis.rank == probe and max(ranks) > probe
@@ -785,12 +868,29 @@ def with_served_dim(store: GraphStore, basis: SpectralBasis, val: ValSet, config
 def procrustes(store: GraphStore, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
     """(K, K) float32 orthogonal Q minimising ``|src Q - dst|`` over the entities both (n, K) bases
     embed (users are folded in from the entities, so aligning the entities aligns them too)."""
+    both = _aligned_rows(store, src, dst)
+    return _procrustes(_rows64(src, both), _rows64(dst, both))
+
+
+def _aligned_rows(store: GraphStore, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+    """(m,) the entity rows both (n, K) bases embed (a non-zero row in each)."""
     lo, hi = store.type_range("user")
     ents = np.ones(store.n_nodes, bool)
     ents[lo:hi] = False
-    both = ents & (np.abs(src).sum(1) > 0) & (np.abs(dst).sum(1) > 0)
-    m = src[both].astype(np.float64).T @ dst[both].astype(np.float64)
-    left, _, right = np.linalg.svd(m)
+    return np.flatnonzero(ents & (np.abs(src).sum(1) > 0) & (np.abs(dst).sum(1) > 0))
+
+
+def _rows64(x: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """(m, K) float64 copy of ``x[rows]``, filled a block at a time (no float32 (m, K) copy first)."""
+    out = np.empty((len(rows), x.shape[1]), np.float64)
+    for b in range(0, len(rows), FOLD_BLOCK):
+        out[b:b + FOLD_BLOCK] = x[rows[b:b + FOLD_BLOCK]]
+    return out
+
+
+def _procrustes(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+    """(K, K) float32 Q of :func:`procrustes` from the aligned rows (m, K) float64 of both bases."""
+    left, _, right = np.linalg.svd(src.T @ dst)
     return (left @ right).astype(np.float32)
 
 
@@ -803,9 +903,19 @@ def refit_aligned(store: GraphStore, basis: SpectralBasis, n_iter: int, seed: in
     over the entities both embed (Procrustes): inner products, and so every score, are the
     refit's, while the coordinates stay those the network and the hierarchy were fitted in.
     Returns the refit basis and its rotated base.
+
+    Memory: the old base is dropped once its aligned rows are copied, before the new base's copy
+    and the rotation (at 10M events and rank 1024 one (n, K) base is 2.2 GB and the float64 rows
+    1.9 GB each); the same numbers as :func:`procrustes` of the two bases.
     """
     new = fit_spectral(store, basis.rank, basis.stage_base, n_iter, seed, basis.filter, basis.sample_cap)
-    base_new, base_old = new.base_for(store), basis.base_for(store)
-    vectors = base_new.vectors @ procrustes(store, base_new.vectors, base_old.vectors)
+    base_new = new.base_for(store)
+    old = basis.base_for(store).vectors
+    both = _aligned_rows(store, base_new.vectors, old)
+    dst = _rows64(old, both)
+    del old
+    q = _procrustes(_rows64(base_new.vectors, both), dst)
+    del dst
+    vectors = base_new.vectors @ q
     return new, SpectralBase(vectors, scale_logits(store, new, vectors), base_new.degree, base_new.filter,
                              basis.filter.beta, base_new.trend)

@@ -33,6 +33,7 @@ OPTIM_KEYS = ("lr", "weight_decay", "warmup", "min_lr_ratio")
 # nothing (the step-0 model: the spectral base, the knowledge view as initialised, the prototypes
 # by hierarchical k-means)
 TRAIN_PARTS = ("auto", "all", "correction", "none")
+TOKEN_CHUNK = 8192  # val nodes tokenised at a time (val_metrics' prototype usage)
 CORRECTION_PARAMS = ("head.", "gate", "encoder.base.")
 
 
@@ -403,7 +404,11 @@ class HirModule(L.LightningModule):
                     self.base_recall = per_user  # the first validation: the step-0 base
                 gain = paired_gain(per_user, self.base_recall, seed=self.seed)
                 metrics |= {"val/gain_over_base": gain["gain"], "val/gain_lo": gain["lo"], "val/gain_hi": gain["hi"]}
-        codes, _, _ = self.teacher.tokens(z.to(self.device))
+        # the tokens a chunk of rows at a time, as export reads them (Embedder.tokens): the float64
+        # scores of every val node at once were (nodes, K) x 16 bytes (5 GB at 10M events)
+        chunks = [self.teacher.tokens(z[lo:lo + TOKEN_CHUNK].to(self.device))[0] for lo in range(0, len(z), TOKEN_CHUNK)]
+        codes = [torch.cat([c[lvl] for c in chunks]) for lvl in range(len(self.teacher.tokenizer.levels))] \
+            if chunks else self.teacher.tokens(z.to(self.device))[0]
         for lvl, c in enumerate(codes):
             usage, entropy = usage_stats(c[:, 0], self.teacher.tokenizer.levels[lvl])
             metrics[f"proto/usage_l{lvl}"] = usage
