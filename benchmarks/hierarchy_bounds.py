@@ -22,7 +22,17 @@ almost everything.
   partition runs on the user x class matrix of the history pairs, and each product takes its
   class's group. This is honest: content classes, engagement grouping, history only.
 
-Products without a class go to the heaviest token. Writes ``benchmarks/results/hierarchy_bounds.json``,
+Products without a class go to the heaviest token.
+
+With ``--run RUN`` (a run dir with ``embeddings/product.parquet``, exported from this snapshot),
+two more rows per k: ``export``, the run's own top-1 tokens at the level with k prototypes, and
+``taxonomy_<d> top settled``. The second puts each class's prototype at the mean exported
+direction of its warm members, then gives every product its nearest prototype, as a tokenizer
+tokenises (:func:`hir.export.fits.top1_of`). Its ``agreement`` is the share of products whose
+settled token is still their class's. It shows whether the classes survive in the space the
+tokens are read in.
+
+Writes ``benchmarks/results/hierarchy_bounds.json``,
 keyed by dataset.
 """
 
@@ -94,6 +104,25 @@ def expand_classes(group: np.ndarray, cls: np.ndarray, weight: np.ndarray, k: in
     return tok
 
 
+def settled(tokens: np.ndarray, directions: np.ndarray, warm: np.ndarray, k: int) -> np.ndarray:
+    """(n,) nearest of k prototypes, each the unit mean of its warm members' ``directions`` (n, K)."""
+    protos = np.stack([directions[warm & (tokens == j)].mean(0) if (warm & (tokens == j)).any()
+                       else np.zeros(directions.shape[1]) for j in range(k)])
+    protos /= np.maximum(np.linalg.norm(protos, axis=1, keepdims=True), 1e-12)
+    return np.argmax(directions @ protos.T.astype(directions.dtype), axis=1).astype(np.int64)
+
+
+def export_of(run: Path, entity_type: str) -> tuple[np.ndarray, np.ndarray, dict[int, np.ndarray]]:
+    """A run's export of ``entity_type``: unit directions (n, K) in node-id order, the warm flag
+    (n,) and the top-1 token per level size {k: (n,)}."""
+    f = pl.read_parquet(run / "embeddings" / f"{entity_type}.parquet").sort("node_id")
+    levels = json.loads((run / "embeddings" / "meta.json").read_text())["levels"]
+    z = f["embedding"].list.to_array(int(f["embedding"].list.len()[0])).to_numpy().astype(np.float32)[:, :-1]
+    z /= np.maximum(np.linalg.norm(z, axis=1, keepdims=True), 1e-12)
+    top1 = {int(k): f[f"tokens_l{lvl}"].list.first().to_numpy().astype(np.int64) for lvl, k in enumerate(levels)}
+    return z, ~f["cold_start"].to_numpy(), top1
+
+
 def by_seed(rows: list[dict[str, float]]) -> dict[str, Any]:
     """Seeds' scores -> their mean and per-seed list of each figure."""
     return {key: {"mean": round(float(np.mean([r[key] for r in rows])), 4), "seeds": [r[key] for r in rows]}
@@ -105,6 +134,7 @@ def main() -> None:
     ap.add_argument("--graph", type=Path, required=True, help="a prepared snapshot (a run's graph/)")
     ap.add_argument("--entity-type", default="product")
     ap.add_argument("--ks", default="8,64")
+    ap.add_argument("--run", type=Path, default=None, help="a run exported from this snapshot: its tokens too")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
     t0 = time.perf_counter()
@@ -119,17 +149,20 @@ def main() -> None:
     test, hist = pairs(["test"]), pairs(["train", "val"])
     hist_deg = np.bincount(hist[1], minlength=n_items).astype(np.float64)
     tax = {d: lab for d, lab in taxonomy_labels(snap, t).items() if d.startswith("taxonomy_")}
+    exported = export_of(args.run, t) if args.run else None
     out: dict[str, Any] = {
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
         "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                                  text=True).stdout.strip(),
         "machine": platform.platform(), "graph": str(args.graph), "entity_type": t, "products": n_items,
-        "users": n_users, "test_pairs": len(test[0]), "history_pairs": len(hist[0]), "k": {}}
+        "users": n_users, "run": str(args.run) if args.run else None, "test_pairs": len(test[0]), "history_pairs": len(hist[0]), "k": {}}
     for k in (int(x) for x in args.ks.split(",")):
         rows: dict[str, Any] = {}
         for name, (u, i) in (("in_sample", test), ("history", hist)):
             rows[name] = by_seed([score(spectral_groups(u, i, n_users, n_items, k, RANKS.get(k, k), s), k, test)
                                   for s in SEEDS])
+        if exported is not None and k in exported[2]:
+            rows["export"] = score(exported[2][k], k, test)
         for depth in sorted(tax, key=lambda d: int(d.removeprefix("taxonomy_d"))):
             lab = tax[depth]
             known = lab >= 0
@@ -150,6 +183,11 @@ def main() -> None:
             engaged = [expand_classes(spectral_groups(hist[0][hk], cls[hist[1][hk]], n_users, len(classes), k,
                                               RANKS.get(k, k), s), cls, weight, k) for s in SEEDS]
             rows[f"{depth} top"] = score(expand_classes(top, cls, weight, k), k, test)
+            if exported is not None:
+                classes_tok = expand_classes(top, cls, weight, k)
+                near = settled(classes_tok, exported[0], exported[1], k)
+                rows[f"{depth} top settled"] = score(near, k, test) | {
+                    "agreement": round(float((near == classes_tok).mean()), 4)}
             rows[f"{depth} balanced"] = score(expand_classes(packed, cls, weight, k), k, test)
             rows[f"{depth} engaged"] = by_seed([score(e, k, test) for e in engaged])
             rows[f"{depth} engaged"]["classes"] = len(classes)
