@@ -82,9 +82,16 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tiny_snapshot(tmp_path_factory.mktemp("tiny"))
 
 
-def _product_as_it_was(m, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """:func:`sparse_dense` before the cut: scipy's whole ``m @ x`` (all of x converted first)."""
-    return np.asarray(m @ x) if out is None else np.asarray(m @ x, out.dtype)
+def _product_as_it_was(m, x: np.ndarray, out: np.ndarray | None = None, col_scale: np.ndarray | None = None) -> np.ndarray:
+    """:func:`sparse_dense` before the cut: scipy's whole ``m @ x`` (all of x converted first),
+    times ``col_scale``, cast into ``out``."""
+    p = np.asarray(m @ x)
+    if col_scale is not None:
+        p = p * col_scale[None, :]
+    if out is None:
+        return p
+    out[:] = p
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -163,13 +170,17 @@ def test_the_product_in_column_blocks_is_scipys_whole_product(monkeypatch: pytes
         m = sp.random(rows, cols, 0.05, format="csr", random_state=rng, dtype=np.float64)
         m.data *= np.exp(rng.uniform(-20, 20, m.nnz))  # a wide range of terms: rounding shows
         x = (rng.standard_normal((cols, k)) * np.exp(rng.uniform(-20, 20, (cols, 1)))).astype(np.float32)
-        for width in (2, 3, 16, 128):
+        g = rng.standard_normal(k).astype(np.float32)  # a column scale (the users' filter)
+        for width, block in ((2, 1), (3, 7), (16, 10_000), (128, 2)):
             monkeypatch.setattr(spectral, "FOLD_COLUMNS", width)
+            monkeypatch.setattr(spectral, "FOLD_BLOCK", block)  # rows of a CSR product at a time
             for mat in (m, m.tocsc(), m.T.tocsr().T):  # CSR, CSC, and a transpose (CSC) as _entity_frame has
                 np.testing.assert_array_equal(sparse_dense(mat, x), mat @ x)
                 assert sparse_dense(mat, x).dtype == np.float64
             got = sparse_dense(m, x, np.empty((rows, k), np.float32))
             np.testing.assert_array_equal(got, np.asarray(m @ x, np.float32))
+            got = sparse_dense(m, x, np.empty((rows, k), np.float32), g)
+            np.testing.assert_array_equal(got, (np.asarray(m @ x) * g[None, :]).astype(np.float32))
             y = rng.standard_normal((rows, k))  # a float64 dense side (a float64 SVD's U) too
             np.testing.assert_array_equal(sparse_dense(m.T, y), m.T @ y)
 
@@ -193,6 +204,7 @@ def test_every_fold_in_in_column_blocks_is_the_whole_product(stores, monkeypatch
         return out
 
     monkeypatch.setattr(spectral, "FOLD_COLUMNS", 3)
+    monkeypatch.setattr(spectral, "FOLD_BLOCK", 7)  # several blocks of users too
     got = run()
     monkeypatch.setattr(spectral, "sparse_dense", _product_as_it_was)
     want = run()
