@@ -20,6 +20,9 @@ from hir.model.spectral import SpectralBase
 from hir.model.store import GraphStore
 from hir.nn import HirNet
 
+# catalogue rows per block of catalogue_vectors and catalogue_cold
+CATALOGUE_BLOCK = 16384
+
 
 def to_tensors(store: GraphStore, base: SpectralBase | None, views: dict[str, dict[str, np.ndarray]],
                **extra: np.ndarray) -> dict[str, Any]:
@@ -106,17 +109,41 @@ def catalogue(store: GraphStore, base: SpectralBase | None) -> np.ndarray:
 
 
 def catalogue_cold(base: SpectralBase, ids: np.ndarray) -> np.ndarray:
-    """(M,) bool: the catalogue entities ``ids`` without a spectral base (ranked by their knowledge view)."""
-    return ~(np.linalg.norm(base.vectors[ids], axis=1) > 0)
+    """(M,) bool: the catalogue entities ``ids`` without a spectral base (ranked by their knowledge view).
+
+    A block of ``CATALOGUE_BLOCK`` rows at a time: the whole gather and its squares were two
+    (M, K) copies. Whether a row's norm is 0 does not depend on how its squares are summed (a sum
+    of non-negative terms is 0 exactly when each term is), so the test is the whole one's."""
+    cold = np.empty(len(ids), bool)
+    for b in range(0, len(ids), CATALOGUE_BLOCK):
+        cold[b:b + CATALOGUE_BLOCK] = ~(np.linalg.norm(base.vectors[ids[b:b + CATALOGUE_BLOCK]], axis=1) > 0)
+    return cold
 
 
 def catalogue_vectors(store: GraphStore, base: SpectralBase) -> Tensor:
     """(M, K + 1) packed base embeddings of :func:`catalogue` (the entities' engagement view,
     which the transformer does not change: see :class:`hir.nn.HirNet`); the rows of cold entities
     (:func:`catalogue_cold`) are zero, a training batch fills them with the entities' knowledge view
-    (:class:`hir.train.datamodule.TrainBatches`, ``cold``)."""
+    (:class:`hir.train.datamodule.TrainBatches`, ``cold``).
+
+    ``HirNet.pack(normalize(base.vectors[ids]), ...)`` written into one (M, K + 1) output a block
+    of ``CATALOGUE_BLOCK`` rows at a time: the whole form held the gather, its unit rows, their
+    scaled copy and the output, and gathered again for the cold test, each (M, K) (2.2 GB at
+    540,040 entities and rank 1024). A row's norm is reduced within the row and the rest is
+    elementwise, so the rows are the whole form's, bit for bit; the scales ``a`` and slacks are
+    computed over all M at once, as before.
+    """
     ids = catalogue(store, base)
-    s = torch.nn.functional.normalize(torch.from_numpy(base.vectors[ids]), dim=-1)
-    z = HirNet.pack(s, torch.from_numpy(base.logit[ids]), torch.from_numpy(store.node_type[ids].astype(np.int64)))
-    z[torch.from_numpy(catalogue_cold(base, ids))] = 0.0
+    k = base.vectors.shape[1]
+    a, slack = HirNet.pack_scale(torch.from_numpy(base.logit[ids]),
+                                 torch.from_numpy(store.node_type[ids].astype(np.int64)))  # (M,) each
+    z = torch.empty((len(ids), k + 1), dtype=torch.promote_types(a.dtype, torch.from_numpy(base.vectors[:0]).dtype))
+    for b in range(0, len(ids), CATALOGUE_BLOCK):
+        e = min(b + CATALOGUE_BLOCK, len(ids))
+        v = base.vectors[ids[b:e]]  # (B, K)
+        s = torch.nn.functional.normalize(torch.from_numpy(v), dim=-1)
+        torch.mul(s, a[b:e, None], out=z[b:e, :k])
+        z[b:e, k] = slack[b:e]
+        # the cold test on the rows already gathered (catalogue_cold's, without a second gather)
+        z[b:e][torch.from_numpy(~(np.linalg.norm(v, axis=1) > 0))] = 0.0
     return z

@@ -339,7 +339,46 @@ class SpectralBasis:
 # blocks at once
 SVD_FLOAT32_ABOVE_GIB = 2.0
 FOLD_BLOCK = 16384  # users per block of the base's user fold-in (:func:`_base`)
+FOLD_COLUMNS = 128  # frame columns per product of a fold-in (:func:`sparse_dense`)
 SVD_DTYPES = ("auto", "float64", "float32")
+
+
+def sparse_dense(m: sp.spmatrix | sp.sparray, x: np.ndarray, out: np.ndarray | None = None,
+                 col_scale: np.ndarray | None = None) -> np.ndarray:
+    """``(m @ x) * col_scale``, (R, N) sparse times (N, K) dense times (K,), ``FOLD_COLUMNS``
+    columns of ``x`` at a time (and a CSR ``m`` ``FOLD_BLOCK`` rows at a time).
+
+    scipy computes ``m @ x`` in the two dtypes' common type, and converts all of ``x`` to it
+    first: a float64 ``m`` times the float32 entity frame copied the whole frame to float64,
+    (N, K) x 8 bytes (4.4 GB at 540,040 nodes and rank 1024), on every call (the base's fold-in
+    called it once per block of users). Here one (N, FOLD_COLUMNS) block is converted at a time,
+    once for all rows. Every output element is the same sum, of its row's stored entries in their
+    stored order, whichever columns and rows share its product (scipy's ``csr_matvecs`` adds
+    ``a * x[j, c]`` to each column ``c`` of the block separately; ``csc_matvecs`` adds each
+    stored entry to every column in turn), and ``col_scale`` multiplies it in the common type
+    before the cast into ``out``, as ``np.asarray(m @ x) * col_scale`` did: bit-identical. With
+    ``FOLD_COLUMNS`` >= 2 no block is one column wide unless K is (one column takes scipy's
+    matvec path, as the whole product did).
+
+    out: (R, K) array the result is cast into (default: a new one in the common type).
+    """
+    dtype = np.result_type(m.dtype, x.dtype)
+    if out is None:
+        out = np.empty((m.shape[0], x.shape[1]), dtype)
+    # a row block of a CSR matrix is its own rows' entries, in order (other formats: whole)
+    rows = FOLD_BLOCK if m.format == "csr" else max(m.shape[0], 1)
+    k = x.shape[1]
+    n_blocks = max(1, -(-k // FOLD_COLUMNS))
+    for i in range(n_blocks):  # widths differ by at most one
+        lo, hi = k * i // n_blocks, k * (i + 1) // n_blocks
+        xb = np.ascontiguousarray(x[:, lo:hi], dtype)  # (N, hi - lo)
+        for b in range(0, m.shape[0], rows):
+            e = min(b + rows, m.shape[0])
+            p = m[b:e] @ xb if rows < m.shape[0] else m @ xb  # (e - b, hi - lo)
+            if col_scale is not None:  # a new array, not in place: the product's type, as before
+                p = p * col_scale[None, lo:hi]
+            out[b:e, lo:hi] = p
+    return out
 
 
 def svd_dtype(n_rows: int, n_cols: int, k: int, setting: str = "auto") -> type:
@@ -499,7 +538,7 @@ def _entity_frame(store: GraphStore, basis: SpectralBasis, r: sp.csr_matrix,
         if basis.rows is not None:  # U has the sampled users' rows, with their fit weight
             rc, scale = rc[basis.rows], scale[basis.rows] * basis.row_weight
         rc = sp.diags(scale) @ rc
-        vn = (rc.T @ basis.u) / np.sqrt(deg[new])[:, None] / np.maximum(basis.sigma, 1e-12)[None, :]
+        vn = sparse_dense(rc.T, basis.u) / np.sqrt(deg[new])[:, None] / np.maximum(basis.sigma, 1e-12)[None, :]
         item_v[new if pos is None else pos[new]] = vn.astype(np.float32)
     return item_v, deg_fit, known | (deg > 0)
 
@@ -534,13 +573,12 @@ def _base(store: GraphStore, basis: SpectralBasis) -> tuple[np.ndarray, np.ndarr
     # the user rows first and the entity rows are scaled after; a store whose users are engaged
     # columns themselves keeps a separate output
     out = item_v if not ent[lo:hi].any() else np.zeros_like(item_v)
-    # a block of users at a time: the (users, K) float64 product and its filtered copy are then one
-    # block each, not the whole user side twice (3.2 GB at 200,000 users and rank 1024); a sparse
-    # row times item_v is the same sum whichever rows share its block, so the vectors are unchanged
+    # a block of users and of columns at a time (sparse_dense): the float64 product and its filtered
+    # copy are one block each, not the whole user side twice (3.2 GB at 200,000 users and rank
+    # 1024), and the frame is converted to float64 a block of columns at a time; a sparse row times
+    # item_v is the same sum whichever rows and columns share its block, so the vectors are unchanged
     m = (r @ sp.diags(inv)).tocsr()
-    for b in range(0, m.shape[0], FOLD_BLOCK):
-        e = min(b + FOLD_BLOCK, m.shape[0])
-        out[lo + b:lo + e] = np.asarray(m[b:e] @ item_v) * filt[None, :]
+    sparse_dense(m, item_v, out[lo:lo + m.shape[0]], filt)
     del m
     # entities: t d^b V, a block of rows at a time (a row without a vector is zero in item_v, so a
     # zero factor keeps it zero); the user rows hold the fold now and are skipped
@@ -660,7 +698,8 @@ class FilterScorer:
             if half_life > 0:
                 lo, _ = self.store.type_range("user")
                 rows = self._on_rows(engagement_matrix(self.store, self.basis.stage_base, half_life)[self.users - lo])
-            self._fold[key] = np.asarray(rows @ sp.diags(inv) @ self.item_v, np.float32)
+            m = rows @ sp.diags(inv)  # (U, m)
+            self._fold[key] = sparse_dense(m, self.item_v, np.empty((m.shape[0], self.item_v.shape[1]), np.float32))
         return self._fold[key]
 
     def trend(self, filt: Filter) -> np.ndarray:

@@ -243,9 +243,15 @@ class HirNet(nn.Module):
     @staticmethod
     def pack(s: Tensor, logit: Tensor, seed_type: Tensor) -> Tensor:
         """direction (B, K), scale logit (B,), seed type (B,) -> (B, K + 1) unit embeddings."""
-        a = torch.where(seed_type == USER_TYPE, torch.ones_like(logit), torch.sigmoid(logit))  # (B,)
-        slack = torch.sqrt((1 - a * a).clamp_min(0))
+        a, slack = HirNet.pack_scale(logit, seed_type)
         return torch.cat([s * a[:, None], slack[:, None]], dim=-1)
+
+    @staticmethod
+    def pack_scale(logit: Tensor, seed_type: Tensor) -> tuple[Tensor, Tensor]:
+        """scale logit (B,), seed type (B,) -> (scale ``a`` (B,), slack ``sqrt(1 - a^2)`` (B,)) of
+        :meth:`pack` (``a`` is 1 for users): the packed embedding is ``[s a, slack]``."""
+        a = torch.where(seed_type == USER_TYPE, torch.ones_like(logit), torch.sigmoid(logit))  # (B,)
+        return a, torch.sqrt((1 - a * a).clamp_min(0))
 
     def semantic(self, z: Tensor) -> Tensor:
         """Universal embeddings (..., K + 1) -> their unit direction (..., K): the tokenizer's input."""

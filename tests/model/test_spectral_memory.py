@@ -21,6 +21,7 @@ from hir.model.spectral import (
     fit_spectral,
     row_norms,
     scale_logits,
+    sparse_dense,
     trend_of,
 )
 from tests.train.fixtures import graph_options, tiny_snapshot
@@ -79,6 +80,18 @@ def _per_user_as_it_was(store, basis, val, rank: int, filt: Filter) -> tuple[np.
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tiny_snapshot(tmp_path_factory.mktemp("tiny"))
+
+
+def _product_as_it_was(m, x: np.ndarray, out: np.ndarray | None = None, col_scale: np.ndarray | None = None) -> np.ndarray:
+    """:func:`sparse_dense` before the cut: scipy's whole ``m @ x`` (all of x converted first),
+    times ``col_scale``, cast into ``out``."""
+    p = np.asarray(m @ x)
+    if col_scale is not None:
+        p = p * col_scale[None, :]
+    if out is None:
+        return p
+    out[:] = p
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -147,3 +160,55 @@ def test_the_scorer_on_the_rows_it_reads_scores_as_it_did(stores, filt: Filter) 
             got = score.per_user(rank, filt)
             assert np.isfinite(want).any()
             np.testing.assert_array_equal(got, want)
+
+
+def test_the_product_in_column_blocks_is_scipys_whole_product(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hir.model import spectral
+
+    rng = np.random.default_rng(0)
+    for rows, cols, k in ((40, 300, 1), (40, 300, 2), (300, 2_000, 129), (9, 50, 37)):
+        m = sp.random(rows, cols, 0.05, format="csr", random_state=rng, dtype=np.float64)
+        m.data *= np.exp(rng.uniform(-20, 20, m.nnz))  # a wide range of terms: rounding shows
+        x = (rng.standard_normal((cols, k)) * np.exp(rng.uniform(-20, 20, (cols, 1)))).astype(np.float32)
+        g = rng.standard_normal(k).astype(np.float32)  # a column scale (the users' filter)
+        for width, block in ((2, 1), (3, 7), (16, 10_000), (128, 2)):
+            monkeypatch.setattr(spectral, "FOLD_COLUMNS", width)
+            monkeypatch.setattr(spectral, "FOLD_BLOCK", block)  # rows of a CSR product at a time
+            for mat in (m, m.tocsc(), m.T.tocsr().T):  # CSR, CSC, and a transpose (CSC) as _entity_frame has
+                np.testing.assert_array_equal(sparse_dense(mat, x), mat @ x)
+                assert sparse_dense(mat, x).dtype == np.float64
+            got = sparse_dense(m, x, np.empty((rows, k), np.float32))
+            np.testing.assert_array_equal(got, np.asarray(m @ x, np.float32))
+            got = sparse_dense(m, x, np.empty((rows, k), np.float32), g)
+            np.testing.assert_array_equal(got, (np.asarray(m @ x) * g[None, :]).astype(np.float32))
+            y = rng.standard_normal((rows, k))  # a float64 dense side (a float64 SVD's U) too
+            np.testing.assert_array_equal(sparse_dense(m.T, y), m.T @ y)
+
+
+def test_every_fold_in_in_column_blocks_is_the_whole_product(stores, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The base's user fold-in, the fold-in of columns new since the fit (through the basis's
+    float32 U) and the scorer's fold, with blocks of 3 of the 8 columns, against scipy's whole
+    products."""
+    from hir.model import spectral
+
+    filt = FILTERS[2]  # with a user half-life: the decayed rows are folded too
+    basis = fit_spectral(stores[0], 8, 4.0, 4, 0, filt)
+    assert basis.u.dtype == np.float32 and basis.v.dtype == np.float32  # scipy converted them whole
+
+    def run() -> list[np.ndarray]:
+        out = []
+        for store, protocol in zip(stores, ("masked_new", "all")):
+            out += [base_vectors(store, basis), *_entity_frame(store, basis, engagement_matrix(store, basis.stage_base))]
+            score = FilterScorer(store, basis, validation_set(store, None, 0, protocol), None, 0)
+            out += [score.fold(filt.beta), score.fold(filt.beta, filt.user_half_life)]
+        return out
+
+    monkeypatch.setattr(spectral, "FOLD_COLUMNS", 3)
+    monkeypatch.setattr(spectral, "FOLD_BLOCK", 7)  # several blocks of users too
+    got = run()
+    monkeypatch.setattr(spectral, "sparse_dense", _product_as_it_was)
+    want = run()
+    assert all(np.abs(w).sum() > 0 for w in want)
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == w.dtype
+        np.testing.assert_array_equal(g, w)
