@@ -94,11 +94,11 @@ class ExportConfig:
 
 def export_meta(embedder: Any, ckpt: Path, ex: ExportConfig, z: Any, codes: list[Any], keys: dict[str, list[str]],
                 event_ts: datetime, created: datetime, sg: dict[str, Any], planted: dict[str, Any] | None,
-                cold_report: dict[str, Any], seconds: dict[str, float], projection: Any = None,
-                inputs: dict[str, Any] | None = None) -> dict[str, Any]:
+                cold_report: dict[str, Any], seconds: dict[str, float], projection: Any,
+                inputs: dict[str, Any]) -> dict[str, Any]:
     """``embeddings/meta.json`` (docs/contracts.md): the model version, sizes, counts, cut-off
-    and what the export measured; ``inputs``: :func:`user_inputs`, taken before the base was
-    released (None: taken here, from the embedder's base)."""
+    and what the export measured; ``inputs``: :func:`user_inputs`, taken before
+    :func:`embed_snapshot` released the embedder's base."""
     import numpy as np
 
     st = embedder.store
@@ -120,7 +120,7 @@ def export_meta(embedder: Any, ckpt: Path, ex: ExportConfig, z: Any, codes: list
         # the users the transformer's correction reaches (None: no correction, or everybody)
         "user_gate": {"max_events": embedder.gate_max_events, "corrects": embedder.net.corrects},
         # the users' input distribution here, beside train_metrics.json's task.inputs (training, val)
-        "inputs": user_inputs(embedder) if inputs is None else inputs,
+        "inputs": inputs,
         "seconds": seconds,
     }
     return meta | ({"planted_hierarchy": planted} if planted else {})
