@@ -220,20 +220,20 @@ def serve_dim(embedder: Any, z: Any, dim: int | None, token_space: str = "full")
 
 def blended_tokens(embedder: Any, z_tok: Any, weight: float) -> Any:
     """``export.token_content``: the token vectors (n_nodes, w) blended with every node's text
-    (:func:`hir.export.content_tokens.blend`: (n_nodes, w - 1 + T + 1)), and the embedder's
-    tokenizer widened to that space (the refit that follows sets its prototypes)."""
-    from hir.export.content_tokens import blend, store_text, widened
+    (:class:`hir.export.content_tokens.Blended`, read as an (n_nodes, w - 1 + T + 1) array a block
+    at a time), and the embedder's tokenizer widened to that space (the refit that follows sets
+    its prototypes)."""
+    from hir.export.content_tokens import Blended, store_text, widened
 
     st = embedder.store
     if not int(st.layout["text_dim"]):  # no entity has text: the blend would change nothing
         log.info("token space: export.token_content=%.3g but no entity has text; the collaborative directions alone",
                  weight)
         return z_tok
-    t0 = time.perf_counter()
-    out = blend(z_tok, store_text(st), int(st.layout["text_dim"]), weight)
+    out = Blended(z_tok, store_text(st), int(st.layout["text_dim"]), weight)
     embedder.use_tokenizer(widened(embedder.tokenizer, out.shape[1] - 1))
-    log.info("token space: collaborative directions blended with text at weight %.3g (width %d) in %.1fs", weight,
-             out.shape[1] - 1, time.perf_counter() - t0)
+    log.info("token space: collaborative directions blended with text at weight %.3g (width %d)", weight,
+             out.shape[1] - 1)
     return out
 
 
