@@ -100,7 +100,8 @@ def test_export_fits_and_reads_the_tokens_in_the_blended_space(blended: Path, tr
         for lvl in range(3):
             assert (codes[lvl] == np.stack(frame[f"tokens_l{lvl}"].to_numpy())).all(), (etype, lvl)
     plain = blended / "plain"
-    run(compose(trained_run, *TINY_DATA, *TINY_MODEL, "force=true", f"paths.embeddings_dir={plain}/embeddings",
+    run(compose(trained_run, *TINY_DATA, *TINY_MODEL, "export.token_content=0", "force=true",
+                f"paths.embeddings_dir={plain}/embeddings",
                 f"paths.hierarchy_dir={plain}/hierarchy", stage="export"))
     a = pl.read_parquet(blended / "embeddings" / "product.parquet").sort("node_id")
     b = pl.read_parquet(plain / "embeddings" / "product.parquet").sort("node_id")
