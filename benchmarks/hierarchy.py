@@ -119,11 +119,30 @@ def kmeans_tokens(x: np.ndarray, levels: tuple[int, ...], seed: int) -> list[np.
     return out
 
 
-def hir_refits(run: Path, space: Space, seeds: tuple[int, ...], fits: tuple[str, ...] = ()) -> dict[str, dict[int, list[np.ndarray]]]:
+def blended_directions(run: Path, space: Space, d: np.ndarray, weight: float) -> np.ndarray:
+    """``export.token_content``: the unit directions ``d`` (n, K) of the engaged entities blended
+    with their text at ``weight`` (hir/export/content_tokens.py): (n, K + T) unit rows, the space
+    the export fitted and read the tokens in. The text is the run's content (``<run>/content``)."""
+    from hir.export.content_tokens import array_text, blend
+
+    texts = []
+    for t in space.types:
+        f = pl.read_parquet(run / "content" / f"{t}.parquet").sort("node_id")
+        width = int(f["text_vec"].list.len().max())
+        texts.append((f["text_vec"].list.to_array(width).to_numpy(), f["has_text"].to_numpy()))
+    width = texts[0][0].shape[1]
+    text = array_text(np.concatenate([t for t, _ in texts]), np.concatenate([h for _, h in texts]), width)
+    x = blend(np.concatenate([d, np.zeros((len(d), 1), np.float32)], 1), text, width, weight)[:, :-1]
+    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+
+
+def hir_refits(run: Path, space: Space, seeds: tuple[int, ...], fits: tuple[str, ...] = (),
+               token_content: float = 0.0) -> dict[str, dict[int, list[np.ndarray]]]:
     """Tokens of the checkpoint's tree refitted (export.hierarchy_fit=entities) with each seed on
     the directions of the warm engaged entities, as `hir export` does with cfg.seed, and of each
     of ``fits`` (coengage, bottomup: :func:`hir.export.fits.fit_tree` on that refit and the train
-    pairs, what the export sees). Returns {fit name ("hir" for the refit): {seed: per level (n,)}}."""
+    pairs, what the export sees), in the space blended with text at ``token_content`` when > 0
+    (:func:`blended_directions`). Returns {fit name ("hir" for the refit): {seed: per level (n,)}}."""
     import copy
 
     import torch
@@ -142,13 +161,19 @@ def hir_refits(run: Path, space: Space, seeds: tuple[int, ...], fits: tuple[str,
     net, _ = load_checkpoint(resolve_checkpoint("best", run / "checkpoints"))
     with torch.no_grad():
         d = net.semantic(torch.from_numpy(space.z)).numpy()
+    tree = net.tokenizer
+    if token_content > 0:
+        from hir.export.content_tokens import widened
+
+        d = blended_directions(run, space, d, token_content)
+        tree = widened(net.tokenizer, d.shape[1])
     warm = np.flatnonzero(~space.cold)
     users, ents = space.pairs["train"]
     pos = np.minimum(np.searchsorted(warm, ents), len(warm) - 1)
     seen = warm[pos] == ents
     out: dict[str, dict[int, list[np.ndarray]]] = {name: {} for name in ("hir", *fits)}
     for seed in seeds:
-        tok = refit_tokenizer(net.tokenizer, d[warm], seed).eval()
+        tok = refit_tokenizer(tree, d[warm], seed).eval()
         out["hir"][seed] = top1_of(tok, d)
         for fit in fits:
             fitted = copy.deepcopy(tok)
@@ -245,6 +270,8 @@ def main() -> None:
     ap.add_argument("--methods", default="hir,kmeans,kmeans_dir,coengage,bottomup")
     ap.add_argument("--seed", type=int, default=42, help="the seed the run's export used (cfg.seed)")
     ap.add_argument("--out", type=Path, default=RESULTS, help="the results file (a row is added or replaced)")
+    ap.add_argument("--token-content", type=float, default=None,
+                    help="the hir fits' text weight (export.token_content; default: the export's own, meta.json)")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     t0 = time.perf_counter()
@@ -262,8 +289,10 @@ def main() -> None:
                               "pairs": {s: len(p[0]) for s, p in space.pairs.items()}, "methods": {}}
     tokenizations: dict[str, dict[int, list[np.ndarray]]] = {}
     fits = tuple(f for f in ("coengage", "bottomup") if f in methods)
+    weight = float(space.meta.get("token_content", 0.0) if args.token_content is None else args.token_content)
+    result["token_content"] = weight
     if "hir" in methods or fits:
-        refits = hir_refits(args.run, space, (args.seed, args.seed + 1, args.seed + 2), fits)
+        refits = hir_refits(args.run, space, (args.seed, args.seed + 1, args.seed + 2), fits, weight)
         same = [float((refits["hir"][args.seed][lvl] == space.tokens[lvl]).mean()) for lvl in range(len(space.levels))]
         log.info("hir refit with the export's seed reproduces its tokens on %s of entities", same)
         result["hir_refit_reproduces_export"] = same

@@ -188,11 +188,14 @@ class Embedder:
 
     def use_tokenizer(self, tokenizer: HierarchicalTokenizer) -> None:
         """Tokenise with ``tokenizer`` (the same levels as the checkpoint's; its width that of the
-        directions it will see: the rank K, or the served d of ``export.dim``) from now on."""
+        directions it will see: the rank K, or the served d of ``export.dim``, plus the text width T
+        when the tokens read text too, ``export.token_content``) from now on."""
         own = self.net.tokenizer
-        if tokenizer.levels != own.levels or not 1 <= tokenizer.dim <= own.dim:
+        widest = own.dim + int(self.store.layout["text_dim"])
+        if tokenizer.levels != own.levels or not 1 <= tokenizer.dim <= widest:
             raise InputError(f"tokenizer with levels {tokenizer.levels} and width {tokenizer.dim} does not fit "
-                             f"checkpoint {self.checkpoint} (levels {own.levels}, width at most {own.dim})")
+                             f"checkpoint {self.checkpoint} (levels {own.levels}, width at most {own.dim} + "
+                             f"the text's {widest - own.dim})")
         self.tokenizer = tokenizer.eval()
 
     def save_tokenizer(self, path: str | Path) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -51,7 +52,9 @@ class ExportConfig:
     the spectral rank K; ``auto`` = the d `hir train` chose on val, :mod:`hir.model.served`), see
     :mod:`hir.export.project`; token_space: where the tokens are fitted and read at a served
     dimension (``full``: the rank-K directions; ``served``: the d served ones); dim_fallback: the d
-    ``auto`` serves for a basis that records no choice (trained before it existed).
+    ``auto`` serves for a basis that records no choice (trained before it existed); token_content:
+    the weight of an entity's text direction beside its collaborative one in the space the tokens
+    are fitted and read (0: the collaborative direction alone), :mod:`hir.export.content_tokens`.
     """
 
     checkpoint: str
@@ -80,6 +83,8 @@ class ExportConfig:
     token_space: str = "full"
     # export.dim=auto with a basis trained before `hir train` chose the served dimension on val
     dim_fallback: int = 256
+    # the text's weight in the space the tokens are fitted and read (hir/export/content_tokens.py)
+    token_content: float = 0.0
 
     def __post_init__(self) -> None:
         from hir.export.hierarchy import HIERARCHY_FITS
@@ -90,6 +95,14 @@ class ExportConfig:
             raise ValueError(f"export.token_space={self.token_space!r}; expected one of {list(TOKEN_SPACES)}")
         if self.hierarchy_fit not in HIERARCHY_FITS:
             raise ValueError(f"export.hierarchy_fit={self.hierarchy_fit!r}; expected one of {list(HIERARCHY_FITS)}")
+        self.token_content = float(self.token_content)
+        if not math.isfinite(self.token_content) or self.token_content < 0:
+            raise ValueError(f"export.token_content={self.token_content}: expected a weight >= 0 (0 = no text in the "
+                             "token space)")
+        if self.token_content > 0 and self.hierarchy_fit == "checkpoint":
+            raise ValueError("export.token_content > 0 needs a tree fitted at export (the checkpoint's prototypes live "
+                             "in the collaborative space alone): set export.hierarchy_fit=coengage, or "
+                             "export.token_content=0")
 
 
 def export_meta(embedder: Any, ckpt: Path, ex: ExportConfig, z: Any, codes: list[Any], keys: dict[str, list[str]],
@@ -109,6 +122,8 @@ def export_meta(embedder: Any, ckpt: Path, ex: ExportConfig, z: Any, codes: list
         "projection": projection.report if projection is not None else None,
         # where the tokens were fitted and read (the served space is the full rank without a projection)
         "token_space": ex.token_space if projection is not None else "full",
+        # the text's weight in that space (hir/export/content_tokens.py; `hir refresh` blends alike)
+        "token_content": ex.token_content,
         "levels": list(embedder.levels), "top_k": [int(c.shape[1]) for c in codes],
         "counts": {t: len(k) for t, k in keys.items()},
         "cold_start": {t: int((~st.warm[slice(*st.type_range(t))]).sum()) for t in keys},
@@ -138,14 +153,16 @@ def user_inputs(embedder: Any) -> dict[str, Any]:
 
 
 def reusable(meta_path: Path, ckpt: Path, force: bool, dim: int | None = None,
-             token_space: str = "full") -> dict[str, Any] | None:
+             token_space: str = "full", token_content: float = 0.0) -> dict[str, Any] | None:
     """The existing export's meta.json when it is of checkpoint ``ckpt`` at served dimension ``dim``
-    (export.dim) with its tokens in ``token_space`` (and not ``force``), else None."""
+    (export.dim) with its tokens in ``token_space`` blended with text at ``token_content`` (and not
+    ``force``), else None."""
     from hir.export.embed import checkpoint_version
 
     if meta_path.exists() and not force and ckpt.exists():
         meta = json.loads(meta_path.read_text())
         same_tokens = meta.get("projection") is None or meta.get("token_space", "served") == token_space
+        same_tokens = same_tokens and float(meta.get("token_content", 0.0)) == float(token_content)
         if meta.get("model_version") == checkpoint_version(ckpt) and meta.get("export_dim") == dim and same_tokens:
             return meta
     return None
@@ -199,6 +216,25 @@ def serve_dim(embedder: Any, z: Any, dim: int | None, token_space: str = "full")
             embedder.use_tokenizer(served_tokenizer(embedder.tokenizer, projection))
     log.info("served dimension: %s%s", describe(projection), f" {projection.report}" if projection else "")
     return z, projection
+
+
+def blended_tokens(embedder: Any, z_tok: Any, weight: float) -> Any:
+    """``export.token_content``: the token vectors (n_nodes, w) blended with every node's text
+    (:class:`hir.export.content_tokens.Blended`, read as an (n_nodes, w - 1 + T + 1) array a block
+    at a time), and the embedder's tokenizer widened to that space (the refit that follows sets
+    its prototypes)."""
+    from hir.export.content_tokens import Blended, store_text, widened
+
+    st = embedder.store
+    if not int(st.layout["text_dim"]):  # no entity has text: the blend would change nothing
+        log.info("token space: export.token_content=%.3g but no entity has text; the collaborative directions alone",
+                 weight)
+        return z_tok
+    out = Blended(z_tok, store_text(st), int(st.layout["text_dim"]), weight)
+    embedder.use_tokenizer(widened(embedder.tokenizer, out.shape[1] - 1))
+    log.info("token space: collaborative directions blended with text at weight %.3g (width %d)", weight,
+             out.shape[1] - 1)
+    return out
 
 
 def fitted_rows(embedder: Any) -> Any:
@@ -292,7 +328,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     ex: ExportConfig = instantiate(cfg.export)
     emb_dir, hier_dir = Path(cfg.paths.embeddings_dir), Path(cfg.paths.hierarchy_dir)
     ckpt = resolve_checkpoint(ex.checkpoint, Path(cfg.paths.checkpoint_dir))
-    if (meta := reusable(emb_dir / META_FILE, ckpt, bool(cfg.force), ex.dim, ex.token_space)) is not None:
+    if (meta := reusable(emb_dir / META_FILE, ckpt, bool(cfg.force), ex.dim, ex.token_space,
+                         ex.token_content)) is not None:
         log.info("embeddings of model %s exist at %s; reusing them (force=true re-exports)", meta["model_version"], emb_dir)
         return meta
     # a re-export invalidates the old one first: a kill below must not leave old meta.json over new files
@@ -308,6 +345,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     t_fit = time.perf_counter()
     keys, texts = keys_and_texts(embedder.snapshot, embedder.store)
     anchored = None
+    z_ref = z_tok  # the k-means reference is fitted on the exported vectors, blend or not
+    if ex.token_content > 0:
+        z_tok = blended_tokens(embedder, z_tok, ex.token_content)
     # the tree is fitted, and every row tokenised, on z_tok (export.token_space); z is what is served
     if ex.hierarchy_anchor and ex.hierarchy_fit != "checkpoint":
         anchored = anchored_hierarchy(embedder, z_tok, str(ex.hierarchy_anchor), keys)
@@ -330,7 +370,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     write_prototypes(hier_dir / "prototypes.parquet", embedder, z_tok, top1, texts, ex.label_members)
     embedder.save_tokenizer(hier_dir / TOKENIZER_FILE)
     sg, planted = hierarchy_diagnostics(embedder.snapshot, embedder.store.offsets, embedder.store.node_type, keys,
-                                        top1, embedder.levels, z_tok if ex.kmeans_reference else None, int(cfg.seed))
+                                        top1, embedder.levels, z_ref if ex.kmeans_reference else None, int(cfg.seed))
     sg["hierarchy_fit"] = ex.hierarchy_fit
     if anchored is not None:
         sg["hierarchy_anchor"] = anchor_report(anchored, top1)

@@ -359,6 +359,7 @@ def embed(cfg: DictConfig, source: dict[str, Path], snapshot: Snapshot, delta: D
 
     from hir.enrich.content import encode_new_entities
     from hir.export.cold import place_like_export
+    from hir.export.content_tokens import array_text, blend
     from hir.export.embed import Embedder
     from hir.export.project import load_projection, token_vectors
     from hir.export.stage import TOKENIZER_FILE
@@ -380,7 +381,10 @@ def embed(cfg: DictConfig, source: dict[str, Path], snapshot: Snapshot, delta: D
     # the served dimension of the live version: its export's projection (export.dim), None at full rank
     projection = load_projection(emb_meta_path.parent, emb_meta, embedder.version) if emb_meta else None
     # the export's token space: a tokenizer of the full rank reads the rank-K vectors (export.token_space)
-    full_space = projection is not None and embedder.tokenizer.dim == projection.rank
+    # the text's weight in the token space (export.token_content): the tokenizer is that much wider
+    token_content = float(emb_meta.get("token_content", 0.0))
+    text_dim = int(embedder.store.layout["text_dim"]) if token_content > 0 else 0
+    full_space = projection is not None and embedder.tokenizer.dim - text_dim == projection.rank
     now = datetime.now(UTC).replace(microsecond=0)
     frames = {}
     store_dir = Path(cfg.publish.store_dir).resolve()
@@ -400,7 +404,11 @@ def embed(cfg: DictConfig, source: dict[str, Path], snapshot: Snapshot, delta: D
             # as the export placed its own cold entities: by their content neighbours (hir.export.cold)
             z = place_like_export(emb_meta_path.parent, embedder.store, etype, z, mat["text_vec"],
                                   content["has_text"].to_numpy())
-        codes, weights = embedder.tokens(token_vectors(full, projected, z, projection) if full_space else z)
+        z_tok = token_vectors(full, projected, z, projection) if full_space else z
+        if text_dim:  # as the export blended its rows with their text (hir/export/content_tokens.py)
+            z_tok = blend(z_tok, array_text(mat["text_vec"], content["has_text"].to_numpy(), text_dim), text_dim,
+                          token_content)
+        codes, weights = embedder.tokens(z_tok)
         n_served = len(served_keys(manifest, store_dir, etype))
         cutoff = _cutoff(manifest, etype)
         seen = first_seen(delta, etype)

@@ -57,7 +57,8 @@ def test_export_with_a_fitted_tree_gives_the_saved_tokenizers_tokens(trained_run
 
 
 def check_export(trained_run: Path, tmp_path: Path, fit: str) -> None:
-    run(compose(trained_run, *TINY_DATA, *TINY_MODEL, f"export.hierarchy_fit={fit}", "force=true",
+    # the collaborative directions alone (export.token_content=0): the blend is tested in test_content_tokens.py
+    run(compose(trained_run, *TINY_DATA, *TINY_MODEL, f"export.hierarchy_fit={fit}", "export.token_content=0", "force=true",
                 f"paths.embeddings_dir={tmp_path}/embeddings", f"paths.hierarchy_dir={tmp_path}/hierarchy",
                 stage="export"))
     sg = json.loads((tmp_path / "hierarchy" / "supergraph.json").read_text())

@@ -173,7 +173,10 @@ def served(trained_run: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[
     for name, dim, space in (("full", "null", "full"), ("d8", "8", "full"), ("d8s", "8", "served")):
         d = tmp_path_factory.mktemp(name)
         run(compose(trained_run, *TINY_DATA, *TINY_MODEL, f"export.dim={dim}", f"paths.embeddings_dir={d}/embeddings",
-                    f"paths.hierarchy_dir={d}/hierarchy", f"export.token_space={space}", stage="export"))
+                    f"paths.hierarchy_dir={d}/hierarchy", f"export.token_space={space}",
+                    # the collaborative directions alone: the text blend is tested at a served
+                    # dimension in tests/export/test_content_tokens.py
+                    "export.token_content=0", stage="export"))
         out[name] = d
     return out
 
@@ -264,7 +267,8 @@ def test_export_is_redone_when_the_served_dimension_changes(served, trained_run)
     d = served["full"]
 
     def export(dim: str) -> dict:
-        return run(compose(trained_run, *TINY_DATA, *TINY_MODEL, f"export.dim={dim}", f"paths.embeddings_dir={d}/embeddings",
+        return run(compose(trained_run, *TINY_DATA, *TINY_MODEL, f"export.dim={dim}", "export.token_content=0",
+                           f"paths.embeddings_dir={d}/embeddings",
                            f"paths.hierarchy_dir={d}/hierarchy", stage="export"))
 
     before = json.loads((d / "embeddings" / "meta.json").read_text())
@@ -283,6 +287,7 @@ def test_export_is_redone_when_the_token_space_changes(served, trained_run):
 
     def export(space: str) -> dict:
         return run(compose(trained_run, *TINY_DATA, *TINY_MODEL, "export.dim=8", f"export.token_space={space}",
+                           "export.token_content=0",
                            f"paths.embeddings_dir={d}/embeddings", f"paths.hierarchy_dir={d}/hierarchy",
                            stage="export"))
 

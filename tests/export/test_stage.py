@@ -113,7 +113,15 @@ def test_saved_tokenizer_gives_the_exported_tokens(exported):
     emb = Embedder(meta["checkpoint"], out / "graph", out / "content")
     emb.load_tokenizer(out / "hierarchy" / "tokenizer.pt")
     products = pl.read_parquet(out / "embeddings" / "product.parquet")
-    codes, _ = emb.tokens(np.stack(products["embedding"].to_numpy()))
+    z = np.stack(products["embedding"].to_numpy())
+    if meta["token_content"] > 0:  # the default: the tokens read the embedding blended with the text
+        from hir.export.content_tokens import blend, store_text
+
+        ids = emb.store.type_range("product")[0] + products["node_id"].to_numpy()
+        z = blend(z, lambda rows: store_text(emb.store)(ids[rows]), int(emb.store.layout["text_dim"]),
+                  meta["token_content"])
+        assert emb.tokenizer.dim == z.shape[1] - 1
+    codes, _ = emb.tokens(z)
     for lvl in range(len(LEVELS)):
         assert (codes[lvl] == np.stack(products[f"tokens_l{lvl}"].to_numpy())).all()
 
