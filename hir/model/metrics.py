@@ -28,6 +28,12 @@ def column_blocks(m: int, block: int) -> list[tuple[int, int]]:
     return [*bounds, (bounds[-1][1] if bounds else 0, m)]
 
 
+def all_finite(cand: Tensor, block: int = BLOCK) -> bool:
+    """Whether every entry of ``cand`` (M, d) is finite, a block of rows at a time (not an (M, d)
+    bool copy: 0.3 GB at 300,000 x 1024)."""
+    return all(bool(torch.isfinite(cand[lo:lo + block]).all()) for lo in range(0, cand.shape[0], block))
+
+
 def _mask(scores: Tensor, rows: np.ndarray, cols: np.ndarray) -> None:
     """Set ``scores[rows, cols]`` to -inf in place (the masked rows of a block)."""
     if len(rows):
@@ -90,7 +96,7 @@ def chunk_topk(users: Tensor, cand: Tensor, masked: list[np.ndarray], kk: int, b
     if not unsure.any():
         return values, indices
     zero = unsure & ~users.any(1).numpy()
-    if zero.any() and not (finite if finite is not None else bool(torch.isfinite(cand).all())):
+    if zero.any() and not (finite if finite is not None else all_finite(cand, block)):
         zero[:] = False  # 0 x inf is NaN: those rows are not all zeros
     for i in np.flatnonzero(zero):
         # 0 or -0 against every finite candidate: ranked the same as a row of zeros
@@ -122,7 +128,7 @@ def top_k_rows(user_vecs: np.ndarray, cand_vecs: np.ndarray, masked: list[np.nda
     cand = torch.from_numpy(np.ascontiguousarray(cand_vecs, np.float32))
     kk = min(int(k), cand.shape[0])
     out = np.zeros((len(user_vecs), kk), np.int64)
-    finite = bool(torch.isfinite(cand).all())
+    finite = all_finite(cand, block)
     for lo in range(0, len(user_vecs), chunk):
         users = torch.from_numpy(np.ascontiguousarray(user_vecs[lo:lo + chunk], np.float32))
         out[lo:lo + chunk] = chunk_topk(users, cand, masked[lo:lo + chunk], kk, block, finite)[1].numpy()
@@ -175,7 +181,7 @@ def top_k_variants(user_vecs: np.ndarray, cand_vecs: np.ndarray, masked: list[np
     cand = torch.from_numpy(np.ascontiguousarray(cand_vecs[fixed_ids], np.float32))
     users = np.ascontiguousarray(user_vecs, np.float32)
     head_val, head_idx = [], []
-    finite = bool(torch.isfinite(cand).all())
+    finite = all_finite(cand, block)
     for lo in range(0, len(users), chunk):
         # the fixed rows' top-k in candidate blocks, as the whole (chunk, M - R) scores rank it
         values, indices = chunk_topk(torch.from_numpy(users[lo:lo + chunk]), cand, m_fixed[lo:lo + chunk],
