@@ -9,20 +9,129 @@ import numpy as np
 import torch
 from torch import Tensor
 
+# Candidates a user chunk is scored against at once (top_k_rows): a (chunk, >= BLOCK) float32
+# block, 32 to 64 MiB at chunk 1024, where the whole (chunk, M) score matrix was 1.2 GB at 10M
+# events (300,000 candidates) and grows with the catalogue.
+BLOCK = 8192
+# A chunk of fewer users is scored against every candidate at once, as before the blocks: with
+# 2 threads, MKL's sgemm sums a product of 4 to 15 rows in another order when its columns are cut
+# (measured: d >= 100, torch 2.13, MKL 2024.2), where 16 rows and more give the same bits in
+# blocks of >= BLOCK columns as in one product. Such a chunk is at most (15, M).
+SMALL_CHUNK = 16
+
+
+def column_blocks(m: int, block: int) -> list[tuple[int, int]]:
+    """[lo, hi) blocks of ``block`` columns covering ``m``, the remainder joined to the last block,
+    so every block is at least ``block`` wide (one block when ``m < 2 * block``): a narrow product
+    is where sgemm changes its summation order."""
+    bounds = [(lo, lo + block) for lo in range(0, m - 2 * block + 1, block)]
+    return [*bounds, (bounds[-1][1] if bounds else 0, m)]
+
+
+def all_finite(cand: Tensor, block: int = BLOCK) -> bool:
+    """Whether every entry of ``cand`` (M, d) is finite, a block of rows at a time (not an (M, d)
+    bool copy: 0.3 GB at 300,000 x 1024)."""
+    return all(bool(torch.isfinite(cand[lo:lo + block]).all()) for lo in range(0, cand.shape[0], block))
+
+
+def _mask(scores: Tensor, rows: np.ndarray, cols: np.ndarray) -> None:
+    """Set ``scores[rows, cols]`` to -inf in place (the masked rows of a block)."""
+    if len(rows):
+        scores[torch.from_numpy(rows), torch.from_numpy(cols)] = -torch.inf
+
+
+def _masked_pairs(masked: list[np.ndarray], m: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per-user masked candidate rows -> (row in the chunk, candidate) pairs, sorted by candidate
+    (a block's pairs are then one slice); negative rows count from the end, as in indexing."""
+    lens = [len(x) for x in masked]
+    if not sum(lens):
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    rows = np.repeat(np.arange(len(masked), dtype=np.int64), lens)
+    cols = np.concatenate([np.asarray(x, np.int64) for x in masked if len(x)])
+    cols = np.where(cols < 0, cols + m, cols)
+    order = np.argsort(cols, kind="stable")
+    return rows[order], cols[order]
+
+
+def chunk_topk(users: Tensor, cand: Tensor, masked: list[np.ndarray], kk: int, block: int = BLOCK,
+               finite: bool | None = None) -> tuple[Tensor, Tensor]:
+    """``(users @ cand.T, masked rows set to -inf).topk(kk, dim=1)``, bit for bit (values and
+    indices, ties included), without the (c, M) score matrix. users (c, d), cand (M, d) float32;
+    ``masked``: per user (c of them), candidate rows; 0 <= kk <= M; ``finite``: whether every
+    entry of ``cand`` is finite (None: checked when needed). Returns (c, kk) values and (c, kk)
+    int64 indices.
+
+    Each block of >= ``block`` candidate columns (:func:`column_blocks`) keeps its own top
+    ``kk + 1``; the top ``kk + 1`` of those is then the row's, as a multiset of values (exact
+    floats, whatever the order of ties). Where those ``kk + 1`` values are all distinct and not
+    NaN, the top ``kk`` and their order are unique, so torch's ranking of the whole row is this
+    one. Elsewhere (ties inside the top ``kk`` or across its edge, NaN, masked rows reached) the
+    order depends on how torch's partial sort visits the whole row, so that user's whole row is
+    rebuilt, from the same block products (the same bits), a few users at a time, and ranked by
+    torch as before. A user vector of zeros scores 0 everywhere (with finite candidates): its row
+    is rebuilt without a product. Chunks of fewer than :data:`SMALL_CHUNK` users, and fewer than
+    ``2 * block`` candidates, are one product as before."""
+    c, m = users.shape[0], cand.shape[0]
+    rows, cols = _masked_pairs(masked, m)
+    if c < SMALL_CHUNK or m < 2 * block:
+        scores = users @ cand.T  # (c, M)
+        _mask(scores, rows, cols)
+        t = scores.topk(kk, dim=1)
+        return t.values, t.indices
+    blocks = column_blocks(m, block)
+    starts = np.searchsorted(cols, [lo for lo, _ in blocks] + [m])
+    width = kk + 1 if kk < m else kk  # one more than kk shows a tie across the edge
+    vals, idx = [], []
+    for (lo, hi), a, b in zip(blocks, starts[:-1], starts[1:]):
+        scores = users @ cand[lo:hi].T  # (c, hi - lo)
+        _mask(scores, rows[a:b], cols[a:b] - lo)
+        t = scores.topk(min(width, hi - lo), dim=1)
+        vals.append(t.values)
+        idx.append(t.indices + lo)
+        del scores
+    t = torch.cat(vals, 1).topk(width, dim=1)  # (c, width): the row's top values, ties in any order
+    values, indices = t.values, torch.gather(torch.cat(idx, 1), 1, t.indices)
+    unsure = ((values[:, 1:] == values[:, :-1]).any(1) | values.isnan().any(1)).numpy()
+    values, indices = values[:, :kk].contiguous(), indices[:, :kk].contiguous()
+    if not unsure.any():
+        return values, indices
+    zero = unsure & ~users.any(1).numpy()
+    if zero.any() and not (finite if finite is not None else all_finite(cand, block)):
+        zero[:] = False  # 0 x inf is NaN: those rows are not all zeros
+    for i in np.flatnonzero(zero):
+        # 0 or -0 against every finite candidate: ranked the same as a row of zeros
+        row = torch.zeros(1, m)
+        _mask(row, np.zeros(np.sum(rows == i), np.int64), cols[rows == i])
+        t = row.topk(kk, dim=1)
+        values[i], indices[i] = t.values[0], t.indices[0]
+    redo = np.flatnonzero(unsure & ~zero)
+    group = max(1, users.shape[0] * block // m)  # (group, M) rebuilt rows: no more than one block
+    for g in range(0, len(redo), group):
+        pick = redo[g:g + group]
+        full = torch.empty(len(pick), m)
+        sel = torch.from_numpy(pick)
+        for lo, hi in blocks:
+            full[:, lo:hi] = (users @ cand[lo:hi].T)[sel]  # the first pass's products, same shapes
+        inside = np.isin(rows, pick)
+        _mask(full, np.searchsorted(pick, rows[inside]), cols[inside])
+        t = full.topk(kk, dim=1)
+        values[sel], indices[sel] = t.values, t.indices
+    return values, indices
+
 
 def top_k_rows(user_vecs: np.ndarray, cand_vecs: np.ndarray, masked: list[np.ndarray], k: int,
-               chunk: int = 1024) -> np.ndarray:
+               chunk: int = 1024, block: int = BLOCK) -> np.ndarray:
     """(U, k') int64: each user's top-``k`` candidate rows by inner product, best first, its
-    ``masked`` rows removed (k' = min(k, M)). user_vecs (U, d), cand_vecs (M, d)."""
+    ``masked`` rows removed (k' = min(k, M)). user_vecs (U, d), cand_vecs (M, d). Users are ranked
+    ``chunk`` at a time against ``block`` candidates at a time (:func:`chunk_topk`: the ranking
+    of the whole (chunk, M) score matrix, ties included, without it)."""
     cand = torch.from_numpy(np.ascontiguousarray(cand_vecs, np.float32))
     kk = min(int(k), cand.shape[0])
     out = np.zeros((len(user_vecs), kk), np.int64)
+    finite = all_finite(cand, block)
     for lo in range(0, len(user_vecs), chunk):
-        scores = torch.from_numpy(np.ascontiguousarray(user_vecs[lo:lo + chunk], np.float32)) @ cand.T
-        for i, m in enumerate(masked[lo:lo + chunk]):
-            if len(m):
-                scores[i, torch.from_numpy(np.asarray(m, np.int64))] = -torch.inf
-        out[lo:lo + chunk] = scores.topk(kk, dim=1).indices.numpy()
+        users = torch.from_numpy(np.ascontiguousarray(user_vecs[lo:lo + chunk], np.float32))
+        out[lo:lo + chunk] = chunk_topk(users, cand, masked[lo:lo + chunk], kk, block, finite)[1].numpy()
     return out
 
 
@@ -46,7 +155,8 @@ def recall_per_user(user_vecs: np.ndarray, cand_vecs: np.ndarray, positives: lis
 
 
 def top_k_variants(user_vecs: np.ndarray, cand_vecs: np.ndarray, masked: list[np.ndarray], k: int,
-                   rows: np.ndarray, variants: Iterable[np.ndarray], chunk: int = 1024) -> Iterator[np.ndarray]:
+                   rows: np.ndarray, variants: Iterable[np.ndarray], chunk: int = 1024,
+                   block: int = BLOCK) -> Iterator[np.ndarray]:
     """:func:`top_k_rows` for versions of the candidates that differ only in ``rows``: yields, per
     (R, d) array of ``variants`` (new vectors of candidate rows ``rows`` (R,)), the (U, k') top
     rows of ``cand_vecs`` with those rows replaced. The other rows' top-k is computed once and
@@ -71,14 +181,13 @@ def top_k_variants(user_vecs: np.ndarray, cand_vecs: np.ndarray, masked: list[np
     cand = torch.from_numpy(np.ascontiguousarray(cand_vecs[fixed_ids], np.float32))
     users = np.ascontiguousarray(user_vecs, np.float32)
     head_val, head_idx = [], []
+    finite = all_finite(cand, block)
     for lo in range(0, len(users), chunk):
-        scores = torch.from_numpy(users[lo:lo + chunk]) @ cand.T
-        for i, m in enumerate(m_fixed[lo:lo + chunk]):
-            if len(m):
-                scores[i, torch.from_numpy(m)] = -torch.inf
-        t = scores.topk(min(kk, scores.shape[1]), dim=1)
-        head_val.append(t.values)
-        head_idx.append(torch.from_numpy(fixed_ids)[t.indices])
+        # the fixed rows' top-k in candidate blocks, as the whole (chunk, M - R) scores rank it
+        values, indices = chunk_topk(torch.from_numpy(users[lo:lo + chunk]), cand, m_fixed[lo:lo + chunk],
+                                     min(kk, cand.shape[0]), block, finite)
+        head_val.append(values)
+        head_idx.append(torch.from_numpy(fixed_ids)[indices])
     for var in variants:
         vc = torch.from_numpy(np.ascontiguousarray(var, np.float32))
         out = np.zeros((len(users), kk), np.int64)

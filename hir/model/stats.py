@@ -3,12 +3,14 @@ export feed it the same distribution (the training task's view is a smaller wind
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
 import torch
 
 from hir.model.context import ContextSampler
+from hir.model.metrics import chunk_topk
 from hir.model.spectral import SpectralBase
 from hir.model.store import GraphStore
 from hir.model.valset import ValSet
@@ -39,12 +41,19 @@ def input_stats(store: GraphStore, base: SpectralBase, sampler: ContextSampler, 
     top = float("nan")
     if has.any() and len(ents):
         # float32 in user chunks: a (users x entities) float64 matrix was 1.5 GB and ~20 s on
-        # completejourney for one diagnostic number
-        ev = torch.from_numpy(np.ascontiguousarray(base.vectors[ents], np.float32))
+        # completejourney for one diagnostic number. The entities' rows are a view where they are
+        # one run of ids (node ids are grouped by type), not an (entities x K) copy, and each
+        # chunk's top-k values come a block of entities at a time (chunk_topk: the same values
+        # as the chunk's whole score matrix gives)
+        run = ents[-1] - ents[0] + 1 == len(ents)
+        rows = base.vectors[ents[0]:ents[-1] + 1] if run else base.vectors[ents]
+        with warnings.catch_warnings():  # a read-only (mapped) base: only read here
+            warnings.filterwarnings("ignore", "The given NumPy array is not writable")
+            ev = torch.from_numpy(np.ascontiguousarray(rows, np.float32))
         uv = (b[has] / norm[has, None]).astype(np.float32)
         kk = min(k, len(ents))
-        sums = [float((torch.from_numpy(uv[lo:lo + 256]) @ ev.T).topk(kk, dim=1).values.double().sum())
-                for lo in range(0, len(uv), 256)]
+        sums = [float(chunk_topk(torch.from_numpy(uv[lo:lo + 256]), ev, [()] * len(uv[lo:lo + 256]), kk)[0]
+                      .double().sum()) for lo in range(0, len(uv), 256)]
         top = sum(sums) / (len(uv) * kk)
     ctx = sampler.engagement(ids, np.random.default_rng([seed, 18]))
     valid = ctx["node"] >= 0

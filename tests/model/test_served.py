@@ -12,7 +12,7 @@ import pytest
 
 from hir.export.project import resolve_dim, served_rank
 from hir.model import SpectralBasis, ValSet
-from hir.model.served import cap, choose_served_dim, fit_basis
+from hir.model.served import Rows, cap, choose_served_dim, fit_basis, second_moment
 
 
 def _world(spread: int, k: int = 16, users: int = 300, items: int = 200, seed: int = 0):
@@ -99,3 +99,17 @@ def test_the_full_ranking_can_veto_a_dimension_new_to_user_recall_accepts() -> N
     assert alone == 2 and both == 4
     assert set(report["val_recall@20"]) == {"new_to_user", "full_ranking"}
     assert report["val_recall@20"]["full_ranking"]["2"] < report["val_recall@20"]["full_ranking"]["full"] - 0.1
+
+
+def test_rows_of_the_scaled_base_are_the_rows_of_its_whole_copy() -> None:
+    # choose_served_dim reads x = vectors * factor[:, None] through Rows, never whole: the same bits
+    rng = np.random.default_rng(3)
+    vec = rng.standard_normal((500, 12)).astype(np.float32)
+    factor = rng.uniform(0, 2, 500).astype(np.float32)
+    factor[::7] = 0
+    whole = vec * factor[:, None]
+    rows = np.sort(rng.choice(500, 200, replace=False))
+    lazy = Rows(vec, rows, 12, factor)
+    np.testing.assert_array_equal(np.concatenate([lazy[lo:lo + 64] for lo in range(0, 200, 64)]), whole[rows])
+    np.testing.assert_array_equal(Rows(vec, np.arange(500), 12, factor)[rows[::-1]], whole[rows[::-1]])
+    np.testing.assert_array_equal(second_moment(lazy, chunk=64), second_moment(Rows(whole, rows, 12), chunk=64))
