@@ -48,6 +48,11 @@ def _masked_pairs(masked: list[np.ndarray], m: int) -> tuple[np.ndarray, np.ndar
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     rows = np.repeat(np.arange(len(masked), dtype=np.int64), lens)
     cols = np.concatenate([np.asarray(x, np.int64) for x in masked if len(x)])
+    # as indexing the whole score matrix did: a row outside the candidates is an error, never dropped
+    if len(cols) and (cols.min() < -m or cols.max() >= m):
+        bad = int(cols[(cols < -m) | (cols >= m)][0])
+        raise IndexError(f"masked candidate row {bad} is outside the {m} candidates: the masks must index the "
+                         "candidate rows they were built for")
     cols = np.where(cols < 0, cols + m, cols)
     order = np.argsort(cols, kind="stable")
     return rows[order], cols[order]

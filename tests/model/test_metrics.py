@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 
 import numpy as np
+import pytest
 import torch
 
 from hir.model.metrics import (
@@ -145,3 +146,14 @@ def test_variants_in_blocks_rank_as_the_replaced_matrix() -> None:
     want = list(top_k_variants(u, c, masked, 20, rows, iter(variants), chunk=32, block=1 << 20))
     for g, w in zip(got, want):
         np.testing.assert_array_equal(g, w)
+
+
+def test_a_mask_outside_the_candidates_is_an_error_not_dropped() -> None:
+    """As indexing the whole score matrix did, a masked row >= M (or < -M) raises, on the blocked path too."""
+    from hir.model.metrics import top_k_rows
+
+    rng = np.random.default_rng(3)
+    users, cand = rng.normal(size=(20, 4)).astype(np.float32), rng.normal(size=(40_000, 4)).astype(np.float32)
+    masked = [np.array([1, 2])] * 19 + [np.array([40_000])]
+    with pytest.raises(IndexError, match="outside the 40000 candidates"):
+        top_k_rows(users, cand, masked, 10)
