@@ -55,6 +55,7 @@ vectors do not.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -208,17 +209,34 @@ def fit_projection(z: np.ndarray, is_user: np.ndarray, warm: np.ndarray, dim: in
 TOKEN_SPACES = ("full", "served")  # export.token_space: where the Bag-of-Meaning tokens are fitted and read
 
 
+LIFT_BLOCK = 16384  # rows lifted per product: no (n, K) product beside the output
+
+
+def row_blocks(n: int, block: int = LIFT_BLOCK) -> list[tuple[int, int]]:
+    """[lo, hi) blocks of ``block`` rows covering n, the remainder joined to the last full block:
+    a product of a handful of rows may take another BLAS path than the same rows inside a large
+    product (MKL does so below 16 rows, hir/model/metrics.py), and a lifted row must not depend
+    on how many rows were lifted with it."""
+    edges = [*range(0, n, block), n]
+    if len(edges) > 2 and edges[-1] - edges[-2] < block:
+        edges.pop(-2)
+    return list(itertools.pairwise(edges))
+
+
 def lift(z: np.ndarray, basis: np.ndarray) -> np.ndarray:
     """(n, d + 1) served embeddings -> (n, K + 1) in the rank-K space, ``[P z[:, :d], z[:, d]]``
     (P = ``basis`` (K, d)): the same direction, with nothing outside the served span. A cosine
     with a rank-K prototype c then reads ``z[:, :d] . P^T c``, so a row that exists only in the
-    served space (placed there) is tokenised by the part of the tree it can see."""
+    served space (placed there) is tokenised by the part of the tree it can see. Computed a block
+    of rows at a time (:func:`row_blocks`): the whole product beside the output was a second
+    (n, K) array, 2.2 GB at 10M events."""
     k, d = basis.shape
     if z.shape[1] != d + 1:
         raise InputError(f"served embeddings of width {z.shape[1]} cannot be lifted by a basis of {d} served "
                          f"directions (width {d + 1})")
     out = np.empty((len(z), k + 1), np.float32)
-    out[:, :k] = np.asarray(z[:, :d], np.float32) @ basis.T
+    for lo, hi in row_blocks(len(z)):
+        out[lo:hi, :k] = np.asarray(z[lo:hi, :d], np.float32) @ basis.T
     out[:, k] = z[:, d]
     return out
 

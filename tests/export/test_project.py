@@ -327,3 +327,18 @@ def test_export_dim_auto_serves_the_dimension_chosen_in_training(trained_run: Pa
     replace(basis, served_dim=8).save(run_dir / "checkpoints" / SPECTRAL_FILE)
     meta = export()
     assert meta["dim"] == 9 and meta["export_dim"] == "auto" and meta["projection"]["served"] == 8
+
+
+def test_lift_in_row_blocks_equals_the_whole_product() -> None:
+    """:func:`lift` multiplies a block of rows at a time (no (n, K) product beside its output):
+    every row is bit for bit the whole product's, the short remainder joined to the last block."""
+    from hir.export.project import row_blocks
+
+    assert row_blocks(10, 4) == [(0, 4), (4, 10)] and row_blocks(8, 4) == [(0, 4), (4, 8)]
+    assert row_blocks(3, 4) == [(0, 3)] and row_blocks(0, 4) == []
+    rng = np.random.default_rng(5)
+    basis = np.linalg.qr(rng.normal(size=(512, 128)))[0].astype(np.float32)
+    for n in (40_000, 16_390):
+        z = rng.normal(size=(n, 129)).astype(np.float32)
+        whole = np.concatenate([z[:, :128] @ basis.T, z[:, 128:]], 1)
+        np.testing.assert_array_equal(lift(z, basis), whole)
