@@ -70,13 +70,18 @@ class ColdPlacement:
             raise ValueError(f"export.cold.method={self.method!r}; expected content_knn or knowledge")
 
 
+def unit_text(text: np.ndarray, flag: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Text vectors (m, d) float32 and their has-text flags (m,) -> (m, d) unit vectors, zero rows
+    where there is no text (flag off or an all-zero vector), and that has (m,)."""
+    norms = np.linalg.norm(text, axis=1, keepdims=True)
+    has = np.asarray(flag, bool) & (norms[:, 0] > 0)
+    return np.where(has[:, None], text / np.maximum(norms, 1e-12), 0.0).astype(np.float32), has
+
+
 def text_vectors(store: Any, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
     """(hi - lo, d) unit text vectors of the nodes ``lo:hi`` from the store's content rows (text
     block first, has-text flag last; see :mod:`hir.model.content`) and has (hi - lo,)."""
-    text = store.content[lo:hi, :store.layout["text_dim"]].astype(np.float32)
-    norms = np.linalg.norm(text, axis=1, keepdims=True)
-    has = (store.content[lo:hi, -1] > 0) & (norms[:, 0] > 0)
-    return np.where(has[:, None], text / np.maximum(norms, 1e-12), 0.0).astype(np.float32), has
+    return unit_text(store.content[lo:hi, :store.layout["text_dim"]].astype(np.float32), store.content[lo:hi, -1] > 0)
 
 
 def own_directions(own: np.ndarray, centre: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:

@@ -28,6 +28,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from hir.export.cold import unit_text
 from hir.nn import HierarchicalTokenizer
 
 # rows (m,) int64 -> (m, T) their unit text vectors, zero rows without text
@@ -39,9 +40,7 @@ def blend_block(z: np.ndarray, text: np.ndarray, weight: float) -> np.ndarray:
 
     Row i is ``[unit(z_i[:-1]) ; weight * t_i ; 0]``: the tokenizer's :func:`hir.export.embed.direction`
     drops the last coordinate (the slack) and normalises the rest, so it reads
-    ``normalise([s ; w t])`` (module doc)."""
-    if weight <= 0:
-        raise ValueError(f"export.token_content={weight}: the blend needs a weight > 0 (0 means no blend)")
+    ``normalise([s ; w t])`` (module doc); ``weight`` > 0, checked by :class:`Blended`."""
     if text.ndim != 2 or len(text) != len(z):
         raise ValueError(f"token_content: {len(z)} token vectors but text of shape {text.shape}; expected "
                          f"({len(z)}, T)")
@@ -101,10 +100,7 @@ def store_text(store: object) -> TextOf:
 
     def text(rows: np.ndarray) -> np.ndarray:
         content = store.content[rows]
-        t = content[:, :dim].astype(np.float32)
-        norms = np.linalg.norm(t, axis=1, keepdims=True)
-        has = (content[:, -1] > 0) & (norms[:, 0] > 0)
-        return np.where(has[:, None], t / np.maximum(norms, 1e-12), 0.0).astype(np.float32)
+        return unit_text(content[:, :dim].astype(np.float32), content[:, -1] > 0)[0]
 
     return text
 
@@ -118,10 +114,7 @@ def array_text(text_vec: np.ndarray | None, has_text: np.ndarray, text_dim: int)
     n = len(has_text)
     if text_vec is None:
         text_vec = np.zeros((n, text_dim), np.float32)
-    t = np.asarray(text_vec).astype(np.float16).astype(np.float32).reshape(n, text_dim)
-    norms = np.linalg.norm(t, axis=1, keepdims=True)
-    has = np.asarray(has_text, bool) & (norms[:, 0] > 0)
-    unit = np.where(has[:, None], t / np.maximum(norms, 1e-12), 0.0).astype(np.float32)
+    unit, _ = unit_text(np.asarray(text_vec).astype(np.float16).astype(np.float32).reshape(n, text_dim), has_text)
     return lambda rows: unit[rows]
 
 

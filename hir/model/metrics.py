@@ -18,6 +18,16 @@ BLOCK = 8192
 # (measured: d >= 100, torch 2.13, MKL 2024.2), where 16 rows and more give the same bits in
 # blocks of >= BLOCK columns as in one product. Such a chunk is at most (15, M).
 SMALL_CHUNK = 16
+ROW_BLOCK = 16384  # rows per block of row_norms
+
+
+def row_norms(x: np.ndarray) -> np.ndarray:
+    """(n,) the Euclidean norms of the rows of ``x`` (n, K), a block of rows at a time:
+    ``np.linalg.norm(x, axis=1)`` squares its whole input first (an (n, K) copy). Each row's norm
+    is the same computation on the same row, so the values are bit-identical to it."""
+    if not len(x):
+        return np.zeros(0, x.dtype)
+    return np.concatenate([np.linalg.norm(x[b:b + ROW_BLOCK], axis=1) for b in range(0, len(x), ROW_BLOCK)])
 
 
 def column_blocks(m: int, block: int) -> list[tuple[int, int]]:

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from hir.model.metrics import beats, recall_per_user
+from hir.model.metrics import beats, recall_per_user, row_norms
 from hir.model.valset import ValSet
 
 log = logging.getLogger(__name__)
@@ -141,8 +141,6 @@ def choose_served_dim(vectors: np.ndarray, scale: np.ndarray, is_user: np.ndarra
     if not cands or not len(val):
         report |= {"served_dim": cap(k, dims), "why": "no candidate below the rank" if not cands else "no val users"}
         return report["served_dim"], report
-    from hir.model.spectral import row_norms  # here: hir.model.spectral imports this module
-
     norm = row_norms(vectors)  # np.linalg.norm's values without its (n, K) square
     has = norm > 0
     # users s_u, entities a_e s_e: x = vectors * factor[:, None], read a block of its rows at a

@@ -43,7 +43,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from hir.model.filters import trend_factor, user_filter
-from hir.model.metrics import beats, masked_recall, recall_per_user
+from hir.model.metrics import beats, masked_recall, recall_per_user, row_norms
 from hir.model.served import below as served_below
 from hir.model.served import cap as served_cap
 from hir.model.served import choose_served_dim
@@ -468,15 +468,6 @@ def fit_spectral(store: GraphStore, rank: int, stage_base: float, n_iter: int, s
              k, r.shape[0], r.shape[1], r.nnz, "" if sample is None else f"; {r.shape[0]} of {len(du)} users sampled",
              np.dtype(ftype).name, time.perf_counter() - t0, float(s[0]), float(s[-1]))
     return with_scale_ref(store, basis) if scale_ref else basis
-
-
-def row_norms(x: np.ndarray) -> np.ndarray:
-    """(n,) the Euclidean norms of the rows of ``x`` (n, K), a block of rows at a time:
-    ``np.linalg.norm(x, axis=1)`` squares its whole input first (an (n, K) copy). Each row's norm
-    is the same computation on the same row, so the values are bit-identical to it."""
-    if not len(x):
-        return np.zeros(0, x.dtype)
-    return np.concatenate([np.linalg.norm(x[b:b + FOLD_BLOCK], axis=1) for b in range(0, len(x), FOLD_BLOCK)])
 
 
 def with_scale_ref(store: GraphStore, basis: SpectralBasis, vectors: np.ndarray | None = None) -> SpectralBasis:

@@ -12,14 +12,13 @@ import scipy.sparse as sp
 
 from hir.model import Filter, load_graph, validation_set
 from hir.model.filters import user_filter
-from hir.model.metrics import recall_per_user
+from hir.model.metrics import recall_per_user, row_norms
 from hir.model.spectral import (
     FilterScorer,
     _entity_frame,
     base_vectors,
     engagement_matrix,
     fit_spectral,
-    row_norms,
     scale_logits,
     sparse_dense,
     trend_of,
