@@ -137,12 +137,14 @@ def blended_directions(run: Path, space: Space, d: np.ndarray, weight: float) ->
 
 
 def hir_refits(run: Path, space: Space, seeds: tuple[int, ...], fits: tuple[str, ...] = (),
-               token_content: float = 0.0) -> dict[str, dict[int, list[np.ndarray]]]:
+               token_content: float = 0.0, free_levels: int = 0) -> dict[str, dict[int, list[np.ndarray]]]:
     """Tokens of the checkpoint's tree refitted (export.hierarchy_fit=entities) with each seed on
     the directions of the warm engaged entities, as `hir export` does with cfg.seed, and of each
     of ``fits`` (coengage, bottomup: :func:`hir.export.fits.fit_tree` on that refit and the train
     pairs, what the export sees), in the space blended with text at ``token_content`` when > 0
-    (:func:`blended_directions`). Returns {fit name ("hir" for the refit): {seed: per level (n,)}}."""
+    (:func:`blended_directions`), the finest ``free_levels`` levels of the tree free of the residual
+    bound (export.hierarchy_free_levels, :class:`hir.nn.HierarchicalTokenizer`). Returns {fit name
+    ("hir" for the refit): {seed: per level (n,)}}."""
     import copy
 
     import torch
@@ -167,6 +169,8 @@ def hir_refits(run: Path, space: Space, seeds: tuple[int, ...], fits: tuple[str,
 
         d = blended_directions(run, space, d, token_content)
         tree = widened(net.tokenizer, d.shape[1])
+    if free_levels:
+        tree = tree.reshaped(free_levels=free_levels)
     warm = np.flatnonzero(~space.cold)
     users, ents = space.pairs["train"]
     pos = np.minimum(np.searchsorted(warm, ents), len(warm) - 1)
@@ -180,6 +184,14 @@ def hir_refits(run: Path, space: Space, seeds: tuple[int, ...], fits: tuple[str,
             fit_tree(fitted, d[warm], fit, (users[seen], pos[seen]), space.n_users, seed)
             out[fit][seed] = top1_of(fitted, d)
     return out
+
+
+def path_consistency(tokens: list[np.ndarray], levels: tuple[int, ...]) -> list[float]:
+    """Per level below the coarsest, the share of entities whose top-1 token's parent (``j // b``,
+    the tokenizer's tree) is their top-1 token one level up: 1 where every entity's tokens form a
+    path down the tree (the residual bound all but ensures it; a free level need not)."""
+    return [float((tokens[lvl] // (k // levels[lvl - 1]) == tokens[lvl - 1]).mean())
+            for lvl, k in enumerate(levels) if lvl]
 
 
 def perplexity(tokens: np.ndarray) -> float:
@@ -272,6 +284,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=RESULTS, help="the results file (a row is added or replaced)")
     ap.add_argument("--token-content", type=float, default=None,
                     help="the hir fits' text weight (export.token_content; default: the export's own, meta.json)")
+    ap.add_argument("--free-levels", type=int, default=None,
+                    help="the hir fits' finest levels free of the residual bound (export.hierarchy_free_levels; "
+                         "default: the export's own, meta.json)")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     t0 = time.perf_counter()
@@ -291,8 +306,10 @@ def main() -> None:
     fits = tuple(f for f in ("coengage", "bottomup") if f in methods)
     weight = float(space.meta.get("token_content", 0.0) if args.token_content is None else args.token_content)
     result["token_content"] = weight
+    free = int(space.meta.get("hierarchy_free_levels", 0) if args.free_levels is None else args.free_levels)
+    result["free_levels"] = free
     if "hir" in methods or fits:
-        refits = hir_refits(args.run, space, (args.seed, args.seed + 1, args.seed + 2), fits, weight)
+        refits = hir_refits(args.run, space, (args.seed, args.seed + 1, args.seed + 2), fits, weight, free)
         same = [float((refits["hir"][args.seed][lvl] == space.tokens[lvl]).mean()) for lvl in range(len(space.levels))]
         log.info("hir refit with the export's seed reproduces its tokens on %s of entities", same)
         result["hir_refit_reproduces_export"] = same
@@ -310,6 +327,9 @@ def main() -> None:
             "seeds": seeds, "summary": summary(runs, len(space.levels)),
             "two_seed_agreement": [float(np.mean([a[lvl] for a in agree])) for lvl in range(len(space.levels))],
             "per_seed": {str(s): r for s, r in runs.items()}, "seconds": round(time.perf_counter() - t1, 1)}
+        if name in ("hir", *fits):  # the tokenizer's tree: do an entity's tokens form a path down it?
+            paths = [path_consistency(toks, space.levels) for toks in by_seed.values()]
+            result["methods"][name]["path_consistency"] = [float(np.mean(c)) for c in zip(*paths)]
         s = result["methods"][name]["summary"]
         log.info("%s: concentration %s, log-loss %s (popularity %s), agreement %s", name,
                  [round(r["concentration"], 3) for r in s], [round(r["log_loss"], 3) for r in s],

@@ -119,6 +119,7 @@ def array_text(text_vec: np.ndarray | None, has_text: np.ndarray, text_dim: int)
 
 
 def widened(tokenizer: HierarchicalTokenizer, dim: int) -> HierarchicalTokenizer:
-    """A fresh tokenizer of width ``dim`` with ``tokenizer``'s levels, top-k, temperature and
-    residual bound, for a tree refitted in the blended space (its prototypes are set by the fit)."""
-    return HierarchicalTokenizer(dim, tokenizer.levels, tokenizer.top_k, tokenizer.tau, tokenizer.radius)
+    """A fresh tokenizer of width ``dim`` with ``tokenizer``'s levels, top-k, temperature, residual
+    bound and free levels, for a tree refitted in the blended space (its prototypes are set by the fit)."""
+    return HierarchicalTokenizer(dim, tokenizer.levels, tokenizer.top_k, tokenizer.tau, tokenizer.radius,
+                                 tokenizer.free_levels)

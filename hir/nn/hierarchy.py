@@ -10,6 +10,16 @@ level and ``parent(j) = j // (K_l / K_{l-1})`` (a balanced tree: every node at a
 number of children). With ``radius < 1/4`` every descendant of a prototype is closer to it than
 any non-descendant, so decoding a code and encoding the vector gives the code back at every level.
 
+Free levels. The finest ``free_levels`` levels drop the bound: ``V_l[j] = V_{l-1}[parent(j)] + r_j``,
+so a child may sit wherever its members are (the mean of its members, after a fit) and the tree
+is still a tree: each prototype keeps its one parent ``j // (K_l / K_{l-1})``, and a parent's
+probability is still the sum of its children's. What is given up is the geometric round trip above
+the free levels: a coarse prototype's vector need no longer be encoded as itself, and an input's
+top-1 token at a level need not be the parent of its top-1 token one level finer. The finest level
+still round-trips (a prototype is its own nearest), and the tokens of a vector are whatever this
+tokenizer gives it, which is all that the exported tokens and `hir refresh` rely on
+(hir/export/fits.py settles the fitted tokens into the tokenizer).
+
 Probabilities. Only the finest level has logits, ``-|x - V_{L-1}[j]|^2 / (2 tau)``; a coarser
 level's probability is the sum of its children's, so the tree is consistent by construction
 (a parent's probability is exactly the sum of its children's).
@@ -118,11 +128,14 @@ class HierarchicalTokenizer(nn.Module):
         tau: temperature of the assignment.
         radius: residual bound as a share of the parent's nearest-neighbour distance; must be
             < 0.25 for the round-trip guarantee.
+        free_levels: how many of the finest levels are free of the bound (module doc; default 0:
+            every level bounded; at most ``len(levels) - 1``, level 0 having no parent).
 
     The values `hir train` uses are in conf/model/hir.yaml (``model.net.hierarchy``).
     """
 
-    def __init__(self, dim: int, levels: tuple[int, ...], top_k: int, tau: float, radius: float) -> None:
+    def __init__(self, dim: int, levels: tuple[int, ...], top_k: int, tau: float, radius: float,
+                 free_levels: int = 0) -> None:
         super().__init__()
         levels = tuple(int(k) for k in levels)
         if not levels or levels[0] < 2:
@@ -132,7 +145,11 @@ class HierarchicalTokenizer(nn.Module):
                 raise ValueError(f"levels={levels}: each level must be a strict multiple of the one before ({lo} -> {hi})")
         if not 0 < radius < 0.25:
             raise ValueError(f"radius={radius} must be in (0, 0.25) so that codes round-trip")
+        if not 0 <= int(free_levels) < len(levels):
+            raise ValueError(f"free_levels={free_levels}: expected 0 .. {len(levels) - 1} (the finest levels free of "
+                             f"the residual bound; levels={levels})")
         self.dim, self.levels, self.top_k, self.tau, self.radius = dim, levels, top_k, tau, radius
+        self.free_levels = int(free_levels)
         self.root = nn.Parameter(torch.empty(levels[0], dim))
         self.residuals = nn.ParameterList(nn.Parameter(torch.empty(k, dim)) for k in levels[1:])
         for lvl in range(1, len(levels)):
@@ -155,11 +172,18 @@ class HierarchicalTokenizer(nn.Module):
             return torch.full((self.levels[0],), -1, dtype=torch.long, device=self.root.device)
         return getattr(self, f"parent_{level}")
 
+    def free(self, level: int) -> bool:
+        """Whether ``level``'s prototypes are free of the residual bound (one of the finest ``free_levels``)."""
+        return level >= len(self.levels) - self.free_levels
+
     def vectors(self) -> list[Tensor]:
         """Prototype vectors per level, coarse first: list of (K_l, dim)."""
         out = [self.root]
         for lvl, r in enumerate(self.residuals, start=1):
             prev = out[-1]
+            if self.free(lvl):
+                out.append(prev[self.parents(lvl)] + r)  # (K_l, dim), unbounded
+                continue
             d = torch.cdist(prev.detach(), prev.detach())  # (K_{l-1}, K_{l-1})
             # the bound is a constraint, not an objective: no gradient through dmin
             dmin = d.fill_diagonal_(float("inf")).min(dim=1).values  # (K_{l-1},)
@@ -215,7 +239,8 @@ class HierarchicalTokenizer(nn.Module):
         Level 0 gets the k-means centroids (the best of ``n_init`` seedings: every finer token
         inherits this split, so its stability across seeds bounds theirs); each finer prototype
         starts in the direction of a k-means centroid of its parent's members (clipped to the
-        residual bound). Avoids dead prototypes and gives training a sensible start.
+        residual bound; a free level's is the centroid itself). Avoids dead prototypes and gives
+        training a sensible start.
         """
         self.root.copy_(kmeans(x, self.levels[0], iters, generator, n_init))
         for lvl, r in enumerate(self.residuals, start=1):
@@ -228,7 +253,8 @@ class HierarchicalTokenizer(nn.Module):
                 if len(members) < branch:  # too few members: spread children around the parent
                     members = prev[p] + 0.1 * torch.randn(branch * 4, x.shape[1], generator=generator)
                 cents = kmeans(members, branch, iters, generator)  # (branch, dim)
-                r[p * branch:(p + 1) * branch] = (cents - prev[p]) / (self.radius * d[p]).clamp_min(1e-6)
+                scale = 1.0 if self.free(lvl) else (self.radius * d[p]).clamp_min(1e-6)
+                r[p * branch:(p + 1) * branch] = (cents - prev[p]) / scale
 
     @torch.no_grad()
     def ema_update(self, x: Tensor, decay: float = 0.9, usage_decay: float = 0.99, dead_below: float = 0.05,
@@ -265,14 +291,33 @@ class HierarchicalTokenizer(nn.Module):
 
     def _set_level(self, lvl: int, new: Tensor, vecs: list[Tensor]) -> None:
         """Set level ``lvl``'s prototype vectors to ``new`` (K_l, dim) as far as the parametrisation
-        allows (a child stays within its residual bound of its parent)."""
+        allows (a child stays within its residual bound of its parent; a free level's is set exactly)."""
         if lvl == 0:
             self.root.copy_(new)
             return
         prev = vecs[lvl - 1]
+        if self.free(lvl):
+            self.residuals[lvl - 1].copy_(new - prev[self.parents(lvl)])
+            return
         d = torch.cdist(prev, prev).fill_diagonal_(float("inf")).min(dim=1).values  # (K_{l-1},)
         par = self.parents(lvl)
         self.residuals[lvl - 1].copy_((new - prev[par]) / (self.radius * d[par, None]).clamp_min(1e-6))
 
     def extra_repr(self) -> str:
-        return f"dim={self.dim}, levels={self.levels}, top_k={self.top_k}, tau={self.tau}, radius={self.radius}"
+        return (f"dim={self.dim}, levels={self.levels}, top_k={self.top_k}, tau={self.tau}, radius={self.radius}, "
+                f"free_levels={self.free_levels}")
+
+    def reshaped(self, dim: int | None = None, free_levels: int | None = None) -> HierarchicalTokenizer:
+        """A new tokenizer with this one's levels, top-k, temperature and bound, of width ``dim`` and
+        with ``free_levels`` free levels (default: this one's); at the same width its prototypes are
+        this one's vectors (as far as the new bounds allow; exactly where they only loosen) and its
+        usage this one's, at another width they are fresh (a refit sets them)."""
+        out = HierarchicalTokenizer(self.dim if dim is None else dim, self.levels, self.top_k, self.tau, self.radius,
+                                    self.free_levels if free_levels is None else free_levels)
+        if out.dim == self.dim:
+            with torch.no_grad():
+                vecs = [v.detach() for v in self.vectors()]
+                for lvl in range(len(self.levels)):  # coarse first: a child's offset is from its new parent
+                    out._set_level(lvl, vecs[lvl], [v.detach() for v in out.vectors()])
+                    getattr(out, f"usage_{lvl}").copy_(getattr(self, f"usage_{lvl}"))
+        return out.train(self.training)
