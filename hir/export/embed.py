@@ -200,7 +200,9 @@ class Embedder:
 
     def save_tokenizer(self, path: str | Path) -> None:
         """Write the tokenizer in use to ``path`` (``hierarchy/tokenizer.pt``) with this model's version."""
-        torch.save({"model_version": self.version, "state_dict": self.tokenizer.state_dict()}, Path(path))
+        # free_levels is no tensor: the file keeps it beside the weights so the tree reads alike when loaded
+        torch.save({"model_version": self.version, "state_dict": self.tokenizer.state_dict(),
+                    "free_levels": self.tokenizer.free_levels}, Path(path))
 
     def load_tokenizer(self, path: str | Path) -> None:
         """Tokenise with the tokenizer an export of this model saved (:meth:`save_tokenizer`)."""
@@ -210,8 +212,9 @@ class Embedder:
                              f"{self.version!r} ({self.checkpoint}); use the hierarchy/ of the run that exported it")
         own = self.net.tokenizer
         width = int(saved["state_dict"]["root"].shape[1])  # the served d when the export projected
-        tokenizer = copy.deepcopy(own) if width == own.dim else \
-            HierarchicalTokenizer(width, own.levels, own.top_k, own.tau, own.radius)
+        free = int(saved.get("free_levels", 0))  # export.hierarchy_free_levels (files before it: 0)
+        tokenizer = copy.deepcopy(own) if width == own.dim and free == own.free_levels else \
+            HierarchicalTokenizer(width, own.levels, own.top_k, own.tau, own.radius, free)
         tokenizer.load_state_dict(saved["state_dict"])
         self.use_tokenizer(tokenizer)
 

@@ -179,7 +179,9 @@ def fit_tree(tokenizer: HierarchicalTokenizer, directions: np.ndarray, fit: str,
     prototypes of the tree (its residual bound keeps a child near its parent; on online_retail
     bottomup's kept 0.79 / 0.72 / 0.73 of its top-1 tokens re-tokenised); after settling, the
     exported tokens are exactly what the saved tokenizer gives, so `hir refresh` places a new
-    entity as its twin was placed. Returns per level (m,) the settled top-1 tokens."""
+    entity as its twin was placed. A level free of the bound (``export.hierarchy_free_levels``)
+    puts each prototype at its members' mean exactly. Returns per level (m,) the settled top-1
+    tokens."""
     levels = tokenizer.levels
     if fit == "coengage":
         fitted = coengage_refine(top1_of(tokenizer, directions), levels, pairs, n_users, len(directions))

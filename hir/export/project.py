@@ -277,7 +277,8 @@ def served_tokenizer(tokenizer: HierarchicalTokenizer, projection: Projection) -
     kept at its own norm. A child whose projected offset from its parent exceeds the residual
     bound lands on the bound (the parametrisation allows no more). ``export.hierarchy_fit=entities``
     then refits the tree on the served directions anyway."""
-    out = HierarchicalTokenizer(projection.served, tokenizer.levels, tokenizer.top_k, tokenizer.tau, tokenizer.radius)
+    out = HierarchicalTokenizer(projection.served, tokenizer.levels, tokenizer.top_k, tokenizer.tau, tokenizer.radius,
+                                tokenizer.free_levels)
     p = torch.from_numpy(projection.basis)
     with torch.no_grad():
         for lvl, v in enumerate(tokenizer.vectors()):

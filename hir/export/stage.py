@@ -54,7 +54,9 @@ class ExportConfig:
     dimension (``full``: the rank-K directions; ``served``: the d served ones); dim_fallback: the d
     ``auto`` serves for a basis that records no choice (trained before it existed); token_content:
     the weight of an entity's text direction beside its collaborative one in the space the tokens
-    are fitted and read (0: the collaborative direction alone), :mod:`hir.export.content_tokens`.
+    are fitted and read (0: the collaborative direction alone), :mod:`hir.export.content_tokens`;
+    hierarchy_free_levels: how many of the fitted tree's finest levels are free of the residual
+    bound (:class:`hir.nn.HierarchicalTokenizer`; 0: every level bounded).
     """
 
     checkpoint: str
@@ -85,6 +87,8 @@ class ExportConfig:
     dim_fallback: int = 256
     # the text's weight in the space the tokens are fitted and read (hir/export/content_tokens.py)
     token_content: float = 0.0
+    # the finest levels of the fitted tree free of the residual bound (hir.nn.HierarchicalTokenizer)
+    hierarchy_free_levels: int = 0
 
     def __post_init__(self) -> None:
         from hir.export.hierarchy import HIERARCHY_FITS
@@ -99,6 +103,11 @@ class ExportConfig:
         if not math.isfinite(self.token_content) or self.token_content < 0:
             raise ValueError(f"export.token_content={self.token_content}: expected a weight >= 0 (0 = no text in the "
                              "token space)")
+        self.hierarchy_free_levels = int(self.hierarchy_free_levels)
+        if self.hierarchy_free_levels and self.hierarchy_fit == "checkpoint":
+            raise ValueError(f"export.hierarchy_free_levels={self.hierarchy_free_levels} needs a tree fitted at export "
+                             "(the checkpoint's prototypes are trained within the bound): set "
+                             "export.hierarchy_fit=coengage, or export.hierarchy_free_levels=0")
         if self.token_content > 0 and self.hierarchy_fit == "checkpoint":
             raise ValueError("export.token_content > 0 needs a tree fitted at export (the checkpoint's prototypes live "
                              "in the collaborative space alone): set export.hierarchy_fit=coengage, or "
@@ -124,6 +133,8 @@ def export_meta(embedder: Any, ckpt: Path, ex: ExportConfig, z: Any, codes: list
         "token_space": ex.token_space if projection is not None else "full",
         # the text's weight in that space (hir/export/content_tokens.py; `hir refresh` blends alike)
         "token_content": ex.token_content,
+        # the fitted tree's finest levels free of the residual bound (hierarchy/tokenizer.pt keeps it too)
+        "hierarchy_free_levels": ex.hierarchy_free_levels,
         "levels": list(embedder.levels), "top_k": [int(c.shape[1]) for c in codes],
         "counts": {t: len(k) for t, k in keys.items()},
         "cold_start": {t: int((~st.warm[slice(*st.type_range(t))]).sum()) for t in keys},
@@ -153,16 +164,17 @@ def user_inputs(embedder: Any) -> dict[str, Any]:
 
 
 def reusable(meta_path: Path, ckpt: Path, force: bool, dim: int | None = None,
-             token_space: str = "full", token_content: float = 0.0) -> dict[str, Any] | None:
+             token_space: str = "full", token_content: float = 0.0, free_levels: int = 0) -> dict[str, Any] | None:
     """The existing export's meta.json when it is of checkpoint ``ckpt`` at served dimension ``dim``
-    (export.dim) with its tokens in ``token_space`` blended with text at ``token_content`` (and not
-    ``force``), else None."""
+    (export.dim) with its tokens in ``token_space`` blended with text at ``token_content``, from a tree
+    with ``free_levels`` free levels (and not ``force``), else None."""
     from hir.export.embed import checkpoint_version
 
     if meta_path.exists() and not force and ckpt.exists():
         meta = json.loads(meta_path.read_text())
         same_tokens = meta.get("projection") is None or meta.get("token_space", "served") == token_space
         same_tokens = same_tokens and float(meta.get("token_content", 0.0)) == float(token_content)
+        same_tokens = same_tokens and int(meta.get("hierarchy_free_levels", 0)) == int(free_levels)
         if meta.get("model_version") == checkpoint_version(ckpt) and meta.get("export_dim") == dim and same_tokens:
             return meta
     return None
@@ -329,7 +341,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     emb_dir, hier_dir = Path(cfg.paths.embeddings_dir), Path(cfg.paths.hierarchy_dir)
     ckpt = resolve_checkpoint(ex.checkpoint, Path(cfg.paths.checkpoint_dir))
     if (meta := reusable(emb_dir / META_FILE, ckpt, bool(cfg.force), ex.dim, ex.token_space,
-                         ex.token_content)) is not None:
+                         ex.token_content, ex.hierarchy_free_levels)) is not None:
         log.info("embeddings of model %s exist at %s; reusing them (force=true re-exports)", meta["model_version"], emb_dir)
         return meta
     # a re-export invalidates the old one first: a kill below must not leave old meta.json over new files
@@ -348,6 +360,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     z_ref = z_tok  # the k-means reference is fitted on the exported vectors, blend or not
     if ex.token_content > 0:
         z_tok = blended_tokens(embedder, z_tok, ex.token_content)
+    if ex.hierarchy_free_levels:  # the fits below set the prototypes; the tree they fit has its finest levels free
+        embedder.use_tokenizer(embedder.tokenizer.reshaped(free_levels=ex.hierarchy_free_levels))
     # the tree is fitted, and every row tokenised, on z_tok (export.token_space); z is what is served
     if ex.hierarchy_anchor and ex.hierarchy_fit != "checkpoint":
         anchored = anchored_hierarchy(embedder, z_tok, str(ex.hierarchy_anchor), keys)

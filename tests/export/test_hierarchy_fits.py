@@ -8,10 +8,15 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
+import torch
 
+from hir.export.cold import place_like_export
+from hir.export.content_tokens import array_text, blend, store_text
 from hir.export.embed import Embedder
-from hir.export.fits import bottomup_tokens, coengage_refine, group_balanced
+from hir.export.fits import bottomup_tokens, coengage_refine, fit_tree, follow_tokens, group_balanced, top1_of
 from hir.export.stage import run
+from hir.nn import HierarchicalTokenizer
+from tests.export.fixtures import cold_product_inputs
 from tests.train.fixtures import TINY_DATA, TINY_MODEL, compose
 
 
@@ -76,3 +81,104 @@ def check_export(trained_run: Path, tmp_path: Path, fit: str) -> None:
 def test_bottomup_refuses_fewer_entities_than_level_one_tokens() -> None:
     with pytest.raises(ValueError, match=r"3 warm entities for 4 level-1 tokens; set export.hierarchy_fit=entities"):
         bottomup_tokens(np.eye(3), (2, 4), (np.zeros(0, np.int64), np.zeros(0, np.int64)), 1, seed=0)
+
+
+def test_a_tree_with_a_free_finest_level_settles_its_children_on_their_members() -> None:
+    """fit_tree on a tree whose finest level is free (export.hierarchy_free_levels=1): the settled
+    tokens are the tokenizer's own (what tokenizer.pt gives), each finest prototype is the unit
+    mean of its members (the bound no longer clips it) and keeps its one parent."""
+    rng = np.random.default_rng(0)
+    d = np.repeat(np.eye(8), 12, axis=0) + 0.3 * rng.normal(size=(96, 8))
+    d = (d / np.linalg.norm(d, axis=1, keepdims=True)).astype(np.float32)
+    users = np.repeat(np.arange(24), 8)
+    rows = np.concatenate([rng.choice(np.arange(48) if u < 12 else np.arange(48, 96), 8, replace=False)
+                           for u in range(24)])
+    for free in (0, 1):
+        tok = HierarchicalTokenizer(8, (2, 4, 16), 2, 0.05, 0.2, free_levels=free)
+        tok.init_from_data(torch.from_numpy(d), generator=torch.Generator().manual_seed(0))
+        settled = fit_tree(tok, d, "coengage", (users, rows), 24, seed=0)
+        again = top1_of(tok, d)
+        for lvl in range(3):
+            assert (settled[lvl] == again[lvl]).all(), (free, lvl)
+        follow_tokens(tok, d, settled)  # one more settling step: prototypes <- their members' mean
+        fine = tok.vectors()[2].detach().numpy()
+        used = np.unique(settled[2])
+        mean = np.stack([d[settled[2] == j].mean(0) for j in used])
+        at_mean = np.allclose(fine[used], mean / np.linalg.norm(mean, axis=1, keepdims=True), atol=1e-5)
+        assert at_mean is bool(free), free  # bounded, a child cannot reach its members' mean here
+        assert (tok.parents(2) == torch.arange(16) // 4).all()
+
+
+@pytest.fixture(scope="module")
+def free_export(trained_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An export whose tree has its finest level free of the bound, in the default blended token space."""
+    d = tmp_path_factory.mktemp("free")
+    run(compose(trained_run, *TINY_DATA, *TINY_MODEL, "export.hierarchy_free_levels=1", "export.token_content=1.0",
+                "force=true", f"paths.embeddings_dir={d}/embeddings", f"paths.hierarchy_dir={d}/hierarchy",
+                stage="export"))
+    return d
+
+
+def test_free_levels_export_is_a_tree_and_the_saved_tokenizer_reads_its_tokens(free_export: Path,
+                                                                                trained_run: Path) -> None:
+    """Every exported row (warm and cold, every type) gets from hierarchy/tokenizer.pt exactly its
+    exported tokens at every level, and every prototype below level 0 has one parent."""
+    meta = json.loads((free_export / "embeddings" / "meta.json").read_text())
+    assert meta["hierarchy_free_levels"] == 1
+    emb = Embedder(meta["checkpoint"], trained_run / "graph", trained_run / "content")
+    emb.load_tokenizer(free_export / "hierarchy" / "tokenizer.pt")
+    assert emb.tokenizer.free_levels == 1
+    st, t = emb.store, int(emb.store.layout["text_dim"])
+    for etype in ("product", "user", "advertiser"):
+        frame = pl.read_parquet(free_export / "embeddings" / f"{etype}.parquet").sort("node_id")
+        lo = st.type_range(etype)[0]
+        z = np.stack(frame["embedding"].to_numpy())
+        codes, _ = emb.tokens(blend(z, lambda rows, lo=lo: store_text(st)(lo + rows), t, 1.0))
+        for lvl in range(3):
+            assert (codes[lvl] == np.stack(frame[f"tokens_l{lvl}"].to_numpy())).all(), (etype, lvl)
+    protos = pl.read_parquet(free_export / "hierarchy" / "prototypes.parquet")
+    levels = emb.levels
+    for lvl in range(1, len(levels)):
+        level = protos.filter(pl.col("level") == lvl)
+        assert level.height == levels[lvl] and level["proto_id"].n_unique() == levels[lvl]
+        assert level["parent_id"].is_between(0, levels[lvl - 1] - 1).all()
+        assert (level["parent_id"].value_counts()["count"] == levels[lvl] // levels[lvl - 1]).all()
+
+
+def test_refresh_gives_a_new_entity_its_export_tokens_under_free_levels(free_export: Path, trained_run: Path) -> None:
+    """A cold product embedded from its content and links and placed as the export placed it (what
+    `hir refresh` does with the saved tokenizer) gets the tokens the export gave it."""
+    emb_dir = free_export / "embeddings"
+    meta = json.loads((emb_dir / "meta.json").read_text())
+    emb = Embedder(meta["checkpoint"], trained_run / "graph", trained_run / "content")
+    emb.load_tokenizer(free_export / "hierarchy" / "tokenizer.pt")
+    cold, content, links = cold_product_inputs(trained_run, emb_dir)
+    text, has = np.stack(content["text_vec"].to_numpy()), content["has_text"].to_numpy()
+    z = emb.embed_new("product", text, np.stack(content["attr_vec"].to_numpy()), has, links)
+    z = place_like_export(emb_dir, emb.store, "product", z, text, has)
+    t = int(emb.store.layout["text_dim"])
+    codes, _ = emb.tokens(blend(z, array_text(text, has, t), t, meta["token_content"]))
+    for lvl in range(3):
+        assert (codes[lvl][:, 0] == np.stack(cold[f"tokens_l{lvl}"].to_numpy())[:, 0]).mean() > 0.9, lvl
+
+
+def test_free_levels_are_refused_on_the_checkpoint_tree_and_redo_the_export(free_export: Path,
+                                                                             trained_run: Path) -> None:
+    from hydra.utils import instantiate
+
+    cfg = compose(trained_run, *TINY_DATA, *TINY_MODEL, "export.hierarchy_free_levels=1",
+                  "export.hierarchy_fit=checkpoint", "export.token_content=0", stage="export")
+    with pytest.raises(Exception, match="hierarchy_free_levels=1 needs a tree fitted at export"):
+        instantiate(cfg.export)
+    d = free_export
+
+    def export(free: int) -> dict:
+        return run(compose(trained_run, *TINY_DATA, *TINY_MODEL, f"export.hierarchy_free_levels={free}",
+                           "export.token_content=1.0", f"paths.embeddings_dir={d}/embeddings",
+                           f"paths.hierarchy_dir={d}/hierarchy", stage="export"))
+
+    mtime = (d / "embeddings" / "product.parquet").stat().st_mtime
+    assert export(1)["hierarchy_free_levels"] == 1
+    assert (d / "embeddings" / "product.parquet").stat().st_mtime == mtime  # reused
+    assert export(0)["hierarchy_free_levels"] == 0
+    assert (d / "embeddings" / "product.parquet").stat().st_mtime != mtime

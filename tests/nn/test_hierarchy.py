@@ -107,3 +107,55 @@ def test_kmeans_distances_are_cdist_bit_for_bit(n: int, k: int):
     c = torch.randn(k, 33, generator=gen)
     got, want = _Distances(x)(c), torch.cdist(x, c)
     assert torch.equal(got, want), (got - want).abs().max()
+
+
+@pytest.mark.parametrize("free_levels", [1, 2])
+def test_free_levels_keep_one_parent_each_and_tree_consistent_probabilities(free_levels: int):
+    torch.manual_seed(0)
+    tok = HierarchicalTokenizer(dim=8, **tokenizer_kwargs(levels=(2, 6, 12)), free_levels=free_levels)
+    tok.init_from_data(F.normalize(torch.randn(200, 8), dim=-1), generator=torch.Generator().manual_seed(0))
+    lp = tok.log_probs(F.normalize(torch.randn(5, 8), dim=-1))
+    for lvl in range(1, 3):
+        par = tok.parents(lvl)
+        # every prototype has exactly one parent on the level above, and every parent its share of children
+        assert par.shape == (tok.levels[lvl],) and ((par >= 0) & (par < tok.levels[lvl - 1])).all()
+        assert torch.bincount(par).tolist() == [tok.levels[lvl] // tok.levels[lvl - 1]] * tok.levels[lvl - 1]
+        summed = torch.zeros(5, tok.levels[lvl - 1]).index_add_(1, par, lp[lvl].exp())
+        torch.testing.assert_close(summed, lp[lvl - 1].exp())
+    # the finest level still round-trips: a prototype's vector is encoded as itself
+    k = tok.levels[-1]
+    codes, _, _ = tok(tok.decode(torch.arange(k)[:, None], level=2))
+    assert torch.equal(codes[2][:, 0], torch.arange(k))
+
+
+def test_a_free_level_takes_its_members_mean_where_the_bound_cannot():
+    """Setting a level to far-off vectors: the bounded tree leaves each child within radius x
+    dmin of its parent, the free level puts it exactly there (hir/export/fits.py's settling)."""
+    torch.manual_seed(0)
+    target = [F.normalize(torch.randn(k, 8), dim=-1) for k in (2, 4)]
+    for free, exact in ((0, False), (1, True)):
+        tok = HierarchicalTokenizer(dim=8, **tokenizer_kwargs(levels=(2, 4)), free_levels=free)
+        with torch.no_grad():
+            for lvl in range(2):
+                tok._set_level(lvl, target[lvl], [v.detach() for v in tok.vectors()])
+        v = tok.vectors()
+        torch.testing.assert_close(v[0], target[0])
+        assert torch.allclose(v[1], target[1], atol=1e-6) is exact
+        offset = (v[1] - v[0][tok.parents(1)]).norm(dim=-1)
+        dmin = torch.cdist(v[0], v[0]).fill_diagonal_(float("inf")).min(dim=1).values[tok.parents(1)]
+        assert bool((offset <= tok.radius * dmin + 1e-6).all()) is not exact
+
+
+def test_reshaped_keeps_the_prototypes_and_frees_the_finest_levels():
+    torch.manual_seed(0)
+    tok = HierarchicalTokenizer(dim=8, **tokenizer_kwargs(levels=(2, 4, 8)))
+    free = tok.reshaped(free_levels=1)
+    assert free.free_levels == 1 and free.levels == tok.levels and free.radius == tok.radius
+    assert [free.free(lvl) for lvl in range(3)] == [False, False, True]
+    for a, b in zip(tok.vectors(), free.vectors()):  # loosening the bound moves no prototype
+        torch.testing.assert_close(a, b)
+    assert "free_levels=1" in repr(free)
+    wide = tok.reshaped(dim=12, free_levels=2)
+    assert wide.dim == 12 and wide.free_levels == 2
+    with pytest.raises(ValueError, match="free_levels=3"):
+        HierarchicalTokenizer(8, **tokenizer_kwargs(levels=(2, 4, 8)), free_levels=3)
