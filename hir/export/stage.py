@@ -135,6 +135,8 @@ def export_meta(embedder: Any, ckpt: Path, ex: ExportConfig, z: Any, codes: list
         "token_content": ex.token_content,
         # the fitted tree's finest levels free of the residual bound (hierarchy/tokenizer.pt keeps it too)
         "hierarchy_free_levels": ex.hierarchy_free_levels,
+        # how the tree was fitted (a change re-exports: the tokens differ)
+        "hierarchy_fit": ex.hierarchy_fit,
         "levels": list(embedder.levels), "top_k": [int(c.shape[1]) for c in codes],
         "counts": {t: len(k) for t, k in keys.items()},
         "cold_start": {t: int((~st.warm[slice(*st.type_range(t))]).sum()) for t in keys},
@@ -164,10 +166,12 @@ def user_inputs(embedder: Any) -> dict[str, Any]:
 
 
 def reusable(meta_path: Path, ckpt: Path, force: bool, dim: int | None = None,
-             token_space: str = "full", token_content: float = 0.0, free_levels: int = 0) -> dict[str, Any] | None:
+             token_space: str = "full", token_content: float = 0.0, free_levels: int = 0,
+             hierarchy_fit: str | None = None) -> dict[str, Any] | None:
     """The existing export's meta.json when it is of checkpoint ``ckpt`` at served dimension ``dim``
     (export.dim) with its tokens in ``token_space`` blended with text at ``token_content``, from a tree
-    with ``free_levels`` free levels (and not ``force``), else None."""
+    fitted by ``hierarchy_fit`` with ``free_levels`` free levels (and not ``force``), else None. A
+    meta.json written before the fit was recorded is trusted on it, as before."""
     from hir.export.embed import checkpoint_version
 
     if meta_path.exists() and not force and ckpt.exists():
@@ -175,6 +179,7 @@ def reusable(meta_path: Path, ckpt: Path, force: bool, dim: int | None = None,
         same_tokens = meta.get("projection") is None or meta.get("token_space", "served") == token_space
         same_tokens = same_tokens and float(meta.get("token_content", 0.0)) == float(token_content)
         same_tokens = same_tokens and int(meta.get("hierarchy_free_levels", 0)) == int(free_levels)
+        same_tokens = same_tokens and meta.get("hierarchy_fit", hierarchy_fit) == hierarchy_fit
         if meta.get("model_version") == checkpoint_version(ckpt) and meta.get("export_dim") == dim and same_tokens:
             return meta
     return None
@@ -341,7 +346,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     emb_dir, hier_dir = Path(cfg.paths.embeddings_dir), Path(cfg.paths.hierarchy_dir)
     ckpt = resolve_checkpoint(ex.checkpoint, Path(cfg.paths.checkpoint_dir))
     if (meta := reusable(emb_dir / META_FILE, ckpt, bool(cfg.force), ex.dim, ex.token_space,
-                         ex.token_content, ex.hierarchy_free_levels)) is not None:
+                         ex.token_content, ex.hierarchy_free_levels, ex.hierarchy_fit)) is not None:
         log.info("embeddings of model %s exist at %s; reusing them (force=true re-exports)", meta["model_version"], emb_dir)
         return meta
     # a re-export invalidates the old one first: a kill below must not leave old meta.json over new files

@@ -182,3 +182,19 @@ def test_free_levels_are_refused_on_the_checkpoint_tree_and_redo_the_export(free
     assert (d / "embeddings" / "product.parquet").stat().st_mtime == mtime  # reused
     assert export(0)["hierarchy_free_levels"] == 0
     assert (d / "embeddings" / "product.parquet").stat().st_mtime != mtime
+
+
+def test_an_export_of_another_hierarchy_fit_is_not_reused(tmp_path: Path) -> None:
+    from hir.export.embed import checkpoint_version
+    from hir.export.stage import reusable
+
+    ckpt = tmp_path / "last.ckpt"
+    ckpt.write_bytes(b"weights")
+    meta = {"model_version": checkpoint_version(ckpt), "export_dim": None, "projection": None,
+            "token_content": 1.0, "hierarchy_free_levels": 0, "hierarchy_fit": "coengage"}
+    path = tmp_path / "meta.json"
+    path.write_text(json.dumps(meta))
+    assert reusable(path, ckpt, False, None, "full", 1.0, 0, "coengage") == meta
+    assert reusable(path, ckpt, False, None, "full", 1.0, 0, "bottomup") is None  # the tokens differ: redo
+    path.write_text(json.dumps({k: v for k, v in meta.items() if k != "hierarchy_fit"}))
+    assert reusable(path, ckpt, False, None, "full", 1.0, 0, "bottomup") is not None  # written before it was recorded
