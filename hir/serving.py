@@ -23,6 +23,7 @@ import fcntl
 import json
 import os
 import re
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -85,6 +86,23 @@ def live_manifest(store_dir: Path) -> dict[str, Any]:
     return entry["manifest"]
 
 
+def _take_or_holder(fh: Any, patience_s: float = 1.0) -> str | None:
+    """Take the lock on ``fh`` (None), or the name its holder wrote. A holder writes its name just
+    after it takes the lock and empties the file just before it lets go, so an empty file means one
+    of those two moments: look again, and try the lock again, for up to ``patience_s``."""
+    deadline = time.monotonic() + patience_s
+    while True:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return None
+        except BlockingIOError:
+            fh.seek(0)
+            holder = fh.read().strip()
+            if holder or time.monotonic() >= deadline:
+                return holder or "another process"
+            time.sleep(0.02)
+
+
 @contextmanager
 def store_lock(store_dir: Path, what: str) -> Iterator[None]:
     """One writer per store dir (publish, refresh); a second one fails fast and says who holds it."""
@@ -92,14 +110,11 @@ def store_lock(store_dir: Path, what: str) -> Iterator[None]:
     store_dir.mkdir(parents=True, exist_ok=True)
     path = store_dir / ".lock"
     fh = path.open("a+")
-    try:
-        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError as err:
-        fh.seek(0)
-        holder = fh.read().strip() or "another process"
+    holder = _take_or_holder(fh)
+    if holder is not None:
         fh.close()
         raise HirError(f"{store_dir} is locked by {holder}; wait for it to finish (the lock is released when "
-                       "that process exits)") from err
+                       "that process exits)")
     fh.seek(0)
     fh.truncate()
     fh.write(f"hir {what} (pid {os.getpid()})")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -29,6 +30,31 @@ def test_one_writer_per_store(tmp_path: Path) -> None:
         pass
     with store_lock(tmp_path, "refresh"):  # released when the holder leaves
         pass
+
+
+def test_a_holder_caught_between_taking_the_lock_and_naming_itself_is_still_named(tmp_path: Path) -> None:
+    """The holder writes its name just after it takes the lock: a second writer that looks in between
+    waits for the name rather than reporting an anonymous holder; and one whose holder lets go
+    meanwhile gets the store."""
+    import fcntl
+    import threading
+
+    holder = (tmp_path / ".lock").open("a+")
+    fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)  # taken, not yet named
+
+    def name() -> None:
+        holder.write("hir publish (pid 4242)")
+        holder.flush()
+
+    threading.Timer(0.2, name).start()
+    with pytest.raises(HirError, match=r"locked by hir publish \(pid 4242\)"), store_lock(tmp_path, "refresh"):
+        pass
+    holder.seek(0)
+    holder.truncate()  # the holder empties the file just before it lets go
+    threading.Timer(0.2, lambda: fcntl.flock(holder, fcntl.LOCK_UN)).start()
+    with store_lock(tmp_path, "refresh"):
+        assert (tmp_path / ".lock").read_text() == f"hir refresh (pid {os.getpid()})"
+    holder.close()
 
 
 def test_the_lock_of_a_killed_process_is_free(tmp_path: Path) -> None:

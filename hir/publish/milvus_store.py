@@ -92,6 +92,14 @@ def disconnect(client: Any, uri: str) -> None:
     """Close the client and, for Milvus Lite, stop this process's server for ``uri`` so other
     processes can open the dir. Clients of the same dir opened earlier in this process stop working."""
     client.close()
+    release(uri)
+
+
+def release(uri: str) -> None:
+    """Stop this process's Milvus Lite server for ``uri``, releasing the dir's lock (a no-op for a
+    server URL, or when none runs here). ``MilvusClient.close`` alone leaves the server running
+    and the dir locked until the process exits: harmless in a short script, not in a long-lived
+    process (a notebook, pytest) that another process must follow."""
     if is_lite(uri):
         from milvus_lite.server_manager import server_manager_instance
 

@@ -108,7 +108,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         best = report["best"]
         log.info("trained in %.1fs (%d steps, stopped by %s); best %s = %.4f at epoch %d (%s; the spectral base "
                  "alone: %s)", seconds["fit"], trainer.global_step, report["stopped_by"], module.monitor, best["score"],
-                 best["epoch"], best["checkpoint"], best.get("base_score"))
+                 best["epoch"], ckpt_dir / best["checkpoint"], best.get("base_score"))
         if module.net.use_transformer:
             from hir.model.gate import gate_line
 

@@ -130,6 +130,16 @@ def log_setup(trainer: L.Trainer, module: HirModule, dm: HirDataModule) -> None:
              len(dm.val), dm.val.protocol)
 
 
+def in_dir(path: str | Path, ckpt_dir: Path) -> str:
+    """``path`` as ``train_metrics.json`` records it: relative to ``ckpt_dir`` (where every
+    checkpoint of a fit is written); a file outside it (none today) keeps its absolute path."""
+    path = Path(path).resolve()
+    try:
+        return str(path.relative_to(ckpt_dir.resolve()))
+    except ValueError:
+        return str(path)
+
+
 def fit_report(cfg: DictConfig, trainer: L.Trainer, module: HirModule, dm: HirDataModule, best_cb: ModelCheckpoint,
                ckpt_dir: Path, seconds: dict[str, float]) -> dict[str, Any]:
     """What ``train_metrics.json`` records of a finished fit (docs/contracts.md)."""
@@ -155,12 +165,14 @@ def fit_report(cfg: DictConfig, trainer: L.Trainer, module: HirModule, dm: HirDa
         "spectral": dm.spectral_report,
         "task": dm.task_report,
         "monitor": module.monitor,
-        "best": best,
+        # checkpoints recorded relative to ckpt_dir (the metrics file's dir): a moved or copied
+        # run dir still names its own (hir.export.embed.recorded_checkpoint reads both forms)
+        "best": {**best, "checkpoint": in_dir(best["checkpoint"], ckpt_dir)},
         "stopped_by": stopped_by,
         "seconds": seconds,
         "contexts_per_s": round(module.contexts_seen / max(seconds["fit"], 1e-9), 1),
-        "best_checkpoint": best["checkpoint"],
-        "last_checkpoint": str(ckpt_dir / "last.ckpt"),
+        "best_checkpoint": in_dir(best["checkpoint"], ckpt_dir),
+        "last_checkpoint": "last.ckpt",
         "config": {k: OmegaConf.to_container(cfg[k], resolve=True)
                    for k in ("model", "datamodule", "spectral", "trainer") if k in cfg},
     }

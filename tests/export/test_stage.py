@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 import pytest
 
+from hir.errors import InputError
 from hir.export.cold import place_like_export
-from hir.export.embed import Embedder
+from hir.export.embed import Embedder, resolve_checkpoint
 from hir.export.stage import run
 from tests.export.fixtures import cold_product_inputs
 from tests.train.fixtures import TINY_DATA, TINY_MODEL, compose
@@ -175,3 +177,54 @@ def test_embed_new_matches_the_cold_export(exported):
     assert (np.sum(z * exported_z, axis=1) > 0.999).all()
     codes, _ = emb.tokens(z)
     assert [c.shape[1] for c in codes] == [2, 2, 2]
+
+
+def test_best_resolves_beside_train_metrics_in_both_recorded_forms(tmp_path: Path):
+    """``export.checkpoint=best``: the checkpoint train_metrics.json names, relative to its own
+    dir (as `hir train` records it); an older file's absolute path of where the run was trained
+    resolves to the file of that name beside it, and to the recorded path only when none is."""
+    ckpts = tmp_path / "run" / "checkpoints"
+    ckpts.mkdir(parents=True)
+    (ckpts / "best.ckpt").touch()
+
+    def best(recorded: str | Path) -> Path:
+        (ckpts / "train_metrics.json").write_text(json.dumps({"best_checkpoint": str(recorded)}))
+        return resolve_checkpoint("best", ckpts)
+
+    assert best("best.ckpt") == ckpts / "best.ckpt"
+    # trained in a dir since removed (a git worktree) and moved here
+    assert best(tmp_path / "gone" / "checkpoints" / "best.ckpt") == ckpts / "best.ckpt"
+    # a copy of a run whose original is still there: its own checkpoint, not the original's
+    original = tmp_path / "original" / "checkpoints" / "best.ckpt"
+    original.parent.mkdir(parents=True)
+    original.touch()
+    assert best(original) == ckpts / "best.ckpt"
+    # a checkpoint with no file of its name beside the metrics: the recorded path
+    elsewhere = tmp_path / "kept" / "chosen.ckpt"
+    elsewhere.parent.mkdir()
+    elsewhere.touch()
+    assert best(elsewhere) == elsewhere
+    with pytest.raises(InputError, match=r"records the checkpoint .*gone/checkpoints/init\.ckpt, which does not "
+                                         r"exist, and .*run/checkpoints/init\.ckpt does not either"):
+        best(tmp_path / "gone" / "checkpoints" / "init.ckpt")
+
+
+@pytest.mark.parametrize("recorded", ["as train writes it", "absolute, as older trains wrote it"])
+def test_a_moved_run_dir_exports_its_own_best_checkpoint(trained_run: Path, tmp_path: Path, recorded: str):
+    """A run dir renamed after training (its old path gone, as a removed git worktree's) still
+    exports with ``export.checkpoint=best``, from its own checkpoint."""
+    trained = tmp_path / "trained"
+    trained.mkdir()
+    for sub in ("graph", "content"):
+        (trained / sub).symlink_to(trained_run / sub)
+    shutil.copytree(trained_run / "checkpoints", trained / "checkpoints")
+    metrics = trained / "checkpoints" / "train_metrics.json"
+    report = json.loads(metrics.read_text())
+    name = Path(report["best_checkpoint"]).name
+    if recorded.startswith("absolute"):
+        metrics.write_text(json.dumps({**report, "best_checkpoint": str(trained / "checkpoints" / name)}))
+    moved = tmp_path / "moved"
+    trained.rename(moved)
+    meta = run(compose(moved, *TINY_DATA, *TINY_MODEL, stage="export"))
+    assert Path(meta["checkpoint"]) == moved / "checkpoints" / name
+    assert pl.read_parquet(moved / "embeddings" / "product.parquet")["model_version"][0] == meta["model_version"]

@@ -102,6 +102,27 @@ def live_state(store_dir: Path) -> dict:
     return out
 
 
+def lite_dir_free(uri: str) -> bool:
+    """Whether another process could open the Milvus Lite dir ``uri`` now: its lock file is not
+    held, by this process either (an flock on a fresh descriptor conflicts with every other
+    holder, the Milvus Lite server still running in this process included)."""
+    import fcntl
+    import os
+
+    from milvus_lite.db import LOCK_FILENAME
+
+    fd = os.open(Path(uri) / LOCK_FILENAME, os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return True
+    finally:
+        os.close(fd)
+
+
 def pl_first_key(path: str, column: str) -> str:
     import polars as pl
 

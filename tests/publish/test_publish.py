@@ -16,12 +16,13 @@ import pandas as pd
 import polars as pl
 import pytest
 
+from hir.publish import milvus_store
 from hir.publish import stage as publish
 from hir.serving import read_state
 from hir.validate import stage as validate
 from hir.validate.binding import NotValidated
 from tests.conftest import ROOT
-from tests.publish.fixtures import CREATED, assert_serving, export_run, reading
+from tests.publish.fixtures import CREATED, assert_serving, export_run, lite_dir_free, reading
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +53,6 @@ def test_manifest_says_what_was_published_where(served: SimpleNamespace) -> None
 
 
 def test_manifest_records_the_checksum_of_what_feast_and_milvus_got(served: SimpleNamespace) -> None:
-    from hir.publish import milvus_store
     from hir.validate.binding import sha256
 
     m = served.manifest
@@ -140,13 +140,23 @@ print("RESULT", _json.dumps({"covered": covered, "status": manifest["status"], "
 """
     script = tmp_path / "readme.py"
     script.write_text(code)
+    uri = served.manifest["milvus"]["uri"]
     if fresh_process:
+        # Milvus Lite lets one process at a time open the dir: a test before this one that left a
+        # client of the module's store open in this process makes the script fail to open it
+        assert lite_dir_free(uri), f"{uri} is held open in the test process; an earlier test did not release it"
         proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
         assert proc.returncode == 0, proc.stderr[-3000:]
         stdout = proc.stdout
     else:
-        with contextlib.redirect_stdout(io.StringIO()) as buf:
-            runpy.run_path(str(script), run_name="__main__")
+        try:
+            with contextlib.redirect_stdout(io.StringIO()) as buf:
+                runpy.run_path(str(script), run_name="__main__")
+        finally:
+            # the snippet's client.close() leaves Milvus Lite's server running in this process,
+            # holding the dir until the process exits, as a user's script does; pytest goes on
+            # (and the fresh-process run of the same store follows), so release it here
+            milvus_store.release(uri)
         stdout = buf.getvalue()
     out = json.loads(next(line for line in stdout.splitlines() if line.startswith("RESULT "))[7:])
     assert out["covered"] == 1 and out["missing"] is True       # the unknown product: None, counted
@@ -160,8 +170,10 @@ print("RESULT", _json.dumps({"covered": covered, "status": manifest["status"], "
 
 def test_readme_serving_snippets_run_as_written(served: SimpleNamespace, tmp_path: Path) -> None:
     """The serving page's code (docs/serving.md) runs as written (in this process; the fresh-process run, which
-    pays Feast's and pymilvus' imports again, is the slow test below)."""
+    pays Feast's and pymilvus' imports again, is the slow test below), and leaves the store's
+    Milvus Lite dir free for the next process to open."""
     _check_readme_snippets(served, tmp_path, fresh_process=False)
+    assert lite_dir_free(served.manifest["milvus"]["uri"])
 
 
 @pytest.mark.slow

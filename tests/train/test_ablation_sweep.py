@@ -22,6 +22,7 @@ import yaml
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
+from hir.export.embed import resolve_checkpoint
 from tests.conftest import ROOT, run_hir
 from tests.train.fixtures import TINY_DATA, TINY_MODEL, compose, graph_options
 
@@ -113,7 +114,7 @@ def test_cells_gather_into_the_results_page(tiny_run: Path, tmp_path: Path, one_
         masked = metrics["retrieval"]["masked_new_to_user"]
         assert masked["hir"]["recall@20"] is not None and masked["lightgcn"]["recall@20"] is None  # arms filtered
         assert not (job / "graph").exists()  # read from the shared snapshot
-        ckpt = json.loads((job / "checkpoints" / "train_metrics.json").read_text())["best_checkpoint"]
+        ckpt = resolve_checkpoint("best", job / "checkpoints")
         nets[arm] = torch.load(ckpt, weights_only=True)["hyper_parameters"]["net_config"]
     assert sorted(k for k in nets["full"] if nets["no_transformer"][k] != nets["full"][k]) == ["transformer"]
 
@@ -159,7 +160,7 @@ def test_ablation_sweep_runs_every_arm(tiny_run: Path, tmp_path: Path) -> None:
         masked = metrics["retrieval"]["masked_new_to_user"]
         assert masked["hir"]["recall@20"] is not None and masked["lightgcn"]["recall@20"] is None  # arms filtered
         assert not (job / "graph").exists()  # read from the shared snapshot, not prepared again
-        ckpt = json.loads((job / "checkpoints" / "train_metrics.json").read_text())["best_checkpoint"]
+        ckpt = resolve_checkpoint("best", job / "checkpoints")
         hp = torch.load(ckpt, weights_only=False)["hyper_parameters"]
         nets[arm], weights[arm] = hp["net_config"], hp["objective"]["weights"]
     assert_each_arm_changes_its_own_switch(nets, weights)

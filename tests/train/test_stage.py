@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from hir.export.embed import resolve_checkpoint
 from hir.model import SPECTRAL_FILE
 from hir.train.stage import run
 from tests.train.fixtures import TINY_DATA, TINY_MODEL, compose, graph_options, single_thread
@@ -54,14 +55,28 @@ def test_step_zero_is_the_spectral_base_and_export_takes_the_best_point(trained)
     best = report["best"]
     assert best["score"] == max(scores) and best["epoch"] == report["history"][scores.index(max(scores))]["epoch"]
     assert best["base_score"] == step0["val/recall@20"]
-    assert Path(report["best_checkpoint"]).exists()
+    # recorded by name in the checkpoint dir (so the run dir may move), as export resolves it
+    assert report["best_checkpoint"] == best["checkpoint"] and report["last_checkpoint"] == "last.ckpt"
+    best_path = resolve_checkpoint("best", out / "checkpoints")
+    assert best_path == out / "checkpoints" / report["best_checkpoint"] and best_path.exists()
     # a rejected correction is the best epoch with its gate closed (the rest of training kept)
     closed = "closed_from" in best
-    assert Path(report["best_checkpoint"]).name == ("best.ckpt" if best["epoch"] >= 0 else
-                                                    "closed.ckpt" if closed else "init.ckpt")
+    assert report["best_checkpoint"] == ("best.ckpt" if best["epoch"] >= 0 else "closed.ckpt" if closed else "init.ckpt")
     if closed:
-        ckpt = torch.load(report["best_checkpoint"], weights_only=True)
+        ckpt = torch.load(best_path, weights_only=True)
         assert float(ckpt["state_dict"]["teacher.gate"]) == 0.0 and ckpt["closed_from"] == best["closed_from"]["checkpoint"]
+
+
+def test_a_moved_run_dir_resolves_its_own_best_checkpoint(trained, tmp_path: Path):
+    """train_metrics.json names the best checkpoint so that a run dir moved elsewhere (a removed
+    worktree, a copied run) resolves to its own file, not to where it was trained."""
+    out, _ = trained
+    moved = tmp_path / "moved"
+    shutil.copytree(out / "checkpoints", tmp_path / "copy" / "checkpoints")
+    (tmp_path / "copy").rename(moved)
+    report = json.loads((moved / "checkpoints" / "train_metrics.json").read_text())
+    got = resolve_checkpoint("best", moved / "checkpoints")
+    assert got == moved / "checkpoints" / Path(report["best_checkpoint"]).name and got.exists()
 
 
 def test_checkpoints_load_weights_only(trained):
@@ -99,8 +114,7 @@ def test_correction_alone_on_a_warm_start_keeps_everything_else(trained, tmp_pat
         run(compose(out, *TINY_DATA, *TINY_MODEL, "model.net.transformer=true", "model.train_parts=correction",
                     f"model.warm_start={base_out / 'checkpoints'}"))
     assert (out / "checkpoints" / "spectral.npz").read_bytes() == (base_out / "checkpoints" / "spectral.npz").read_bytes()
-    base_best = json.loads((base_out / "checkpoints" / "train_metrics.json").read_text())["best_checkpoint"]
-    before = torch.load(base_best, weights_only=True)["state_dict"]
+    before = torch.load(resolve_checkpoint("best", base_out / "checkpoints"), weights_only=True)["state_dict"]
     after = torch.load(out / "checkpoints" / "last.ckpt", weights_only=True)
     assert after["hyper_parameters"]["train_parts"] == "correction"
     learned = [k for k in before if k.startswith(("net.", "teacher."))
@@ -148,10 +162,11 @@ def test_nothing_trained_exports_the_step_zero_model(trained, tmp_path: Path):
     assert report["task"]["kind"] == "none" and report["task"]["target_users"] == 0
     assert "frame" not in np.load(out / "checkpoints" / SPECTRAL_FILE)
     assert trained_report["task"]["kind"] != "none" and "frame" in np.load(base_out / "checkpoints" / SPECTRAL_FILE)
-    assert Path(report["best_checkpoint"]).name == "init.ckpt" and Path(report["best_checkpoint"]).exists()
+    best_path = resolve_checkpoint("best", out / "checkpoints")
+    assert report["best_checkpoint"] == "init.ckpt" and best_path.exists()
     step0 = report["history"][0]["val/recall@20"]
     assert step0 == pytest.approx(trained_report["history"][0]["val/recall@20"], abs=1e-6)
-    ckpt = torch.load(report["best_checkpoint"], weights_only=True)
+    ckpt = torch.load(best_path, weights_only=True)
     assert bool(ckpt["state_dict"]["prototypes_ready"])
     assert ckpt["hyper_parameters"]["train_parts"] == "none"
     # the trained run's knowledge view moved; this one's is the initial one (the same seed's init)
