@@ -102,7 +102,9 @@ class SpectralConfig:
     :mod:`hir.model.usersample`; every user is still folded in from its own row); served_dims:
     the served dimensions ``export.dim=auto`` chooses among on val (:mod:`hir.model.served`);
     svd_dtype: the randomised SVD's float type (:func:`svd_dtype`: ``auto`` = float32 only for a
-    fit whose float64 working set would pass ``SVD_FLOAT32_ABOVE_GIB``; export's refit uses ``auto``).
+    fit whose float64 working set would pass ``SVD_FLOAT32_ABOVE_GIB``; export's refit uses ``auto``);
+    joint_filter_step: one search step over every (beta, response, ideal_weight) together instead of
+    a step over beta and then one over (response, ideal_weight).
     """
 
     rank: int | str
@@ -125,6 +127,7 @@ class SpectralConfig:
     sample_users: int | float | None = None
     served_dims: list[int] = field(default_factory=list)
     svd_dtype: str = "auto"
+    joint_filter_step: bool = False
 
     def __post_init__(self) -> None:
         svd_dtype(1, 1, 1, self.svd_dtype)  # a bad value names the key now, not after the data loads
@@ -775,9 +778,14 @@ def select_filter(store: GraphStore, basis: SpectralBasis, val: ValSet, config: 
                 best_k, best_f, best = k, f, got
 
     step([(best_k, best_f)] + [(k, best_f) for k in sorted(ranks) if k != best_k])
-    step([(best_k, replace(best_f, beta=float(b))) for b in config.betas])
-    step([(best_k, replace(best_f, response=str(h), ideal_weight=float(a)))
-          for h in config.responses for a in config.ideal_weights])
+    if config.joint_filter_step:  # one step over every (b, h, a): the path cannot stop between them
+        step([(best_k, replace(best_f, beta=float(b), response=str(h), ideal_weight=float(a)))
+              for b in config.betas or [best_f.beta] for h in config.responses or [best_f.response]
+              for a in config.ideal_weights or [best_f.ideal_weight]])
+    else:
+        step([(best_k, replace(best_f, beta=float(b))) for b in config.betas])
+        step([(best_k, replace(best_f, response=str(h), ideal_weight=float(a)))
+              for h in config.responses for a in config.ideal_weights])
     step([(k, best_f) for k in sorted(ranks)])
     if score.timed:
         step([(best_k, replace(best_f, trend_days=float(d), trend_power=float(p)))

@@ -220,3 +220,19 @@ def test_the_chosen_basis_carries_its_own_scale_reference(store, tmp_path: Path)
         np.testing.assert_array_equal(basis.scale_ref, want)
         np.testing.assert_array_equal(SpectralBasis.load(tmp_path / f"{name}.npz").scale_ref, want)
     assert np.array_equal(fit_spectral(store, 8, 4.0, 2, 0, scale_ref=False).scale_ref, np.ones(len(store.types)))
+
+
+def test_a_joint_filter_step_scores_every_degree_response_and_weight_together(store) -> None:
+    """With ``joint_filter_step`` one step scores every (beta, response, ideal_weight); without it the
+    response step only sees the degree the first step kept."""
+    val = validation_set(store, None, 0, "masked_new")
+    basis = fit_spectral(store, 8, 4.0, 4, 0)
+    grid = {(b, h, a) for b in (0.3, 0.5) for h in ("linear", "cheby") for a in (0.3, 3.0)}
+    seen: dict[bool, set] = {}
+    for joint in (True, False):
+        tried: list = []
+        select_filter(store, basis, val, _config(ranks=[8], noise_z=1e9, joint_filter_step=joint), 0, tried, Filter())
+        seen[joint] = {(t["beta"], t["response"], t["ideal_weight"]) for t in tried}
+    assert grid <= seen[True]
+    # without a step taken, the two-step path never pairs the other degree with another response
+    assert not grid <= seen[False] and (0.3, "cheby", 3.0) not in seen[False]
