@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 
 
@@ -27,3 +29,25 @@ def cold_product_inputs(out: Path, emb_dir: Path) -> tuple[pl.DataFrame, pl.Data
         a = advs.filter(pl.col("src_id") == pid).join(adv_keys, left_on="dst_id", right_on="node_id")["key"].to_list()
         links.append([("category", k) for k in c] + [("advertiser", k) for k in a])
     return cold, content, links
+
+
+def refreshed_cold_tokens(export_dir: Path, out: Path) -> tuple[list[np.ndarray], pl.DataFrame]:
+    """What `hir refresh` gives the export's cold products (:func:`cold_product_inputs`): each
+    re-embedded from its content and links with the export's checkpoint, placed as the export placed
+    it, blended with its text at the export's weight and tokenised by the saved tokenizer.
+    Returns (per level the (n, k) token ids, their exported rows)."""
+    from hir.export.cold import place_like_export
+    from hir.export.content_tokens import array_text, blend
+    from hir.export.embed import Embedder
+
+    emb_dir = export_dir / "embeddings"
+    meta = json.loads((emb_dir / "meta.json").read_text())
+    emb = Embedder(meta["checkpoint"], out / "graph", out / "content")
+    emb.load_tokenizer(export_dir / "hierarchy" / "tokenizer.pt")
+    cold, content, links = cold_product_inputs(out, emb_dir)
+    text, has = np.stack(content["text_vec"].to_numpy()), content["has_text"].to_numpy()
+    z = emb.embed_new("product", text, np.stack(content["attr_vec"].to_numpy()), has, links)
+    z = place_like_export(emb_dir, emb.store, "product", z, text, has)
+    t = int(emb.store.layout["text_dim"])
+    codes, _ = emb.tokens(blend(z, array_text(text, has, t), t, meta["token_content"]))
+    return codes, cold

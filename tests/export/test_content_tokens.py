@@ -14,7 +14,7 @@ from hir.export.cold import place_like_export
 from hir.export.content_tokens import Blended, array_text, blend, store_text, widened
 from hir.export.embed import Embedder, direction, resolve_checkpoint
 from hir.export.stage import ExportConfig, run
-from tests.export.fixtures import cold_product_inputs
+from tests.export.fixtures import cold_product_inputs, refreshed_cold_tokens
 from tests.train.fixtures import TINY_DATA, TINY_MODEL, compose
 
 
@@ -113,16 +113,7 @@ def test_export_fits_and_reads_the_tokens_in_the_blended_space(blended: Path, tr
 def test_refresh_blends_a_new_entity_as_export_did(blended: Path, trained_run: Path) -> None:
     """A cold product re-embedded from its content and links and placed as the export placed it
     (what `hir refresh` does), blended with its text as enrich wrote it, gets its exported tokens."""
-    emb_dir = blended / "embeddings"
-    meta = json.loads((emb_dir / "meta.json").read_text())
-    emb = Embedder(meta["checkpoint"], trained_run / "graph", trained_run / "content")
-    emb.load_tokenizer(blended / "hierarchy" / "tokenizer.pt")
-    cold, content, links = cold_product_inputs(trained_run, emb_dir)
-    text, has = np.stack(content["text_vec"].to_numpy()), content["has_text"].to_numpy()
-    z = emb.embed_new("product", text, np.stack(content["attr_vec"].to_numpy()), has, links)
-    z = place_like_export(emb_dir, emb.store, "product", z, text, has)
-    t = int(emb.store.layout["text_dim"])
-    codes, _ = emb.tokens(blend(z, array_text(text, has, t), t, meta["token_content"]))
+    codes, cold = refreshed_cold_tokens(blended, trained_run)
     assert (codes[0][:, 0] == np.stack(cold["tokens_l0"].to_numpy())[:, 0]).mean() > 0.9
 
 

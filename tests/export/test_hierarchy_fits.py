@@ -10,13 +10,12 @@ import polars as pl
 import pytest
 import torch
 
-from hir.export.cold import place_like_export
-from hir.export.content_tokens import array_text, blend, store_text
+from hir.export.content_tokens import blend, store_text
 from hir.export.embed import Embedder
 from hir.export.fits import bottomup_tokens, coengage_refine, fit_tree, follow_tokens, group_balanced, top1_of
 from hir.export.stage import run
 from hir.nn import HierarchicalTokenizer
-from tests.export.fixtures import cold_product_inputs
+from tests.export.fixtures import refreshed_cold_tokens
 from tests.train.fixtures import TINY_DATA, TINY_MODEL, compose
 
 
@@ -148,16 +147,7 @@ def test_free_levels_export_is_a_tree_and_the_saved_tokenizer_reads_its_tokens(f
 def test_refresh_gives_a_new_entity_its_export_tokens_under_free_levels(free_export: Path, trained_run: Path) -> None:
     """A cold product embedded from its content and links and placed as the export placed it (what
     `hir refresh` does with the saved tokenizer) gets the tokens the export gave it."""
-    emb_dir = free_export / "embeddings"
-    meta = json.loads((emb_dir / "meta.json").read_text())
-    emb = Embedder(meta["checkpoint"], trained_run / "graph", trained_run / "content")
-    emb.load_tokenizer(free_export / "hierarchy" / "tokenizer.pt")
-    cold, content, links = cold_product_inputs(trained_run, emb_dir)
-    text, has = np.stack(content["text_vec"].to_numpy()), content["has_text"].to_numpy()
-    z = emb.embed_new("product", text, np.stack(content["attr_vec"].to_numpy()), has, links)
-    z = place_like_export(emb_dir, emb.store, "product", z, text, has)
-    t = int(emb.store.layout["text_dim"])
-    codes, _ = emb.tokens(blend(z, array_text(text, has, t), t, meta["token_content"]))
+    codes, cold = refreshed_cold_tokens(free_export, trained_run)
     for lvl in range(3):
         assert (codes[lvl][:, 0] == np.stack(cold[f"tokens_l{lvl}"].to_numpy())[:, 0]).mean() > 0.9, lvl
 
