@@ -12,7 +12,7 @@ and chosen on val exactly as `hir train` does; each distinct choice is then refi
 deep-stage pairs, train + val items masked (the protocol of benchmarks/user_half_life.py).
 
 Per variant: its choices, test recall per seed, and its ratio to ``default`` over the seeds pooled
-(each user's recall averaged over the seeds, a 95% paired bootstrap interval over users).
+(benchmarks/funnel.py's paired bootstrap over users, every draw averaging the seeds).
 Appends a row per snapshot to benchmarks/results/filter_start.json.
 """
 
@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 import yaml
+from funnel import bootstrap_ratio
 from user_half_life import test_positives  # benchmarks/ (the script's folder is on sys.path)
 
 from hir.model.spectral import FilterScorer, SpectralConfig, fit_base, fit_spectral
@@ -60,18 +61,6 @@ def variant_config(base: SpectralConfig, spec: str) -> SpectralConfig:
             fields[key] = yaml.safe_load(value)
     out = replace(base, **fields)
     return replace(out, filter=asdict(replace(base.start, **start))) if start else out
-
-
-def bootstrap_ratio(num: np.ndarray, den: np.ndarray, resamples: int = 1000, seed: int = 0) -> dict[str, float]:
-    """Ratio of means of (seeds, users) arrays of the same users, each user averaged over the
-    seeds, with its 95% paired bootstrap interval over users (NaN users dropped)."""
-    num, den = np.nanmean(num, axis=0), np.nanmean(den, axis=0)
-    ok = ~(np.isnan(num) | np.isnan(den))
-    num, den = num[ok], den[ok]
-    idx = np.random.default_rng(seed).integers(0, len(num), size=(resamples, len(num)))
-    ratios = num[idx].mean(axis=1) / np.maximum(den[idx].mean(axis=1), 1e-12)
-    return {"ratio": round(float(num.mean() / den.mean()), 4), "lo": round(float(np.quantile(ratios, 0.025)), 4),
-            "hi": round(float(np.quantile(ratios, 0.975)), 4), "users": int(ok.sum())}
 
 
 def run_seed(graph: Path, content: Path, seed: int, configs: dict[str, SpectralConfig]) -> dict[str, Any]:

@@ -165,21 +165,25 @@ def user_inputs(embedder: Any) -> dict[str, Any]:
     return input_stats(st, embedder.base, embedder.sampler, np.arange(*st.type_range("user")), 0)
 
 
-def reusable(meta_path: Path, ckpt: Path, force: bool, dim: int | None = None,
-             token_space: str = "full", token_content: float = 0.0, free_levels: int = 0,
-             hierarchy_fit: str | None = None) -> dict[str, Any] | None:
+# the token settings an export is reused for only when they match, and what a meta.json written
+# before a key was recorded meant by its absence (None: trusted on it, as before)
+TOKEN_SETTINGS = {"token_content": 0.0, "hierarchy_free_levels": 0, "hierarchy_fit": None}
+
+
+def reusable(meta_path: Path, ckpt: Path, force: bool, dim: int | None = None, token_space: str = "full",
+             tokens: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """The existing export's meta.json when it is of checkpoint ``ckpt`` at served dimension ``dim``
-    (export.dim) with its tokens in ``token_space`` blended with text at ``token_content``, from a tree
-    fitted by ``hierarchy_fit`` with ``free_levels`` free levels (and not ``force``), else None. A
-    meta.json written before the fit was recorded is trusted on it, as before."""
+    (export.dim) with its tokens in ``token_space`` and every setting of ``tokens`` (keys of
+    :data:`TOKEN_SETTINGS`: the text's weight, the tree's free levels and fit) as recorded (and not
+    ``force``), else None."""
     from hir.export.embed import checkpoint_version
 
     if meta_path.exists() and not force and ckpt.exists():
         meta = json.loads(meta_path.read_text())
         same_tokens = meta.get("projection") is None or meta.get("token_space", "served") == token_space
-        same_tokens = same_tokens and float(meta.get("token_content", 0.0)) == float(token_content)
-        same_tokens = same_tokens and int(meta.get("hierarchy_free_levels", 0)) == int(free_levels)
-        same_tokens = same_tokens and meta.get("hierarchy_fit", hierarchy_fit) == hierarchy_fit
+        for key, want in (tokens or {}).items():
+            had = meta.get(key, TOKEN_SETTINGS[key])
+            same_tokens = same_tokens and (had is None or had == want)
         if meta.get("model_version") == checkpoint_version(ckpt) and meta.get("export_dim") == dim and same_tokens:
             return meta
     return None
@@ -345,8 +349,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     ex: ExportConfig = instantiate(cfg.export)
     emb_dir, hier_dir = Path(cfg.paths.embeddings_dir), Path(cfg.paths.hierarchy_dir)
     ckpt = resolve_checkpoint(ex.checkpoint, Path(cfg.paths.checkpoint_dir))
-    if (meta := reusable(emb_dir / META_FILE, ckpt, bool(cfg.force), ex.dim, ex.token_space,
-                         ex.token_content, ex.hierarchy_free_levels, ex.hierarchy_fit)) is not None:
+    tokens = {"token_content": ex.token_content, "hierarchy_free_levels": ex.hierarchy_free_levels,
+              "hierarchy_fit": ex.hierarchy_fit}
+    if (meta := reusable(emb_dir / META_FILE, ckpt, bool(cfg.force), ex.dim, ex.token_space, tokens)) is not None:
         log.info("embeddings of model %s exist at %s; reusing them (force=true re-exports)", meta["model_version"], emb_dir)
         return meta
     # a re-export invalidates the old one first: a kill below must not leave old meta.json over new files

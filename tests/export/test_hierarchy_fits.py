@@ -184,7 +184,8 @@ def test_an_export_of_another_hierarchy_fit_is_not_reused(tmp_path: Path) -> Non
             "token_content": 1.0, "hierarchy_free_levels": 0, "hierarchy_fit": "coengage"}
     path = tmp_path / "meta.json"
     path.write_text(json.dumps(meta))
-    assert reusable(path, ckpt, False, None, "full", 1.0, 0, "coengage") == meta
-    assert reusable(path, ckpt, False, None, "full", 1.0, 0, "bottomup") is None  # the tokens differ: redo
+    settings = {"token_content": 1.0, "hierarchy_free_levels": 0}
+    assert reusable(path, ckpt, False, None, "full", dict(settings, hierarchy_fit="coengage")) == meta
+    assert reusable(path, ckpt, False, None, "full", dict(settings, hierarchy_fit="bottomup")) is None  # the tokens differ: redo
     path.write_text(json.dumps({k: v for k, v in meta.items() if k != "hierarchy_fit"}))
-    assert reusable(path, ckpt, False, None, "full", 1.0, 0, "bottomup") is not None  # written before it was recorded
+    assert reusable(path, ckpt, False, None, "full", dict(settings, hierarchy_fit="bottomup")) is not None  # written before it was recorded
