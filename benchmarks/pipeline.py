@@ -40,6 +40,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import contextlib
+
 from _results_md import markers, write_section  # benchmarks/ (the script's folder is on sys.path)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -100,17 +102,84 @@ def pipeline_stages(overrides: list[str]) -> list[str]:
 def run_child(argv: list[str], log_path: Path, env: dict[str, str]) -> tuple[int, float, float]:
     """Run ``argv`` with stdout and stderr to ``log_path``; returns (exit status, wall seconds,
     peak RSS in MiB of the child and the processes it waited for, from ``os.wait4``)."""
+    rc, wall, rss, _ = run_guarded(argv, log_path, env)
+    return rc, wall, rss
+
+
+def tree_rss_mib(pid: int) -> float:
+    """RSS in MiB of process ``pid`` and all its descendants now (0 once it is gone)."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return 0.0
+    total = 0
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):  # exited between the listing and the read
+            total += proc.memory_info().rss
+    return total / 2**20
+
+
+def run_guarded(argv: list[str], log_path: Path, env: dict[str, str], max_rss_mib: float | None = None,
+                timeout_s: float | None = None, poll_s: float = 0.5) -> tuple[int, float, float, str | None]:
+    """:func:`run_child` with two guards, for logs that may not fit this machine: the child's
+    process group is killed (SIGKILL) once the RSS of its process tree passes ``max_rss_mib`` or
+    its wall time passes ``timeout_s``, so a run that would take the machine's memory stops
+    where it stands, and that is recorded.
+
+    Returns (exit status, wall seconds, peak RSS in MiB from ``os.wait4``, why it was stopped:
+    None, or a sentence naming the guard, the time and the tree's RSS then).
+    """
+    import signal
+    import threading
+
     t0 = time.perf_counter()
+    stopped: list[str] = []
     with log_path.open("w") as fh:
-        proc = subprocess.Popen(argv, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT, env=env)
+        # its own session, so the kill reaches every process the stage started (Spark, prewarm)
+        proc = subprocess.Popen(argv, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+        done = threading.Event()
+
+        def watch() -> None:
+            while not done.wait(poll_s):
+                now = time.perf_counter() - t0
+                rss = tree_rss_mib(proc.pid) if max_rss_mib is not None else 0.0
+                why = None
+                if max_rss_mib is not None and rss > max_rss_mib:
+                    why = f"stopped at {now:.0f} s: the process tree's RSS {rss / 1024:.2f} GiB passed the " \
+                          f"{max_rss_mib / 1024:.1f} GiB guard"
+                elif timeout_s is not None and now > timeout_s:
+                    why = f"stopped at {now:.0f} s: past the {timeout_s:.0f} s time guard (tree RSS {rss / 1024:.2f} GiB)"
+                if why:
+                    stopped.append(why)
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(proc.pid, signal.SIGKILL)
+                    return
+
+        watcher = None
+        if max_rss_mib is not None or timeout_s is not None:
+            watcher = threading.Thread(target=watch, daemon=True)
+            watcher.start()
         _, status, usage = os.wait4(proc.pid, 0)
+        done.set()
+        if watcher is not None:
+            watcher.join()
         proc.returncode = os.waitstatus_to_exitcode(status)
     # ru_maxrss is in KiB on Linux
-    return proc.returncode, time.perf_counter() - t0, usage.ru_maxrss / 1024
+    return proc.returncode, time.perf_counter() - t0, usage.ru_maxrss / 1024, (stopped[0] if stopped else None)
 
 
-def measure(data: str, out_dir: Path, extra: list[str], mode: str) -> dict[str, Any]:
-    """Run the pipeline on ``data`` in the empty ``out_dir``; returns the record pipeline.json keeps."""
+def measure(data: str, out_dir: Path, extra: list[str], mode: str, max_rss_mib: float | None = None,
+            timeout_s: float | None = None) -> dict[str, Any]:
+    """Run the pipeline on ``data`` in the empty ``out_dir``; returns the record pipeline.json keeps.
+
+    ``max_rss_mib`` and ``timeout_s`` (``mode="stages"`` only): the guards of :func:`run_guarded`,
+    the time one budget for all stages; a stage they stop ends the run, recorded in ``failed``."""
+    if mode != "stages" and (max_rss_mib is not None or timeout_s is not None):
+        raise ValueError("the RSS and time guards need mode='stages' (one process per stage)")
     hir = str(Path(sys.executable).with_name("hir"))
     fresh = [f"data={data}", f"hydra.run.dir={out_dir}", f"paths.cache_dir={out_dir}/.cache",
              f"publish.store_dir={out_dir}/store", *extra]
@@ -133,14 +202,15 @@ def measure(data: str, out_dir: Path, extra: list[str], mode: str) -> dict[str, 
     else:
         wall = 0.0
         for s in stages:
-            rc, w, rss = run_child([hir, s, *fresh], logs / f"{s}.log", env)
+            left = None if timeout_s is None else max(timeout_s - wall, 1.0)
+            rc, w, rss, stopped = run_guarded([hir, s, *fresh], logs / f"{s}.log", env, max_rss_mib, left)
             wall += w
             text = (logs / f"{s}.log").read_text(errors="replace")
             rows.append({"stage": s, "seconds": stage_seconds(text).get(s), "wall_s": round(w, 1),
                          "peak_rss_mib": round(rss, 1)})
             print(f"{s}: {rows[-1]}", flush=True)
             if rc:
-                failed = {"stage": s, "exit": rc, "log_tail": text[-3000:]}
+                failed = {"stage": s, "exit": rc, "stopped": stopped, "log_tail": text[-3000:]}
                 break
         summary = {"wall_s": round(wall, 1), "peak_rss_mib": max((r["peak_rss_mib"] for r in rows), default=None)}
     total = round(sum(r["seconds"] or 0.0 for r in rows), 1)

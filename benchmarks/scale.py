@@ -294,14 +294,17 @@ def pipeline(args: argparse.Namespace) -> int:
         extra = [*synthetic_overrides(events), PIPELINE, "model.net.transformer=false",
                  f"trainer.max_steps={args.max_steps}", *args.overrides]
         try:
-            record = measure("synthetic", out, extra, "stages")
+            record = measure("synthetic", out, extra, "stages",
+                             max_rss_mib=None if args.max_rss_gib is None else args.max_rss_gib * 1024,
+                             timeout_s=None if args.max_minutes is None else args.max_minutes * 60)
         finally:
             if not args.keep:
                 shutil.rmtree(out, ignore_errors=True)
         record["out_dir"] = str(out) if args.keep else "a temporary dir (removed)"
         record.pop("budget_s", None)
         record.pop("within_budget", None)
-        record |= {"events": events, "label": args.label}
+        record |= {"events": events, "label": args.label,
+                   "guards": {"max_rss_gib": args.max_rss_gib, "max_minutes": args.max_minutes}}
         save("pipeline", f"{args.label}/{events}", record)
         print(json.dumps({k: record[k] for k in ("stages", "total_s", "peak_rss_mib", "failed")}, indent=1), flush=True)
         failed |= record["failed"] is not None
@@ -329,6 +332,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--keep", action="store_true", help="keep the run dirs")
     p.add_argument("--max-steps", type=int, default=100,
                    help="training steps (fixed, so train's time is what grows with the log: load, base, task)")
+    p.add_argument("--max-rss-gib", type=float, default=None,
+                   help="kill a stage whose process tree passes this RSS, and record where it stopped")
+    p.add_argument("--max-minutes", type=float, default=None,
+                   help="kill the run once its stages have taken this long, and record where it stopped")
     p.add_argument("overrides", nargs="*", help="more hir overrides, e.g. spectral.sample_users=null")
     b = sub.add_parser("base", help="the base alone on synthetic logs: fit by cap, fold-in streamed or in memory")
     b.add_argument("--events", nargs="+", type=int, default=[10_000_000])

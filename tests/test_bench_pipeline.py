@@ -57,3 +57,30 @@ def test_the_prewarm_record_is_the_line_the_pipeline_logs(bench, caplog) -> None
     record = bench.prewarm_record("[x][hir][INFO] stage export: done in 3.0s\n" + line)
     assert record == {"fits": {"retrieval/lightgcn": 323.0, "ranking/baseline": 24.0}, "wall_s": 641.0}
     assert bench.prewarm_record("[x][hir][INFO] stage export: done in 3.0s\n") is None
+
+
+def test_the_rss_guard_stops_a_growing_process_tree(bench, tmp_path: Path) -> None:
+    import os
+    import sys
+
+    # a child that starts a grandchild which allocates 400 MiB and then sleeps: the guard must see
+    # the grandchild (the tree, not the child alone) and kill both
+    code = ("import subprocess, sys; subprocess.run([sys.executable, '-c', "
+            "'import time; b = bytearray(400 * 2**20); b[::4096] = b\"x\" * len(b[::4096]); time.sleep(60)'])")
+    rc, wall, _, stopped = bench.run_guarded([sys.executable, "-c", code], tmp_path / "log", dict(os.environ),
+                                             max_rss_mib=200.0, poll_s=0.1)
+    assert rc != 0 and wall < 30
+    assert stopped is not None and "RSS" in stopped and "guard" in stopped
+
+
+def test_the_time_guard_stops_a_slow_child_and_no_guard_changes_nothing(bench, tmp_path: Path) -> None:
+    import os
+    import sys
+
+    rc, wall, _, stopped = bench.run_guarded([sys.executable, "-c", "import time; time.sleep(60)"],
+                                             tmp_path / "log", dict(os.environ), timeout_s=1.0, poll_s=0.1)
+    assert rc != 0 and wall < 30 and stopped is not None and "time guard" in stopped
+    rc, _, rss, stopped = bench.run_guarded([sys.executable, "-c", "print('ok')"], tmp_path / "log2",
+                                            dict(os.environ), max_rss_mib=10_000.0, timeout_s=60.0)
+    assert (rc, stopped) == (0, None) and rss > 0
+    assert (tmp_path / "log2").read_text().strip() == "ok"
