@@ -95,7 +95,9 @@ class SpectralConfig:
     trend_days, trend_powers, user_half_lives: the filter candidates (:class:`Filter`; ``filter`` is the starting
     point of the search and what a one-candidate list leaves); published: filter settings of the
     published family members, tried last; select_users: val users the choice is scored on (a
-    seeded sample, null = all); noise_z, min_gain: a step must beat the current choice by more
+    seeded sample, null = all); select_pairs: at most this many (val user x candidate) scores
+    per candidate filter, fewer users where the catalogue is larger (null = no budget;
+    :meth:`ValSet.scored_users`); noise_z, min_gain: a step must beat the current choice by more
     than ``noise_z`` paired standard errors over those users and by ``min_gain`` (relative);
     n_iter: randomised-SVD power iterations; sample_users: the users the basis is fit on (null =
     all; a fraction in (0, 1] or a count: a seeded sample stratified by activity,
@@ -120,6 +122,7 @@ class SpectralConfig:
     trend_powers: list[float] = field(default_factory=list)
     user_half_lives: list[float] = field(default_factory=list)
     select_users: int | None = None
+    select_pairs: float | None = None
     min_gain: float = 0.0
     probe_rank: int = 256
     noise_z: float = 1.96
@@ -651,11 +654,13 @@ class FilterScorer:
     order, so every fold-in is the same sum in the same order as over the full frame.
     """
 
-    def __init__(self, store: GraphStore, basis: SpectralBasis, val: ValSet, max_users: int | None, seed: int) -> None:
+    def __init__(self, store: GraphStore, basis: SpectralBasis, val: ValSet, max_users: int | None, seed: int,
+                 max_pairs: float | None = None) -> None:
         self.store, self.basis = store, basis
         keep = np.arange(len(val))
-        if max_users and len(val) > max_users:
-            keep = np.sort(np.random.default_rng([seed, 11]).choice(len(val), int(max_users), replace=False))
+        n = val.scored_users(max_users, max_pairs)
+        if n is not None:
+            keep = np.sort(np.random.default_rng([seed, 11]).choice(len(val), n, replace=False))
         self.users = val.users[keep]
         self.positives = [val.positives[i] for i in keep]
         self.masked = [val.masked[i] for i in keep]
@@ -756,7 +761,7 @@ def select_filter(store: GraphStore, basis: SpectralBasis, val: ValSet, config: 
     must beat it beyond the noise: restarting at the largest rank made the noise rule keep
     that rank (the temporal online_retail split: rank 512 kept over 256, test recall -3%; 1024
     -13%)."""
-    score = FilterScorer(store, basis, val, config.select_users, seed)
+    score = FilterScorer(store, basis, val, config.select_users, seed, config.select_pairs)
     ranks = [r for r in config.candidate_ranks if r <= basis.rank] or [basis.rank]
     # (a start rank that is no candidate, e.g. the probe's rank under a fixed `rank`, is not kept)
     best_k = int(start_rank) if start_rank in ranks else max(ranks)
@@ -804,7 +809,7 @@ def still_rises(store: GraphStore, basis: SpectralBasis, val: ValSet, config: Sp
     lower = [r for r in config.candidate_ranks if r < k]
     if not lower:
         return True
-    score = FilterScorer(store, basis, val, config.select_users, seed)
+    score = FilterScorer(store, basis, val, config.select_users, seed, config.select_pairs)
     return beats(score.per_user(k, filt), score.per_user(max(lower), filt), config.noise_z, config.min_gain)
 
 
@@ -847,7 +852,8 @@ def fit_base(store: GraphStore, val: ValSet | None, config: SpectralConfig, seed
                       scale_ref=False)
         probes = {sb: fit(probe, sb, filt=start) for sb in stage_bases}
         if len(probes) > 1:
-            tried.extend(_candidate(b, FilterScorer(store, b, val, config.select_users, seed)(b.rank, start))
+            tried.extend(_candidate(b, FilterScorer(store, b, val, config.select_users, seed,
+                                                    config.select_pairs)(b.rank, start))
                          for b in probes.values())
             stage_base = max(tried, key=lambda t: t["val_recall@20"])["stage_base"]
         else:
@@ -898,8 +904,10 @@ def with_served_dim(store: GraphStore, basis: SpectralBasis, val: ValSet, config
     scale = 1.0 / (1.0 + np.exp(-scale_logits(store, basis, vectors)))  # a_e: the base's scale, in (0, 1)
     is_user = store.node_type == store.types.index("user")
     full_ranking = validation_set(store, None, seed, "all") if val.protocol != "all" else None
-    d, report = choose_served_dim(vectors, scale, is_user, val, list(config.served_dims), config.noise_z,
-                                  config.min_gain, full_ranking)
+    if full_ranking is not None:
+        full_ranking = full_ranking.limited(config.select_pairs, seed)
+    d, report = choose_served_dim(vectors, scale, is_user, val.limited(config.select_pairs, seed),
+                                  list(config.served_dims), config.noise_z, config.min_gain, full_ranking)
     return replace(basis, served_dim=int(d)), report
 
 
