@@ -271,3 +271,23 @@ def test_the_filter_scorer_under_a_budget_is_the_scorer_of_that_many_users(store
     free = FilterScorer(store, basis, val, None, 0, max_pairs=float(len(val) * c))
     assert np.array_equal(free.users, val.users)
     assert np.array_equal(free.per_user(8, Filter()), FilterScorer(store, basis, val, None, 0).per_user(8, Filter()))
+
+
+def test_a_rank_whose_svd_passes_the_memory_cap_is_not_fitted(store, tmp_path: Path) -> None:
+    from hir.model.spectral import largest_rank, svd_gib
+
+    lo, hi = store.type_range("user")
+    users, ents = hi - lo, store.n_nodes - (hi - lo)
+    assert largest_rank(store, [4, 8, 16], _config(max_svd_gib=None)) == 16
+    assert largest_rank(store, [4, 8, 16], _config(max_svd_gib=svd_gib(users, ents, 16))) == 16
+    assert largest_rank(store, [4, 8, 16], _config(max_svd_gib=svd_gib(users, ents, 16) * 0.99)) == 8
+    assert largest_rank(store, [4, 8, 16], _config(max_svd_gib=1e-12)) == 4  # none fits: the smallest
+    # a user sample bounds the user side only
+    assert largest_rank(store, [4, 8, 16], _config(max_svd_gib=svd_gib(2, ents, 8), sample_users=2)) == 8
+    val = validation_set(store, None, 0, "masked_new")
+    basis, report = fit_base(store, val, _config(max_svd_gib=svd_gib(users, ents, 8)), 0, tmp_path / "cap.npz",
+                             reuse=False)
+    assert basis.rank <= 8 and report["rank_memory_cap"]["largest_rank"] == 8
+    assert {c["rank"] for c in report["candidates"]} <= {4, 8}
+    _, free = fit_base(store, val, _config(), 0, tmp_path / "free.npz", reuse=False)
+    assert "rank_memory_cap" not in free
