@@ -89,6 +89,9 @@ class ExportConfig:
     token_content: float = 0.0
     # the finest levels of the fitted tree free of the residual bound (hir.nn.HierarchicalTokenizer)
     hierarchy_free_levels: int = 0
+    # the val choices of cold placement score at most this many (val user x candidate) pairs: a
+    # seeded sample of users where the catalogue is larger (hir.model.ValSet.limited; null = all)
+    val_pairs: float | None = None
 
     def __post_init__(self) -> None:
         from hir.export.hierarchy import HIERARCHY_FITS
@@ -213,7 +216,7 @@ def embed_snapshot(embedder: Any, ex: ExportConfig, seed: int) -> tuple[Any, Any
     z, projection = serve_dim(embedder, z, resolve_dim(ex.dim, embedder.served_dim, ex.dim_fallback), ex.token_space)
     # placement returns new arrays (hir/export/cold.py placed, cold_users) and leaves this one as it is
     projected = z if projection is not None and ex.token_space == "full" else None
-    valset = validation_set(st, None, seed, "masked_new") if len(st.val_pairs) else None
+    valset = validation_set(st, None, seed, "masked_new").limited(ex.val_pairs, seed) if len(st.val_pairs) else None
     z, report = place_cold(z, st, valset, ex.cold)
     # after the entities are placed: the cold users are chosen against the final candidates
     z, report["users"] = place_cold_users(z, st, valset, ex.cold_users)

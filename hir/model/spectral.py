@@ -33,6 +33,7 @@ prefix of the SVD is the lower-rank solution, and the filter only rescales its c
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
@@ -95,7 +96,10 @@ class SpectralConfig:
     trend_days, trend_powers, user_half_lives: the filter candidates (:class:`Filter`; ``filter`` is the starting
     point of the search and what a one-candidate list leaves); published: filter settings of the
     published family members, tried last; select_users: val users the choice is scored on (a
-    seeded sample, null = all); noise_z, min_gain: a step must beat the current choice by more
+    seeded sample, null = all); select_pairs: at most this many (val user x candidate) scores
+    per candidate filter, fewer users where the catalogue is larger (null = no budget;
+    :meth:`ValSet.scored_users`); max_svd_gib: ranks whose SVD working set passes this many GiB
+    are not fitted (:func:`largest_rank`; null = no cap); noise_z, min_gain: a step must beat the current choice by more
     than ``noise_z`` paired standard errors over those users and by ``min_gain`` (relative);
     n_iter: randomised-SVD power iterations; sample_users: the users the basis is fit on (null =
     all; a fraction in (0, 1] or a count: a seeded sample stratified by activity,
@@ -120,6 +124,8 @@ class SpectralConfig:
     trend_powers: list[float] = field(default_factory=list)
     user_half_lives: list[float] = field(default_factory=list)
     select_users: int | None = None
+    select_pairs: float | None = None
+    max_svd_gib: float | None = None
     min_gain: float = 0.0
     probe_rank: int = 256
     noise_z: float = 1.96
@@ -651,11 +657,13 @@ class FilterScorer:
     order, so every fold-in is the same sum in the same order as over the full frame.
     """
 
-    def __init__(self, store: GraphStore, basis: SpectralBasis, val: ValSet, max_users: int | None, seed: int) -> None:
+    def __init__(self, store: GraphStore, basis: SpectralBasis, val: ValSet, max_users: int | None, seed: int,
+                 max_pairs: float | None = None) -> None:
         self.store, self.basis = store, basis
         keep = np.arange(len(val))
-        if max_users and len(val) > max_users:
-            keep = np.sort(np.random.default_rng([seed, 11]).choice(len(val), int(max_users), replace=False))
+        n = val.scored_users(max_users, max_pairs)
+        if n is not None:
+            keep = np.sort(np.random.default_rng([seed, 11]).choice(len(val), n, replace=False))
         self.users = val.users[keep]
         self.positives = [val.positives[i] for i in keep]
         self.masked = [val.masked[i] for i in keep]
@@ -756,7 +764,7 @@ def select_filter(store: GraphStore, basis: SpectralBasis, val: ValSet, config: 
     must beat it beyond the noise: restarting at the largest rank made the noise rule keep
     that rank (the temporal online_retail split: rank 512 kept over 256, test recall -3%; 1024
     -13%)."""
-    score = FilterScorer(store, basis, val, config.select_users, seed)
+    score = FilterScorer(store, basis, val, config.select_users, seed, config.select_pairs)
     ranks = [r for r in config.candidate_ranks if r <= basis.rank] or [basis.rank]
     # (a start rank that is no candidate, e.g. the probe's rank under a fixed `rank`, is not kept)
     best_k = int(start_rank) if start_rank in ranks else max(ranks)
@@ -804,8 +812,30 @@ def still_rises(store: GraphStore, basis: SpectralBasis, val: ValSet, config: Sp
     lower = [r for r in config.candidate_ranks if r < k]
     if not lower:
         return True
-    score = FilterScorer(store, basis, val, config.select_users, seed)
+    score = FilterScorer(store, basis, val, config.select_users, seed, config.select_pairs)
     return beats(score.per_user(k, filt), score.per_user(max(lower), filt), config.noise_z, config.min_gain)
+
+
+def svd_gib(n_rows: int, n_cols: int, k: int) -> float:
+    """GiB of the randomised SVD's float32 dense blocks at rank ``k`` ((rows + cols) x (k + 10)):
+    its working set beside the sparse matrix (the range finder, the power iterations, ``V``)."""
+    return (n_rows + n_cols) * (k + 10) * 4 / 2**30
+
+
+def largest_rank(store: GraphStore, ranks: list[int], config: SpectralConfig) -> int:
+    """The largest of ``ranks`` whose SVD working set (:func:`svd_gib`, the users the basis is
+    fit on: every user, or the ``sample_users`` cap) stays within ``config.max_svd_gib``; the
+    smallest rank when none does (None: no cap). The entity side, ``entities x rank``, is the
+    part no user sample bounds: at 100M synthetic events (3.4M entities) rank 1024 is 14 GiB."""
+    if config.max_svd_gib is None:
+        return max(ranks)
+    lo, hi = store.type_range("user")
+    users = hi - lo
+    cap = config.sample_users
+    if cap is not None:
+        users = min(users, int(cap) if cap > 1 else math.ceil(cap * users))
+    within = [r for r in ranks if svd_gib(users, store.n_nodes - (hi - lo), r) <= config.max_svd_gib]
+    return max(within, default=min(ranks))
 
 
 def search_start(store: GraphStore, config: SpectralConfig) -> Filter:
@@ -835,7 +865,12 @@ def fit_base(store: GraphStore, val: ValSet | None, config: SpectralConfig, seed
         n_iter = int(config.n_iter)
         # a probe SVD per stage weighting at the probe rank; the larger SVD only when the val
         # curve still rises at the probe's top rank (a small catalogue never pays for it)
-        probe = min(max(ranks), int(config.probe_rank))
+        top = largest_rank(store, ranks, config)
+        if top < max(ranks):
+            report["rank_memory_cap"] = {"max_svd_gib": config.max_svd_gib, "largest_rank": top}
+            log.info("spectral base: ranks above %d skipped: their SVD working set passes spectral.max_svd_gib=%g",
+                     top, config.max_svd_gib)
+        probe = min(top, int(config.probe_rank))
         stage_bases = config.candidate_stage_bases
         has_val = val is not None and len(val) > 0
         if not has_val or len(np.unique(store.eng.stage[store.eng.stage > 0])) < 2:
@@ -847,7 +882,8 @@ def fit_base(store: GraphStore, val: ValSet | None, config: SpectralConfig, seed
                       scale_ref=False)
         probes = {sb: fit(probe, sb, filt=start) for sb in stage_bases}
         if len(probes) > 1:
-            tried.extend(_candidate(b, FilterScorer(store, b, val, config.select_users, seed)(b.rank, start))
+            tried.extend(_candidate(b, FilterScorer(store, b, val, config.select_users, seed,
+                                                    config.select_pairs)(b.rank, start))
                          for b in probes.values())
             stage_base = max(tried, key=lambda t: t["val_recall@20"])["stage_base"]
         else:
@@ -856,10 +892,10 @@ def fit_base(store: GraphStore, val: ValSet | None, config: SpectralConfig, seed
         del probes  # the other weightings' probes are not read again (each is entities x rank)
         if has_val:
             k, filt = select_filter(store, basis, val, config, seed, tried, start)
-            if (k >= basis.rank == probe and max(ranks) > probe
+            if (k >= basis.rank == probe and top > probe
                     and still_rises(store, basis, val, config, seed, k, filt)):
-                log.info("spectral base: val recall still rises at rank %d; fitting rank %d", basis.rank, max(ranks))
-                basis = fit(max(ranks), float(stage_base), filt=filt)
+                log.info("spectral base: val recall still rises at rank %d; fitting rank %d", basis.rank, top)
+                basis = fit(top, float(stage_base), filt=filt)
                 k, filt = select_filter(store, basis, val, config, seed, tried, filt, k)
             basis = basis.truncate(k).with_filter(filt)
             # the chosen base, computed once for its scale reference and the served dimension's choice
@@ -871,8 +907,8 @@ def fit_base(store: GraphStore, val: ValSet | None, config: SpectralConfig, seed
             report["val_recall@20_by_rank"] = {
                 str(t["rank"]): t["val_recall@20"] for t in tried
                 if (_candidate_key(t)[0], _candidate_key(t)[2]) == (basis.stage_base, filt)}
-        elif max(ranks) > basis.rank:
-            basis = fit(max(ranks), float(stage_base), filt=start)
+        elif top > basis.rank:
+            basis = fit(top, float(stage_base), filt=start)
         if not has_val:  # nothing to choose the served dimension with: the cap
             basis = replace(with_scale_ref(store, basis), served_dim=served_cap(basis.rank, list(config.served_dims)))
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -898,8 +934,10 @@ def with_served_dim(store: GraphStore, basis: SpectralBasis, val: ValSet, config
     scale = 1.0 / (1.0 + np.exp(-scale_logits(store, basis, vectors)))  # a_e: the base's scale, in (0, 1)
     is_user = store.node_type == store.types.index("user")
     full_ranking = validation_set(store, None, seed, "all") if val.protocol != "all" else None
-    d, report = choose_served_dim(vectors, scale, is_user, val, list(config.served_dims), config.noise_z,
-                                  config.min_gain, full_ranking)
+    if full_ranking is not None:
+        full_ranking = full_ranking.limited(config.select_pairs, seed)
+    d, report = choose_served_dim(vectors, scale, is_user, val.limited(config.select_pairs, seed),
+                                  list(config.served_dims), config.noise_z, config.min_gain, full_ranking)
     return replace(basis, served_dim=int(d)), report
 
 

@@ -33,6 +33,27 @@ class ValSet:
     def __len__(self) -> int:
         return len(self.users)
 
+    def scored_users(self, max_users: int | None = None, max_pairs: float | None = None) -> int | None:
+        """How many users a ranking of every candidate may score: at most ``max_users``, and at
+        most ``max_pairs`` (user x candidate) scores, ``floor(max_pairs / len(cands))`` users, at
+        least 1; None when neither binds (every user). Scoring every val user against every
+        candidate grows with users x entities, the square of the log; a budget keeps it linear."""
+        caps = [int(max_users)] if max_users else []
+        if max_pairs and len(self.cands):
+            caps.append(max(1, int(max_pairs // len(self.cands))))
+        n = min(caps, default=None)
+        return n if n is not None and n < len(self) else None
+
+    def limited(self, max_pairs: float | None, seed: int) -> ValSet:
+        """This set, or a seeded sample of its users within ``max_pairs`` (user x candidate)
+        scores (:meth:`scored_users`); the candidates stay all of them."""
+        n = self.scored_users(None, max_pairs)
+        if n is None:
+            return self
+        keep = np.sort(np.random.default_rng([seed, 13]).choice(len(self), n, replace=False))
+        return ValSet(self.users[keep], self.cands, [self.positives[i] for i in keep],
+                      [self.masked[i] for i in keep], self.protocol)
+
 
 def _pair_keys(users: np.ndarray, ents: np.ndarray, n: int) -> np.ndarray:
     return users.astype(np.int64) * n + ents.astype(np.int64)

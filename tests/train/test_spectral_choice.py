@@ -236,3 +236,58 @@ def test_a_joint_filter_step_scores_every_degree_response_and_weight_together(st
     assert grid <= seen[True]
     # without a step taken, the two-step path never pairs the other degree with another response
     assert not grid <= seen[False] and (0.3, "cheby", 3.0) not in seen[False]
+
+
+def test_a_score_budget_samples_users_and_leaves_a_set_within_it_as_it_is(store) -> None:
+    val = validation_set(store, None, 0, "all")  # more users than masked_new on the tiny log
+    n, c = len(val), len(val.cands)
+    assert n > 4
+    # within the budget (or no budget): every user, the same object
+    assert val.scored_users(None, None) is None and val.limited(None, 0) is val
+    assert val.scored_users(None, float(n * c)) is None and val.limited(float(n * c), 0) is val
+    # a budget of 3 users' rankings: 3 users, seeded, every candidate kept, positives still theirs
+    want = 3
+    assert val.scored_users(None, want * c + c - 1) == want
+    assert val.scored_users(2, want * c) == 2  # the smaller cap wins
+    small = val.limited(want * c, 0)
+    assert len(small) == want and np.array_equal(small.cands, val.cands)
+    assert np.array_equal(small.users, val.limited(want * c, 0).users)  # seeded
+    for u, pos, masked in zip(small.users, small.positives, small.masked, strict=True):
+        i = int(np.flatnonzero(val.users == u)[0])
+        assert np.array_equal(pos, val.positives[i]) and np.array_equal(masked, val.masked[i])
+    # at least one user, however small the budget
+    assert val.scored_users(None, 1.0) == 1
+
+
+def test_the_filter_scorer_under_a_budget_is_the_scorer_of_that_many_users(store) -> None:
+    val = validation_set(store, None, 0, "all")  # more users than masked_new on the tiny log
+    basis = fit_spectral(store, 8, 4.0, 4, 0, Filter())
+    c = len(val.cands)
+    budget = FilterScorer(store, basis, val, None, 0, max_pairs=float(3 * c))
+    capped = FilterScorer(store, basis, val, 3, 0)
+    assert len(budget.users) == 3 and np.array_equal(budget.users, capped.users)
+    assert np.array_equal(budget.per_user(8, Filter()), capped.per_user(8, Filter()))
+    # a budget above users x candidates changes nothing
+    free = FilterScorer(store, basis, val, None, 0, max_pairs=float(len(val) * c))
+    assert np.array_equal(free.users, val.users)
+    assert np.array_equal(free.per_user(8, Filter()), FilterScorer(store, basis, val, None, 0).per_user(8, Filter()))
+
+
+def test_a_rank_whose_svd_passes_the_memory_cap_is_not_fitted(store, tmp_path: Path) -> None:
+    from hir.model.spectral import largest_rank, svd_gib
+
+    lo, hi = store.type_range("user")
+    users, ents = hi - lo, store.n_nodes - (hi - lo)
+    assert largest_rank(store, [4, 8, 16], _config(max_svd_gib=None)) == 16
+    assert largest_rank(store, [4, 8, 16], _config(max_svd_gib=svd_gib(users, ents, 16))) == 16
+    assert largest_rank(store, [4, 8, 16], _config(max_svd_gib=svd_gib(users, ents, 16) * 0.99)) == 8
+    assert largest_rank(store, [4, 8, 16], _config(max_svd_gib=1e-12)) == 4  # none fits: the smallest
+    # a user sample bounds the user side only
+    assert largest_rank(store, [4, 8, 16], _config(max_svd_gib=svd_gib(2, ents, 8), sample_users=2)) == 8
+    val = validation_set(store, None, 0, "masked_new")
+    basis, report = fit_base(store, val, _config(max_svd_gib=svd_gib(users, ents, 8)), 0, tmp_path / "cap.npz",
+                             reuse=False)
+    assert basis.rank <= 8 and report["rank_memory_cap"]["largest_rank"] == 8
+    assert {c["rank"] for c in report["candidates"]} <= {4, 8}
+    _, free = fit_base(store, val, _config(), 0, tmp_path / "free.npz", reuse=False)
+    assert "rank_memory_cap" not in free
