@@ -137,7 +137,8 @@ def blended_directions(run: Path, space: Space, d: np.ndarray, weight: float) ->
 
 
 def hir_refits(run: Path, space: Space, seeds: tuple[int, ...], fits: tuple[str, ...] = (),
-               token_content: float = 0.0, free_levels: int = 0) -> dict[str, dict[int, list[np.ndarray]]]:
+               token_content: float = 0.0, free_levels: int = 0,
+               child_n_init: int = 1) -> dict[str, dict[int, list[np.ndarray]]]:
     """Tokens of the checkpoint's tree refitted (export.hierarchy_fit=entities) with each seed on
     the directions of the warm engaged entities, as `hir export` does with cfg.seed, and of each
     of ``fits`` (coengage, bottomup: :func:`hir.export.fits.fit_tree` on that refit and the train
@@ -177,7 +178,7 @@ def hir_refits(run: Path, space: Space, seeds: tuple[int, ...], fits: tuple[str,
     seen = warm[pos] == ents
     out: dict[str, dict[int, list[np.ndarray]]] = {name: {} for name in ("hir", *fits)}
     for seed in seeds:
-        tok = refit_tokenizer(tree, d[warm], seed).eval()
+        tok = refit_tokenizer(tree, d[warm], seed, child_n_init=child_n_init).eval()
         out["hir"][seed] = top1_of(tok, d)
         for fit in fits:
             fitted = copy.deepcopy(tok)
@@ -284,6 +285,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=RESULTS, help="the results file (a row is added or replaced)")
     ap.add_argument("--token-content", type=float, default=None,
                     help="the hir fits' text weight (export.token_content; default: the export's own, meta.json)")
+    ap.add_argument("--child-n-init", type=int, default=1,
+                    help="seedings of each parent's children k-means in the hir refits (best of n; 1 = the export's)")
     ap.add_argument("--free-levels", type=int, default=None,
                     help="the hir fits' finest levels free of the residual bound (export.hierarchy_free_levels; "
                          "default: the export's own, meta.json)")
@@ -308,8 +311,10 @@ def main() -> None:
     result["token_content"] = weight
     free = int(space.meta.get("hierarchy_free_levels", 0) if args.free_levels is None else args.free_levels)
     result["free_levels"] = free
+    result["child_n_init"] = args.child_n_init
     if "hir" in methods or fits:
-        refits = hir_refits(args.run, space, (args.seed, args.seed + 1, args.seed + 2), fits, weight, free)
+        refits = hir_refits(args.run, space, (args.seed, args.seed + 1, args.seed + 2), fits, weight, free,
+                            args.child_n_init)
         same = [float((refits["hir"][args.seed][lvl] == space.tokens[lvl]).mean()) for lvl in range(len(space.levels))]
         log.info("hir refit with the export's seed reproduces its tokens on %s of entities", same)
         result["hir_refit_reproduces_export"] = same

@@ -233,14 +233,15 @@ class HierarchicalTokenizer(nn.Module):
 
     @torch.no_grad()
     def init_from_data(self, x: Tensor, iters: int = 25, generator: torch.Generator | None = None,
-                       n_init: int = 1) -> None:
+                       n_init: int = 1, child_n_init: int = 1) -> None:
         """Data-dependent initialisation by hierarchical k-means on embeddings x (n, dim).
 
         Level 0 gets the k-means centroids (the best of ``n_init`` seedings: every finer token
         inherits this split, so its stability across seeds bounds theirs); each finer prototype
         starts in the direction of a k-means centroid of its parent's members (clipped to the
         residual bound; a free level's is the centroid itself). Avoids dead prototypes and gives
-        training a sensible start.
+        training a sensible start. Each parent's children are the best of ``child_n_init``
+        seedings of its members' k-means.
         """
         self.root.copy_(kmeans(x, self.levels[0], iters, generator, n_init))
         for lvl, r in enumerate(self.residuals, start=1):
@@ -252,7 +253,7 @@ class HierarchicalTokenizer(nn.Module):
                 members = x[assign == p]
                 if len(members) < branch:  # too few members: spread children around the parent
                     members = prev[p] + 0.1 * torch.randn(branch * 4, x.shape[1], generator=generator)
-                cents = kmeans(members, branch, iters, generator)  # (branch, dim)
+                cents = kmeans(members, branch, iters, generator, child_n_init)  # (branch, dim)
                 scale = 1.0 if self.free(lvl) else (self.radius * d[p]).clamp_min(1e-6)
                 r[p * branch:(p + 1) * branch] = (cents - prev[p]) / scale
 
