@@ -56,7 +56,8 @@ class ExportConfig:
     the weight of an entity's text direction beside its collaborative one in the space the tokens
     are fitted and read (0: the collaborative direction alone), :mod:`hir.export.content_tokens`;
     hierarchy_free_levels: how many of the fitted tree's finest levels are free of the residual
-    bound (:class:`hir.nn.HierarchicalTokenizer`; 0: every level bounded).
+    bound (:class:`hir.nn.HierarchicalTokenizer`; 0: every level bounded); hierarchy_child_n_init:
+    the seedings of each parent's children k-means in the refit (the best of n).
     """
 
     checkpoint: str
@@ -89,6 +90,8 @@ class ExportConfig:
     token_content: float = 0.0
     # the finest levels of the fitted tree free of the residual bound (hir.nn.HierarchicalTokenizer)
     hierarchy_free_levels: int = 0
+    # seedings of each parent's children k-means in the tree's refit (the best of n; level 0 takes 10)
+    hierarchy_child_n_init: int = 1
     # the val choices of cold placement score at most this many (val user x candidate) pairs: a
     # seeded sample of users where the catalogue is larger (hir.model.ValSet.limited; null = all)
     val_pairs: float | None = None
@@ -107,6 +110,9 @@ class ExportConfig:
             raise ValueError(f"export.token_content={self.token_content}: expected a weight >= 0 (0 = no text in the "
                              "token space)")
         self.hierarchy_free_levels = int(self.hierarchy_free_levels)
+        self.hierarchy_child_n_init = int(self.hierarchy_child_n_init)
+        if self.hierarchy_child_n_init < 1:
+            raise ValueError(f"export.hierarchy_child_n_init={self.hierarchy_child_n_init}: expected a count >= 1")
         if self.hierarchy_free_levels and self.hierarchy_fit == "checkpoint":
             raise ValueError(f"export.hierarchy_free_levels={self.hierarchy_free_levels} needs a tree fitted at export "
                              "(the checkpoint's prototypes are trained within the bound): set "
@@ -138,6 +144,8 @@ def export_meta(embedder: Any, ckpt: Path, ex: ExportConfig, z: Any, codes: list
         "token_content": ex.token_content,
         # the fitted tree's finest levels free of the residual bound (hierarchy/tokenizer.pt keeps it too)
         "hierarchy_free_levels": ex.hierarchy_free_levels,
+        # the seedings of each parent's children k-means in the tree's refit
+        "hierarchy_child_n_init": ex.hierarchy_child_n_init,
         # how the tree was fitted (a change re-exports: the tokens differ)
         "hierarchy_fit": ex.hierarchy_fit,
         "levels": list(embedder.levels), "top_k": [int(c.shape[1]) for c in codes],
@@ -170,7 +178,8 @@ def user_inputs(embedder: Any) -> dict[str, Any]:
 
 # the token settings an export is reused for only when they match, and what a meta.json written
 # before a key was recorded meant by its absence (None: trusted on it, as before)
-TOKEN_SETTINGS = {"token_content": 0.0, "hierarchy_free_levels": 0, "hierarchy_fit": None}
+TOKEN_SETTINGS = {"token_content": 0.0, "hierarchy_free_levels": 0, "hierarchy_fit": None,
+                  "hierarchy_child_n_init": 1}
 
 
 def reusable(meta_path: Path, ckpt: Path, force: bool, dim: int | None = None, token_space: str = "full",
@@ -271,14 +280,15 @@ def fitted_rows(embedder: Any) -> Any:
     return np.flatnonzero(np.isin(st.node_type, engaged) & st.warm)
 
 
-def refit_hierarchy(embedder: Any, z: Any, seed: int) -> None:
+def refit_hierarchy(embedder: Any, z: Any, seed: int, child_n_init: int = 1) -> None:
     """``export.hierarchy_fit=entities``: tokenise with the checkpoint's tree refitted on the exported
     directions of the warm entities of the engaged types (those the super-graph counts)."""
     from hir.export.hierarchy import refit_tokenizer
 
     rows = fitted_rows(embedder)
     t0 = time.perf_counter()
-    embedder.use_tokenizer(refit_tokenizer(embedder.tokenizer, embedder.semantic_rows(z, rows), seed))
+    embedder.use_tokenizer(refit_tokenizer(embedder.tokenizer, embedder.semantic_rows(z, rows), seed,
+                                           child_n_init=child_n_init))
     log.info("hierarchy refitted on the directions of %d warm entities in %.1fs", len(rows), time.perf_counter() - t0)
 
 
@@ -353,7 +363,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     emb_dir, hier_dir = Path(cfg.paths.embeddings_dir), Path(cfg.paths.hierarchy_dir)
     ckpt = resolve_checkpoint(ex.checkpoint, Path(cfg.paths.checkpoint_dir))
     tokens = {"token_content": ex.token_content, "hierarchy_free_levels": ex.hierarchy_free_levels,
-              "hierarchy_fit": ex.hierarchy_fit}
+              "hierarchy_fit": ex.hierarchy_fit, "hierarchy_child_n_init": ex.hierarchy_child_n_init}
     if (meta := reusable(emb_dir / META_FILE, ckpt, bool(cfg.force), ex.dim, ex.token_space, tokens)) is not None:
         log.info("embeddings of model %s exist at %s; reusing them (force=true re-exports)", meta["model_version"], emb_dir)
         return meta
@@ -379,7 +389,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     if ex.hierarchy_anchor and ex.hierarchy_fit != "checkpoint":
         anchored = anchored_hierarchy(embedder, z_tok, str(ex.hierarchy_anchor), keys)
     elif ex.hierarchy_fit != "checkpoint":
-        refit_hierarchy(embedder, z_tok, int(cfg.seed))
+        refit_hierarchy(embedder, z_tok, int(cfg.seed), ex.hierarchy_child_n_init)
     if ex.hierarchy_fit in ("coengage", "bottomup") and (anchored is None or (
             ex.hierarchy_anchor_refine and ex.hierarchy_fit == "coengage")):
         fitted_hierarchy(embedder, z_tok, ex.hierarchy_fit, ex.visible_splits, int(cfg.seed))

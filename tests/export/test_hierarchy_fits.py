@@ -189,3 +189,44 @@ def test_an_export_of_another_hierarchy_fit_is_not_reused(tmp_path: Path) -> Non
     assert reusable(path, ckpt, False, None, "full", dict(settings, hierarchy_fit="bottomup")) is None  # the tokens differ: redo
     path.write_text(json.dumps({k: v for k, v in meta.items() if k != "hierarchy_fit"}))
     assert reusable(path, ckpt, False, None, "full", dict(settings, hierarchy_fit="bottomup")) is not None  # written before it was recorded
+
+
+def test_children_from_more_seedings_are_the_best_of_them_and_a_change_redoes_the_export(tmp_path: Path) -> None:
+    from hir.export.embed import checkpoint_version
+    from hir.export.hierarchy import refit_tokenizer
+    from hir.export.stage import reusable
+    from hir.nn.hierarchy import kmeans
+
+    # three well-separated parents, each with two sub-clusters; seedings differ, the best is kept
+    gen = np.random.default_rng(0)
+    centres = gen.normal(size=(3, 8)) * 5
+    x = np.concatenate([c + s * gen.normal(size=(40, 8)) for c in centres for s in (0.3, 0.3)]).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    tree = HierarchicalTokenizer(8, (3, 6), 1, 0.1, 0.2)
+    one = refit_tokenizer(tree, x, seed=1, child_n_init=1)
+    five = refit_tokenizer(tree, x, seed=1, child_n_init=5)
+    assert torch.equal(one.root, five.root)  # level 0 is the same best-of-10 either way
+    assert torch.equal(five.vectors()[1], refit_tokenizer(tree, x, seed=1, child_n_init=5).vectors()[1])  # seeded
+    assert not torch.equal(one.vectors()[1], five.vectors()[1])  # the setting reaches the children
+    assert torch.equal(one.vectors()[1], refit_tokenizer(tree, x, seed=1).vectors()[1])  # 1 is the old default
+    # kmeans' best of n seedings never has a larger inertia than its first seeding alone
+    pts = torch.from_numpy(x[:80])
+
+    def sse(c: torch.Tensor) -> float:
+        return float(torch.cdist(pts, c).min(dim=1).values.pow(2).sum())
+
+    assert sse(kmeans(pts, 3, 25, torch.Generator().manual_seed(0), 4)) <= sse(
+        kmeans(pts, 3, 25, torch.Generator().manual_seed(0), 1)) + 1e-6
+    # a recorded n other than the one asked for re-exports; a meta.json from before it meant 1
+    ckpt = tmp_path / "last.ckpt"
+    ckpt.write_bytes(b"weights")
+    meta = {"model_version": checkpoint_version(ckpt), "export_dim": None, "projection": None,
+            "hierarchy_fit": "coengage", "hierarchy_child_n_init": 5}
+    path = tmp_path / "meta.json"
+    path.write_text(json.dumps(meta))
+    fit = {"hierarchy_fit": "coengage"}
+    assert reusable(path, ckpt, False, None, "full", dict(fit, hierarchy_child_n_init=5)) == meta
+    assert reusable(path, ckpt, False, None, "full", dict(fit, hierarchy_child_n_init=1)) is None
+    path.write_text(json.dumps({k: v for k, v in meta.items() if k != "hierarchy_child_n_init"}))
+    assert reusable(path, ckpt, False, None, "full", dict(fit, hierarchy_child_n_init=1)) is not None
+    assert reusable(path, ckpt, False, None, "full", dict(fit, hierarchy_child_n_init=5)) is None
