@@ -43,7 +43,7 @@ import polars as pl
 import torch
 
 from hir.export.cold_users import turn_like_export
-from hir.model.metrics import paired_gain, recall_of_top, top_k_variants
+from hir.model.metrics import BLOCK, all_finite, chunk_topk, paired_gain, recall_of_top, top_k_variants
 
 log = logging.getLogger(__name__)
 
@@ -100,8 +100,8 @@ def own_directions(own: np.ndarray, centre: np.ndarray | None = None) -> tuple[n
 
 
 def neighbour_placement(own: np.ndarray, text_q: np.ndarray, ref_z: np.ndarray, ref_text: np.ndarray, k: int,
-                        beta: float, centre: np.ndarray | None = None,
-                        chunk: int = 2048) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                        beta: float, centre: np.ndarray | None = None, chunk: int = 2048,
+                        block: int = BLOCK) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Directions (C, w - 1) and mean neighbour scales (C,) of C cold entities, in the exported
     space of width w (K + 1, or the served d + 1 of ``export.dim``: placement runs after the
     projection, so `hir refresh` can repeat it against the exported rows), and the centre of
@@ -118,6 +118,9 @@ def neighbour_placement(own: np.ndarray, text_q: np.ndarray, ref_z: np.ndarray, 
         beta: weight of the entity's own (knowledge-view) direction, centred.
         centre: (w - 1,) the knowledge views' centre to remove (default: the mean of ``own``'s
             directions; `hir refresh` passes the export's, meta.json ``cold_placement.centre``).
+        chunk, block: cold entities ranked at a time against warm entities at a time
+            (:func:`hir.model.metrics.chunk_topk`: the ranking of the whole (chunk, W) cosine block,
+            ties included, without it; memory (chunk, >= block)).
     """
     k = min(k, len(ref_z))
     part = ref_z[:, :-1]
@@ -126,10 +129,12 @@ def neighbour_placement(own: np.ndarray, text_q: np.ndarray, ref_z: np.ndarray, 
     dirs = np.zeros((len(own), part.shape[1]), np.float32)
     mean_a = np.zeros(len(own), np.float32)
     ref = torch.from_numpy(np.ascontiguousarray(ref_text, np.float32))
+    finite = all_finite(ref, block)
     for lo in range(0, len(own), chunk):
         # torch's top-k, not numpy's argpartition: 52 s of completejourney's export (22k cold x 70k warm)
-        best = (torch.from_numpy(np.ascontiguousarray(text_q[lo:lo + chunk], np.float32)) @ ref.T).topk(k, dim=1)
-        top, w = best.indices.numpy(), best.values.numpy().clip(min=0) + 1e-6  # (c, k) each
+        q = torch.from_numpy(np.ascontiguousarray(text_q[lo:lo + chunk], np.float32))
+        values, indices = chunk_topk(q, ref, [()] * q.shape[0], k, block, finite)
+        top, w = indices.numpy(), values.numpy().clip(min=0) + 1e-6  # (c, k) each
         v = (w[..., None] * part[top]).sum(1) / w.sum(1, keepdims=True)
         dirs[lo:lo + chunk] = v / np.maximum(np.linalg.norm(v, axis=1, keepdims=True), 1e-12)
         mean_a[lo:lo + chunk] = (w * scale[top]).sum(1) / w.sum(1)
