@@ -43,7 +43,7 @@ import polars as pl
 import torch
 
 from hir.export.cold_users import turn_like_export
-from hir.model.metrics import BLOCK, all_finite, chunk_topk, paired_gain, recall_of_top, top_k_variants
+from hir.model.metrics import BLOCK, chunk_topk, paired_gain, recall_of_top, top_k_variants
 
 log = logging.getLogger(__name__)
 
@@ -129,11 +129,10 @@ def neighbour_placement(own: np.ndarray, text_q: np.ndarray, ref_z: np.ndarray, 
     dirs = np.zeros((len(own), part.shape[1]), np.float32)
     mean_a = np.zeros(len(own), np.float32)
     ref = torch.from_numpy(np.ascontiguousarray(ref_text, np.float32))
-    finite = all_finite(ref, block)
     for lo in range(0, len(own), chunk):
         # torch's top-k, not numpy's argpartition: 52 s of completejourney's export (22k cold x 70k warm)
         q = torch.from_numpy(np.ascontiguousarray(text_q[lo:lo + chunk], np.float32))
-        values, indices = chunk_topk(q, ref, [()] * q.shape[0], k, block, finite)
+        values, indices = chunk_topk(q, ref, [()] * q.shape[0], k, block)  # unit queries: no zero row to check
         top, w = indices.numpy(), values.numpy().clip(min=0) + 1e-6  # (c, k) each
         v = (w[..., None] * part[top]).sum(1) / w.sum(1, keepdims=True)
         dirs[lo:lo + chunk] = v / np.maximum(np.linalg.norm(v, axis=1, keepdims=True), 1e-12)
