@@ -142,10 +142,17 @@ def neighbour_placement(own: np.ndarray, text_q: np.ndarray, ref_z: np.ndarray, 
     return dirs, mean_a, centre
 
 
-def placed(z: np.ndarray, rows: np.ndarray, dirs: np.ndarray, mean_a: np.ndarray, boost: float) -> np.ndarray:
-    """A copy of ``z`` (n, w) whose ``rows`` are ``[a s, sqrt(1 - a^2)]`` with s = ``dirs``
-    and a = min(1, ``boost`` x ``mean_a``)."""
-    out = z.copy()
+def placed(z: np.ndarray, rows: np.ndarray, dirs: np.ndarray, mean_a: np.ndarray, boost: float,
+           inplace: bool = False) -> np.ndarray:
+    """``z`` (n, w) whose ``rows`` are ``[a s, sqrt(1 - a^2)]`` with s = ``dirs`` and
+    a = min(1, ``boost`` x ``mean_a``): a copy, or ``z`` itself written in place when ``inplace``.
+
+    A copy by default: export at ``token_space=full`` with a projection, and `hir refresh`, keep
+    the array before placement and compare it row by row with the placed one to find the rows to
+    lift back (:func:`hir.export.project.token_vectors`); written in place, the placed rows would
+    compare equal and keep their unplaced rank-K vectors. A caller that keeps no such array
+    (export without it) places in place: no second (n, w) array (3 GB at 3M entities x 257)."""
+    out = z if inplace else z.copy()
     a = np.minimum(mean_a * boost, 1.0)
     out[rows, :-1] = dirs * a[:, None]
     out[rows, -1] = np.sqrt(np.clip(1 - a * a, 0, 1))
@@ -198,7 +205,8 @@ def choose_boost(z: np.ndarray, rows: np.ndarray, dirs: np.ndarray, mean_a: np.n
     return max(ok, key=lambda b: (table[b]["cold"], table[b]["all"], -b)), table
 
 
-def place_cold(z: np.ndarray, store: Any, valset: Any, cfg: ColdPlacement) -> tuple[np.ndarray, dict[str, Any]]:
+def place_cold(z: np.ndarray, store: Any, valset: Any, cfg: ColdPlacement,
+               inplace: bool = False) -> tuple[np.ndarray, dict[str, Any]]:
     """Every non-user type's cold entities with text placed by their neighbours (module doc).
 
     Args:
@@ -206,6 +214,7 @@ def place_cold(z: np.ndarray, store: Any, valset: Any, cfg: ColdPlacement) -> tu
         store: the export's :class:`hir.model.GraphStore` (``warm``, ``type_range``).
         valset: :func:`hir.model.validation_set` of the store (masked new-to-user), or None.
         cfg: the placement (:class:`ColdPlacement`).
+        inplace: write the placed rows into ``z`` rather than a copy (:func:`placed`).
 
     Returns:
         the new embeddings and a report (rows placed per type, the chosen boost, the val table).
@@ -247,7 +256,7 @@ def place_cold(z: np.ndarray, store: Any, valset: Any, cfg: ColdPlacement) -> tu
     report["boost"] = boost
     log.info("cold start: %s entities placed by their %d content neighbours (boost %g; val recall@20 by boost %s)",
              report["placed"], int(cfg.k), boost, table or "not measured")
-    return placed(z, rows, dirs, mean_a, boost), report
+    return placed(z, rows, dirs, mean_a, boost, inplace), report
 
 
 def place_like_export(emb_dir: str | Path, store: Any, etype: str, z_new: np.ndarray, text_new: np.ndarray,

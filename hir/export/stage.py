@@ -213,10 +213,11 @@ def embed_snapshot(embedder: Any, ex: ExportConfig, seed: int) -> tuple[Any, Any
                            "training diverged")
     full = z
     z, projection = serve_dim(embedder, z, resolve_dim(ex.dim, embedder.served_dim, ex.dim_fallback), ex.token_space)
-    # placement returns new arrays (hir/export/cold.py placed, cold_users) and leaves this one as it is
+    # kept for token_vectors, which compares it with the placed rows: placement then returns new arrays
+    # (hir/export/cold.py placed, cold_users); without it, the entities are placed in place (no copy)
     projected = z if projection is not None and ex.token_space == "full" else None
     valset = validation_set(st, None, seed, "masked_new") if len(st.val_pairs) else None
-    z, report = place_cold(z, st, valset, ex.cold)
+    z, report = place_cold(z, st, valset, ex.cold, inplace=projected is None)
     # after the entities are placed: the cold users are chosen against the final candidates
     z, report["users"] = place_cold_users(z, st, valset, ex.cold_users)
     z_tokens = token_vectors(full, projected, z, projection) if projected is not None else z

@@ -162,3 +162,18 @@ def test_neighbours_ranked_in_blocks_place_as_the_whole_cosine_block() -> None:
         for w, b in zip(whole, blocked):
             np.testing.assert_array_equal(b.view(np.int32), w.view(np.int32))
 
+
+
+def test_placing_in_place_writes_the_same_rows_and_a_copy_leaves_z_alone() -> None:
+    rng = np.random.default_rng(4)
+    z = rng.normal(size=(30, 5)).astype(np.float32)
+    rows, dirs = np.array([3, 7, 21]), _unit(rng.normal(size=(3, 4))).astype(np.float32)
+    mean_a = np.array([0.1, 0.4, 0.7], np.float32)
+    before = z.copy()
+    copy = placed(z, rows, dirs, mean_a, 2.0)
+    np.testing.assert_array_equal(z, before)  # what export's token_vectors and refresh compare against
+    same = placed(z, rows, dirs, mean_a, 2.0, inplace=True)
+    assert same is z
+    np.testing.assert_array_equal(same, copy)
+    untouched = np.setdiff1d(np.arange(30), rows)
+    np.testing.assert_array_equal(z[untouched], before[untouched])
