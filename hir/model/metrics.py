@@ -82,12 +82,13 @@ def chunk_topk(users: Tensor, cand: Tensor, masked: list[np.ndarray], kk: int, b
     NaN, the top ``kk`` and their order are unique, so torch's ranking of the whole row is this
     one. Elsewhere (ties inside the top ``kk`` or across its edge, NaN, masked rows reached) the
     order depends on how torch's partial sort visits the whole row, so that user's whole row is
-    rebuilt, from the same block products (the same bits), a few users at a time, and ranked by
-    torch as before (from the product of those users alone where that gives the same bits,
-    :func:`_rebuilt_rows`: a tie in every row, 4,141 distinct texts among completejourney's 69,836
-    warm products, cost 10 passes a chunk otherwise). A user vector of zeros scores 0 everywhere
-    (with finite candidates): its row is rebuilt without a product. Chunks of fewer than :data:`SMALL_CHUNK` users, and fewer than
-    ``2 * block`` candidates, are one product as before."""
+    rebuilt with the same bits, a few users at a time, and ranked by torch as before: from the
+    product of those users alone, checked against the first pass, or from the chunk's own block
+    products (:func:`_rebuilt_rows`; the first costs those users' share of a pass, the second a
+    whole pass a few users: with a tie in every row, as among completejourney's warm texts, 4,141
+    distinct of 69,836, 10 passes a chunk). A user vector of zeros scores 0 everywhere (with
+    finite candidates): its row is rebuilt without a product. Chunks of fewer than
+    :data:`SMALL_CHUNK` users, and fewer than ``2 * block`` candidates, are one product as before."""
     c, m = users.shape[0], cand.shape[0]
     rows, cols = _masked_pairs(masked, m)
     if c < SMALL_CHUNK or m < 2 * block:
