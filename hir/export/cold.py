@@ -43,7 +43,7 @@ import polars as pl
 import torch
 
 from hir.export.cold_users import turn_like_export
-from hir.model.metrics import paired_gain, recall_of_top, top_k_variants
+from hir.model.metrics import BLOCK, chunk_topk, paired_gain, recall_of_top, top_k_variants
 
 log = logging.getLogger(__name__)
 
@@ -100,8 +100,8 @@ def own_directions(own: np.ndarray, centre: np.ndarray | None = None) -> tuple[n
 
 
 def neighbour_placement(own: np.ndarray, text_q: np.ndarray, ref_z: np.ndarray, ref_text: np.ndarray, k: int,
-                        beta: float, centre: np.ndarray | None = None,
-                        chunk: int = 2048) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                        beta: float, centre: np.ndarray | None = None, chunk: int = 2048,
+                        block: int = BLOCK) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Directions (C, w - 1) and mean neighbour scales (C,) of C cold entities, in the exported
     space of width w (K + 1, or the served d + 1 of ``export.dim``: placement runs after the
     projection, so `hir refresh` can repeat it against the exported rows), and the centre of
@@ -118,6 +118,9 @@ def neighbour_placement(own: np.ndarray, text_q: np.ndarray, ref_z: np.ndarray, 
         beta: weight of the entity's own (knowledge-view) direction, centred.
         centre: (w - 1,) the knowledge views' centre to remove (default: the mean of ``own``'s
             directions; `hir refresh` passes the export's, meta.json ``cold_placement.centre``).
+        chunk, block: cold entities ranked at a time against warm entities at a time
+            (:func:`hir.model.metrics.chunk_topk`: the ranking of the whole (chunk, W) cosine block,
+            ties included, without it; memory (chunk, >= block)).
     """
     k = min(k, len(ref_z))
     part = ref_z[:, :-1]
@@ -128,8 +131,9 @@ def neighbour_placement(own: np.ndarray, text_q: np.ndarray, ref_z: np.ndarray, 
     ref = torch.from_numpy(np.ascontiguousarray(ref_text, np.float32))
     for lo in range(0, len(own), chunk):
         # torch's top-k, not numpy's argpartition: 52 s of completejourney's export (22k cold x 70k warm)
-        best = (torch.from_numpy(np.ascontiguousarray(text_q[lo:lo + chunk], np.float32)) @ ref.T).topk(k, dim=1)
-        top, w = best.indices.numpy(), best.values.numpy().clip(min=0) + 1e-6  # (c, k) each
+        q = torch.from_numpy(np.ascontiguousarray(text_q[lo:lo + chunk], np.float32))
+        values, indices = chunk_topk(q, ref, [()] * q.shape[0], k, block)  # unit queries: no zero row to check
+        top, w = indices.numpy(), values.numpy().clip(min=0) + 1e-6  # (c, k) each
         v = (w[..., None] * part[top]).sum(1) / w.sum(1, keepdims=True)
         dirs[lo:lo + chunk] = v / np.maximum(np.linalg.norm(v, axis=1, keepdims=True), 1e-12)
         mean_a[lo:lo + chunk] = (w * scale[top]).sum(1) / w.sum(1)
@@ -138,10 +142,17 @@ def neighbour_placement(own: np.ndarray, text_q: np.ndarray, ref_z: np.ndarray, 
     return dirs, mean_a, centre
 
 
-def placed(z: np.ndarray, rows: np.ndarray, dirs: np.ndarray, mean_a: np.ndarray, boost: float) -> np.ndarray:
-    """A copy of ``z`` (n, w) whose ``rows`` are ``[a s, sqrt(1 - a^2)]`` with s = ``dirs``
-    and a = min(1, ``boost`` x ``mean_a``)."""
-    out = z.copy()
+def placed(z: np.ndarray, rows: np.ndarray, dirs: np.ndarray, mean_a: np.ndarray, boost: float,
+           inplace: bool = False) -> np.ndarray:
+    """``z`` (n, w) whose ``rows`` are ``[a s, sqrt(1 - a^2)]`` with s = ``dirs`` and
+    a = min(1, ``boost`` x ``mean_a``): a copy, or ``z`` itself written in place when ``inplace``.
+
+    A copy by default: export at ``token_space=full`` with a projection, and `hir refresh`, keep
+    the array before placement and compare it row by row with the placed one to find the rows to
+    lift back (:func:`hir.export.project.token_vectors`); written in place, the placed rows would
+    compare equal and keep their unplaced rank-K vectors. A caller that keeps no such array
+    (export without it) places in place: no second (n, w) array (3 GB at 3M entities x 257)."""
+    out = z if inplace else z.copy()
     a = np.minimum(mean_a * boost, 1.0)
     out[rows, :-1] = dirs * a[:, None]
     out[rows, -1] = np.sqrt(np.clip(1 - a * a, 0, 1))
@@ -194,7 +205,8 @@ def choose_boost(z: np.ndarray, rows: np.ndarray, dirs: np.ndarray, mean_a: np.n
     return max(ok, key=lambda b: (table[b]["cold"], table[b]["all"], -b)), table
 
 
-def place_cold(z: np.ndarray, store: Any, valset: Any, cfg: ColdPlacement) -> tuple[np.ndarray, dict[str, Any]]:
+def place_cold(z: np.ndarray, store: Any, valset: Any, cfg: ColdPlacement,
+               inplace: bool = False) -> tuple[np.ndarray, dict[str, Any]]:
     """Every non-user type's cold entities with text placed by their neighbours (module doc).
 
     Args:
@@ -202,6 +214,7 @@ def place_cold(z: np.ndarray, store: Any, valset: Any, cfg: ColdPlacement) -> tu
         store: the export's :class:`hir.model.GraphStore` (``warm``, ``type_range``).
         valset: :func:`hir.model.validation_set` of the store (masked new-to-user), or None.
         cfg: the placement (:class:`ColdPlacement`).
+        inplace: write the placed rows into ``z`` rather than a copy (:func:`placed`).
 
     Returns:
         the new embeddings and a report (rows placed per type, the chosen boost, the val table).
@@ -243,7 +256,7 @@ def place_cold(z: np.ndarray, store: Any, valset: Any, cfg: ColdPlacement) -> tu
     report["boost"] = boost
     log.info("cold start: %s entities placed by their %d content neighbours (boost %g; val recall@20 by boost %s)",
              report["placed"], int(cfg.k), boost, table or "not measured")
-    return placed(z, rows, dirs, mean_a, boost), report
+    return placed(z, rows, dirs, mean_a, boost, inplace), report
 
 
 def place_like_export(emb_dir: str | Path, store: Any, etype: str, z_new: np.ndarray, text_new: np.ndarray,

@@ -25,6 +25,7 @@ import torch
 
 from hir.data.snapshot import Snapshot, load_snapshot
 from hir.errors import InputError
+from hir.export.recorded import recorded_checkpoint
 from hir.model import (
     SPECTRAL_FILE,
     ContextSampler,
@@ -71,27 +72,6 @@ def resolve_checkpoint(choice: str, ckpt_dir: Path) -> Path:
             raise InputError(f"{metrics} does not exist; run `hir train` first (or set export.checkpoint=PATH)")
         return recorded_checkpoint(json.loads(metrics.read_text())["best_checkpoint"], metrics)
     return ckpt_dir / "last.ckpt" if choice == "last" else Path(choice)
-
-
-def recorded_checkpoint(recorded: str, metrics: Path) -> Path:
-    """A checkpoint as ``metrics`` (a ``train_metrics.json``) records it -> its file.
-
-    `hir train` records it relative to the checkpoint dir, the metrics file's own, so a run dir
-    that was moved or copied (a removed git worktree, a run copied elsewhere) still resolves to
-    its own files. Files written before recorded the absolute path where the run was trained: the
-    checkpoint of that name beside the metrics file is the one train wrote with it (checkpoints
-    and metrics go to one dir), so it is taken when present, and the recorded path otherwise.
-    """
-    path = Path(recorded)
-    if not path.is_absolute():
-        return metrics.parent / path
-    beside = metrics.parent / path.name
-    if beside.exists():
-        return beside
-    if path.exists():
-        return path
-    raise InputError(f"{metrics} records the checkpoint {path}, which does not exist, and {beside} does not either; "
-                     "retrain (`hir train force=true`) or set export.checkpoint=PATH")
 
 
 def checkpoint_version(path: str | Path) -> str:

@@ -123,20 +123,22 @@ class ExportConfig:
                              "export.token_content=0")
 
 
-def export_meta(embedder: Any, ckpt: Path, ex: ExportConfig, z: Any, codes: list[Any], keys: dict[str, list[str]],
+def export_meta(embedder: Any, ckpt: str, ex: ExportConfig, z: Any, codes: list[Any], keys: dict[str, list[str]],
                 event_ts: datetime, created: datetime, sg: dict[str, Any], planted: dict[str, Any] | None,
                 cold_report: dict[str, Any], seconds: dict[str, float], projection: Any,
                 inputs: dict[str, Any]) -> dict[str, Any]:
     """``embeddings/meta.json`` (docs/contracts.md): the model version, sizes, counts, cut-off
-    and what the export measured; ``inputs``: :func:`user_inputs`, taken before
-    :func:`embed_snapshot` released the embedder's base."""
+    and what the export measured; ``ckpt``: the checkpoint as meta.json records it
+    (:func:`hir.export.recorded.record_checkpoint`: relative to the export dir when it is in the
+    run dir); ``inputs``: :func:`user_inputs`, taken before :func:`embed_snapshot` released the
+    embedder's base."""
     import numpy as np
 
     st = embedder.store
     norms = np.linalg.norm(z, axis=1)
     meta = {
         # dim: the served width (validate and publish take it from here); export_dim: as configured
-        "model_version": embedder.version, "checkpoint": str(ckpt), "dim": int(z.shape[1]), "export_dim": ex.dim,
+        "model_version": embedder.version, "checkpoint": ckpt, "dim": int(z.shape[1]), "export_dim": ex.dim,
         "projection": projection.report if projection is not None else None,
         # where the tokens were fitted and read (the served space is the full rank without a projection)
         "token_space": ex.token_space if projection is not None else "full",
@@ -223,10 +225,11 @@ def embed_snapshot(embedder: Any, ex: ExportConfig, seed: int) -> tuple[Any, Any
                            "training diverged")
     full = z
     z, projection = serve_dim(embedder, z, resolve_dim(ex.dim, embedder.served_dim, ex.dim_fallback), ex.token_space)
-    # placement returns new arrays (hir/export/cold.py placed, cold_users) and leaves this one as it is
+    # kept for token_vectors, which compares it with the placed rows: placement then returns new arrays
+    # (hir/export/cold.py placed, cold_users); without it, the entities are placed in place (no copy)
     projected = z if projection is not None and ex.token_space == "full" else None
     valset = validation_set(st, None, seed, "masked_new").limited(ex.val_pairs, seed) if len(st.val_pairs) else None
-    z, report = place_cold(z, st, valset, ex.cold)
+    z, report = place_cold(z, st, valset, ex.cold, inplace=projected is None)
     # after the entities are placed: the cold users are chosen against the final candidates
     z, report["users"] = place_cold_users(z, st, valset, ex.cold_users)
     z_tokens = token_vectors(full, projected, z, projection) if projected is not None else z
@@ -357,6 +360,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 
     from hir.export.embed import Embedder, resolve_checkpoint
     from hir.export.hierarchy import hierarchy_diagnostics
+    from hir.export.recorded import record_checkpoint
     from hir.export.tables import keys_and_texts, write_embeddings, write_prototypes
 
     ex: ExportConfig = instantiate(cfg.export)
@@ -412,9 +416,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     if anchored is not None:
         sg["hierarchy_anchor"] = anchor_report(anchored, top1)
     write_text_atomic(hier_dir / "supergraph.json", json.dumps(sg, indent=2))
-    meta = export_meta(embedder, ckpt, ex, z, codes, keys, event_ts, created, sg, planted, cold_report,
-                       {"embed": round(t_embed, 2), "hierarchy_fit": round(t_fit, 2),
-                        "total": round(time.perf_counter() - t0, 2)}, projection, inputs)
+    meta = export_meta(embedder, record_checkpoint(ckpt, emb_dir), ex, z, codes, keys, event_ts, created, sg,
+                       planted, cold_report, {"embed": round(t_embed, 2), "hierarchy_fit": round(t_fit, 2),
+                                              "total": round(time.perf_counter() - t0, 2)}, projection, inputs)
     # meta.json last and atomic: its presence marks a complete export (what `reusable` checks)
     write_text_atomic(emb_dir / META_FILE, json.dumps(meta, indent=2))
     log.info("exported %s (cold start %s) as model %s in %.1fs; super-graph density gain %s%s",

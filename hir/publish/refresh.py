@@ -79,19 +79,24 @@ def delta_path(cfg: DictConfig) -> Path:
 def model_source(cfg: DictConfig, manifest: dict[str, Any]) -> dict[str, Path]:
     """graph/, content/ and the checkpoint the live version was exported from: ``refresh.run_dir``
     when set, else the ones its manifest recorded (older manifests: the export's run dir)."""
+    from hir.export.recorded import exported_checkpoint
+
     src = manifest.get("source", {})
     emb_dir = Path(src.get("embeddings_dir", ""))
     run_dir = cfg.refresh.get("run_dir")
     if run_dir:
         run = Path(run_dir)
         meta_path = run / "embeddings" / "meta.json"
-        ckpt = Path(json.loads(meta_path.read_text())["checkpoint"]).name if meta_path.exists() else None
+        # the run's own checkpoint, wherever the run dir is now (meta.json's relative form, or the
+        # file of an older absolute path's name in its checkpoints/)
+        ckpt = json.loads(meta_path.read_text())["checkpoint"] if meta_path.exists() else None
         out = {"graph_dir": run / "graph", "content_dir": run / "content",
-               "checkpoint": run / "checkpoints" / ckpt if ckpt else Path(src.get("checkpoint", ""))}
+               "checkpoint": exported_checkpoint(ckpt, meta_path.parent) if ckpt else Path(src.get("checkpoint", ""))}
     else:
-        ckpt = src.get("checkpoint")
+        ckpt = src.get("checkpoint")  # publish records it resolved
         if not ckpt and (emb_dir / "meta.json").exists():
             ckpt = json.loads((emb_dir / "meta.json").read_text()).get("checkpoint")
+            ckpt = str(exported_checkpoint(ckpt, emb_dir)) if ckpt else None
         out = {"graph_dir": Path(src.get("graph_dir") or emb_dir.parent / "graph"),
                "content_dir": Path(src.get("content_dir") or emb_dir.parent / "content"),
                "checkpoint": Path(ckpt or "")}

@@ -25,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from hir import space
 from hir.errors import HirError
+from hir.export.recorded import exported_checkpoint
 from hir.progress import progress_steps
 from hir.publish import faults, feast_store, milvus_store, switch
 from hir.publish import funnel as funnel_table
@@ -293,7 +294,10 @@ def _prepare(cfg: DictConfig, state: dict[str, Any], store_dir: Path, emb_dir: P
         manifest["feast"]["funnel"] = funnel
         manifest["feast"]["offline_sha256"][funnel_table.TABLE] = sha256(Path(funnel["path"]))
     manifest["source"] |= {"graph_dir": result.get("graph_dir"), "content_dir": str(Path(cfg.paths.content_dir).resolve()),
-                           "checkpoint": emb_meta.get("checkpoint"), "visible_splits": emb_meta.get("visible_splits")}
+                           # resolved: meta.json records it relative to the export dir (hir.export.recorded)
+                           "checkpoint": str(exported_checkpoint(emb_meta["checkpoint"], emb_dir.resolve()))
+                           if emb_meta.get("checkpoint") else None,
+                           "visible_splits": emb_meta.get("visible_splits")}
     entry = {"version": version, "slug": sl, "created": result.get("created"), "status": "staged",
              "staged_at": now_iso(), "hashes": result["files"], "manifest": manifest,
              "funnel_hashes": (result.get("funnel") or {}).get("files")}

@@ -39,10 +39,11 @@ def refreshed_cold_tokens(export_dir: Path, out: Path) -> tuple[list[np.ndarray]
     from hir.export.cold import place_like_export
     from hir.export.content_tokens import array_text, blend
     from hir.export.embed import Embedder
+    from hir.export.recorded import exported_checkpoint
 
     emb_dir = export_dir / "embeddings"
     meta = json.loads((emb_dir / "meta.json").read_text())
-    emb = Embedder(meta["checkpoint"], out / "graph", out / "content")
+    emb = Embedder(exported_checkpoint(meta["checkpoint"], emb_dir), out / "graph", out / "content")
     emb.load_tokenizer(export_dir / "hierarchy" / "tokenizer.pt")
     cold, content, links = cold_product_inputs(out, emb_dir)
     text, has = np.stack(content["text_vec"].to_numpy()), content["has_text"].to_numpy()

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from hir.export.cold import choose_boost, neighbour_placement, own_directions, placed
+from hir.model.metrics import chunk_topk
 from hir.model.valset import ValSet
 
 
@@ -117,3 +119,61 @@ def test_the_boost_is_the_best_for_cold_positives_unless_its_overall_loss_is_bey
     z, cold, vs, cc = _ranking_case(n_item19=40)
     boost, table = choose_boost(z, cold, dirs, mean_a, vs, cc, boosts, tolerance=0.01)
     assert table[4.0]["hi"] < -0.01 and boost == 1.0
+
+
+def _whole_neighbours(text_q: np.ndarray, ref_text: np.ndarray, k: int, chunk: int) -> tuple[np.ndarray, np.ndarray]:
+    """neighbour_placement's ranking before the blocks: each chunk's whole (c, W) cosine block, ranked by torch.topk."""
+    ref = torch.from_numpy(ref_text)
+    parts = [(torch.from_numpy(text_q[lo:lo + chunk]) @ ref.T).topk(k, dim=1) for lo in range(0, len(text_q), chunk)]
+    return torch.cat([p.values for p in parts]).numpy(), torch.cat([p.indices for p in parts]).numpy()
+
+
+def _blocked_neighbours(q: np.ndarray, ref_text: np.ndarray, k: int, chunk: int, block: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ranking neighbour_placement takes now: chunk_topk per chunk, no mask."""
+    ref = torch.from_numpy(ref_text)
+    parts = [chunk_topk(torch.from_numpy(q[lo:lo + chunk]), ref, [()] * len(q[lo:lo + chunk]), k, block)
+             for lo in range(0, len(q), chunk)]
+    return torch.cat([p[0] for p in parts]).numpy(), torch.cat([p[1] for p in parts]).numpy()
+
+
+def test_neighbours_ranked_in_blocks_place_as_the_whole_cosine_block() -> None:
+    """Warm entities ranked a block at a time (chunk_topk) give the whole block's neighbours, ties
+    included: duplicate warm texts (exact ties), cold texts equal to a warm one, a last chunk under
+    SMALL_CHUNK; so the placement is the same bits."""
+    rng = np.random.default_rng(3)
+    n_warm, k_dim, t_dim = 1300, 8, 6
+    ints = rng.integers(-1, 2, size=(n_warm, t_dim))
+    ints[~ints.any(1), 0] = 1
+    ref_text = _unit(ints + 0.0).astype(np.float32)  # many equal texts
+    a = rng.uniform(0.05, 0.3, n_warm)
+    ref_z = np.hstack([_unit(rng.normal(size=(n_warm, k_dim))) * a[:, None], np.sqrt(1 - a**2)[:, None]]
+                      ).astype(np.float32)
+    q = np.vstack([ref_text[rng.choice(n_warm, 60)], _unit(rng.normal(size=(45, t_dim)))]).astype(np.float32)
+    own = np.hstack([_unit(rng.normal(size=(105, k_dim))) * 0.1, np.full((105, 1), np.sqrt(0.99))]).astype(np.float32)
+    for k, chunk in ((1, 48), (20, 48), (20, 100), (60, 32)):
+        want_v, want_i = _whole_neighbours(q, ref_text, k, chunk)
+        if k > 1:
+            assert (want_v[:, 1:] == want_v[:, :-1]).any(1).mean() > 0.5  # ties inside most top-k lists
+        got_v, got_i = _blocked_neighbours(q, ref_text, k, chunk, 128)
+        np.testing.assert_array_equal(got_i, want_i)
+        np.testing.assert_array_equal(got_v.view(np.int32), want_v.view(np.int32))
+        whole = neighbour_placement(own, q, ref_z, ref_text, k, 0.1, chunk=chunk, block=1 << 20)  # one block
+        blocked = neighbour_placement(own, q, ref_z, ref_text, k, 0.1, chunk=chunk, block=128)
+        for w, b in zip(whole, blocked):
+            np.testing.assert_array_equal(b.view(np.int32), w.view(np.int32))
+
+
+
+def test_placing_in_place_writes_the_same_rows_and_a_copy_leaves_z_alone() -> None:
+    rng = np.random.default_rng(4)
+    z = rng.normal(size=(30, 5)).astype(np.float32)
+    rows, dirs = np.array([3, 7, 21]), _unit(rng.normal(size=(3, 4))).astype(np.float32)
+    mean_a = np.array([0.1, 0.4, 0.7], np.float32)
+    before = z.copy()
+    copy = placed(z, rows, dirs, mean_a, 2.0)
+    np.testing.assert_array_equal(z, before)  # what export's token_vectors and refresh compare against
+    same = placed(z, rows, dirs, mean_a, 2.0, inplace=True)
+    assert same is z
+    np.testing.assert_array_equal(same, copy)
+    untouched = np.setdiff1d(np.arange(30), rows)
+    np.testing.assert_array_equal(z[untouched], before[untouched])

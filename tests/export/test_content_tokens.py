@@ -13,6 +13,7 @@ import torch
 from hir.export.cold import place_like_export
 from hir.export.content_tokens import Blended, array_text, blend, store_text, widened
 from hir.export.embed import Embedder, direction, resolve_checkpoint
+from hir.export.recorded import exported_checkpoint
 from hir.export.stage import ExportConfig, run
 from tests.export.fixtures import cold_product_inputs, refreshed_cold_tokens
 from tests.train.fixtures import TINY_DATA, TINY_MODEL, compose
@@ -84,7 +85,7 @@ def test_export_fits_and_reads_the_tokens_in_the_blended_space(blended: Path, tr
     are those of an export without the blend."""
     meta = json.loads((blended / "embeddings" / "meta.json").read_text())
     assert meta["token_content"] == 1.0
-    emb = Embedder(meta["checkpoint"], trained_run / "graph", trained_run / "content")
+    emb = Embedder(exported_checkpoint(meta["checkpoint"], blended / "embeddings"), trained_run / "graph", trained_run / "content")
     k, t = emb.net.tokenizer.dim, int(emb.store.layout["text_dim"])
     assert t > 0
     emb.load_tokenizer(blended / "hierarchy" / "tokenizer.pt")
@@ -151,7 +152,7 @@ def test_a_served_export_blends_the_full_rank_vectors_and_refresh_follows(traine
     emb_dir = tmp_path / "embeddings"
     meta = json.loads((emb_dir / "meta.json").read_text())
     assert meta["dim"] == 9 and meta["token_space"] == "full" and meta["token_content"] == 1.0
-    emb = Embedder(meta["checkpoint"], trained_run / "graph", trained_run / "content")
+    emb = Embedder(exported_checkpoint(meta["checkpoint"], emb_dir), trained_run / "graph", trained_run / "content")
     emb.load_tokenizer(tmp_path / "hierarchy" / "tokenizer.pt")
     t = int(emb.store.layout["text_dim"])
     assert emb.tokenizer.dim == 16 + t

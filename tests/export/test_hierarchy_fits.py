@@ -13,6 +13,7 @@ import torch
 from hir.export.content_tokens import blend, store_text
 from hir.export.embed import Embedder
 from hir.export.fits import bottomup_tokens, coengage_refine, fit_tree, follow_tokens, group_balanced, top1_of
+from hir.export.recorded import exported_checkpoint
 from hir.export.stage import run
 from hir.nn import HierarchicalTokenizer
 from tests.export.fixtures import refreshed_cold_tokens
@@ -70,7 +71,7 @@ def check_export(trained_run: Path, tmp_path: Path, fit: str) -> None:
     products = pl.read_parquet(tmp_path / "embeddings" / "product.parquet")
     # the saved tokenizer gives exactly the exported tokens (what `hir refresh` relies on)
     meta = json.loads((tmp_path / "embeddings" / "meta.json").read_text())
-    emb = Embedder(meta["checkpoint"], trained_run / "graph", trained_run / "content")
+    emb = Embedder(exported_checkpoint(meta["checkpoint"], tmp_path / "embeddings"), trained_run / "graph", trained_run / "content")
     emb.load_tokenizer(tmp_path / "hierarchy" / "tokenizer.pt")
     codes, _ = emb.tokens(np.stack(products["embedding"].to_numpy()))
     for lvl in range(3):
@@ -124,7 +125,7 @@ def test_free_levels_export_is_a_tree_and_the_saved_tokenizer_reads_its_tokens(f
     exported tokens at every level, and every prototype below level 0 has one parent."""
     meta = json.loads((free_export / "embeddings" / "meta.json").read_text())
     assert meta["hierarchy_free_levels"] == 1
-    emb = Embedder(meta["checkpoint"], trained_run / "graph", trained_run / "content")
+    emb = Embedder(exported_checkpoint(meta["checkpoint"], free_export / "embeddings"), trained_run / "graph", trained_run / "content")
     emb.load_tokenizer(free_export / "hierarchy" / "tokenizer.pt")
     assert emb.tokenizer.free_levels == 1
     st, t = emb.store, int(emb.store.layout["text_dim"])

@@ -23,6 +23,7 @@ from hir.export.project import (
     served_rank,
     token_vectors,
 )
+from hir.export.recorded import exported_checkpoint
 from hir.export.stage import run
 from tests.export.fixtures import cold_product_inputs
 from tests.train.fixtures import TINY_DATA, TINY_MODEL, compose
@@ -224,7 +225,7 @@ def test_export_with_tokens_in_the_served_space(served, trained_run):
     protos = pl.read_parquet(served["d8s"] / "hierarchy" / "prototypes.parquet")
     assert set(protos["vector"].list.len().to_list()) == {8}
     d8s = frames(emb_dir)
-    emb = Embedder(meta["checkpoint"], trained_run / "graph", trained_run / "content")
+    emb = Embedder(exported_checkpoint(meta["checkpoint"], emb_dir), trained_run / "graph", trained_run / "content")
     emb.load_tokenizer(served["d8s"] / "hierarchy" / "tokenizer.pt")
     codes, _ = emb.tokens(np.stack(d8s["product"]["embedding"].to_numpy()))
     for lvl in range(3):
@@ -240,7 +241,7 @@ def test_refresh_projects_a_new_entity_as_export_did(served, trained_run, run_na
     (:func:`token_vectors`), in the served space from the served vector itself."""
     out, emb_dir = trained_run, served[run_name] / "embeddings"
     meta = json.loads((emb_dir / "meta.json").read_text())
-    emb = Embedder(meta["checkpoint"], out / "graph", out / "content")
+    emb = Embedder(exported_checkpoint(meta["checkpoint"], emb_dir), out / "graph", out / "content")
     emb.load_tokenizer(served[run_name] / "hierarchy" / "tokenizer.pt")
     cold, content, links = cold_product_inputs(out, emb_dir)
     text = np.stack(content["text_vec"].to_numpy())

@@ -13,6 +13,7 @@ import pytest
 from hir.errors import InputError
 from hir.export.cold import place_like_export
 from hir.export.embed import Embedder, resolve_checkpoint
+from hir.export.recorded import exported_checkpoint
 from hir.export.stage import run
 from tests.export.fixtures import cold_product_inputs
 from tests.train.fixtures import TINY_DATA, TINY_MODEL, compose
@@ -112,7 +113,7 @@ def test_saved_tokenizer_gives_the_exported_tokens(exported):
     """``hierarchy/tokenizer.pt`` is what the export tokenised with (refresh loads it): an Embedder
     of the exported checkpoint that loads it reproduces the exported tokens."""
     out, meta = exported
-    emb = Embedder(meta["checkpoint"], out / "graph", out / "content")
+    emb = Embedder(exported_checkpoint(meta["checkpoint"], out / "embeddings"), out / "graph", out / "content")
     emb.load_tokenizer(out / "hierarchy" / "tokenizer.pt")
     products = pl.read_parquet(out / "embeddings" / "product.parquet")
     z = np.stack(products["embedding"].to_numpy())
@@ -226,5 +227,7 @@ def test_a_moved_run_dir_exports_its_own_best_checkpoint(trained_run: Path, tmp_
     moved = tmp_path / "moved"
     trained.rename(moved)
     meta = run(compose(moved, *TINY_DATA, *TINY_MODEL, stage="export"))
-    assert Path(meta["checkpoint"]) == moved / "checkpoints" / name
+    # recorded relative to the export dir: the run dir can move again and still refresh
+    assert meta["checkpoint"] == f"../checkpoints/{name}"
+    assert exported_checkpoint(meta["checkpoint"], moved / "embeddings") == moved / "checkpoints" / name
     assert pl.read_parquet(moved / "embeddings" / "product.parquet")["model_version"][0] == meta["model_version"]

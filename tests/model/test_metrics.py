@@ -157,3 +157,44 @@ def test_a_mask_outside_the_candidates_is_an_error_not_dropped() -> None:
     masked = [np.array([1, 2])] * 19 + [np.array([40_000])]
     with pytest.raises(IndexError, match="outside the 40000 candidates"):
         top_k_rows(users, cand, masked, 10)
+
+
+def _duplicated(seed: int, users: int, cands: int, d: int, copies: int):
+    """Float vectors (sums not exact, so the order of a product's sum shows in its bits) whose
+    candidates are ``cands // copies`` distinct rows repeated: every user ties in its top k, as
+    completejourney's warm texts do (4,141 distinct among 69,836)."""
+    rng = np.random.default_rng(seed)
+    u = rng.normal(size=(users, d)).astype(np.float32)
+    c = rng.normal(size=(cands // copies, d)).astype(np.float32)[rng.integers(0, cands // copies, cands)]
+    masked = [rng.choice(cands, rng.integers(0, 20), replace=False) for _ in range(users)]
+    return u, c, masked
+
+
+def test_rows_rebuilt_from_their_own_product_keep_the_chunks_bits() -> None:
+    # every row unsure: rebuilt in groups of 96 * 256 // 6001 = 4 rows, padded to SMALL_CHUNK (at
+    # d 256 a product of 4 rows alone has other bits than those rows of a larger one), and in
+    # chunks of 300, of 12; d 48 too
+    for d in (48, 256):
+        u, c, masked = _duplicated(9, 300, 6001, d, 6)
+        _assert_same(u, c, masked, 20, 96, 256)
+        _assert_same(u, c, masked, 20, 300, 256)
+
+
+def test_a_rebuilt_row_whose_bits_differ_is_taken_from_the_chunks_products(monkeypatch) -> None:
+    """Where the rows' own product sums in another order (a BLAS whose kernel depends on the row
+    count), chunk_topk sees its top values differ from the first pass's and takes the chunk's
+    products: the same ranking as the whole matrix."""
+    from hir.model import metrics
+
+    rebuilt = metrics._rebuilt_rows
+    taken = []
+
+    def other_order(users, cand, blocks, pick, subset):
+        full = rebuilt(users, cand, blocks, pick, subset)
+        taken.append(subset)
+        return torch.nextafter(full, torch.tensor(np.inf)) if subset else full  # one ulp up: other bits
+
+    monkeypatch.setattr(metrics, "_rebuilt_rows", other_order)
+    u, c, masked = _duplicated(10, 120, 2000, 32, 5)
+    _assert_same(u, c, masked, 10, 64, 256)
+    assert True in taken and False in taken
