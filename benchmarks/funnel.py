@@ -43,7 +43,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 from _results_md import markers, write_section  # noqa: E402  (benchmarks/)
 
 from hir.data.snapshot import load_snapshot  # noqa: E402
-from hir.funnel.candidates import CYCLE_FEATURES, FEATURES  # noqa: E402
+from hir.funnel.candidates import CYCLE_FEATURES, FEATURES, NEIGHBOUR_FEATURES  # noqa: E402
 from hir.funnel.fit import (  # noqa: E402
     Candidates,
     FunnelConfig,
@@ -77,11 +77,13 @@ SELECT_ARMS = {"holdout": ("holdout", True, None), "period": ("period", True, No
 # within-user rank, the two fits on the same candidates (needs one of those arms in --extra too).
 # Measured (3 seeds, paired over users): completejourney full recall@20 blend / mlp 1.004 [0.997,
 # 1.011]; beibei deep_funnel hit@10 0.470 against the mlp's 0.466 and the gbdt's 0.480: not a default
-EXTRA = ("no_affinity", "no_cycle", "head", *KINDS, *SELECT_ARMS, "blend")
+EXTRA = ("no_affinity", "no_cycle", "no_nbr", "head", *KINDS, *SELECT_ARMS, "blend")
 AFFINITY_COLUMNS = [i for i, n in enumerate(FEATURES) if n.startswith(("aff_", "log_ctx_"))]
 CYCLE_COLUMNS = [list(FEATURES).index(n) for n in CYCLE_FEATURES]
-# the arms that refit the scorer on the same candidates with some columns inert (0)
-ABLATIONS = {"no_affinity": AFFINITY_COLUMNS, "no_cycle": CYCLE_COLUMNS}
+NEIGHBOUR_COLUMNS = [list(FEATURES).index(n) for n in NEIGHBOUR_FEATURES]
+# the arms that refit the scorer on the same candidates with some columns inert (0), fitted and
+# checked as the recommend arm is (``no_nbr`` needs --neighbours > 0: else its columns are 0 already)
+ABLATIONS = {"no_affinity": AFFINITY_COLUMNS, "no_cycle": CYCLE_COLUMNS, "no_nbr": NEIGHBOUR_COLUMNS}
 log = logging.getLogger("funnel")
 
 
@@ -259,11 +261,21 @@ def run_dataset(name: str, graph: Path, seeds: list[int], config: FunnelConfig, 
         for arm, cols in ABLATIONS.items():  # the same candidates, the arm's columns inert (0)
             if arm not in extra:
                 continue
-            x0, xt = train.x.copy(), cands.x.copy()
-            x0[:, cols], xt[:, cols] = 0.0, 0.0
-            s0, rec0 = fit_training_set(replace(train, x=x0, context=None), replace(config.scorer, heads=0), seed)
+            t_abl = time.perf_counter()
+            xt = cands.x.copy()
+            xt[:, cols] = 0.0
+            if config.select == "period" and periodic:  # the same views, check and refit as recommend
+                zeroed = [replace(p, x=p.x.copy(), context=None) for p in parts]
+                for p in zeroed:
+                    p.x[:, cols] = 0.0
+                s0, rec0, _ = fit_period(zeroed, views, task, replace(config.scorer, heads=0), seed, config.refit)
+            else:
+                x0 = train.x.copy()
+                x0[:, cols] = 0.0
+                s0, rec0 = fit_training_set(replace(train, x=x0, context=None), replace(config.scorer, heads=0), seed)
             scores[arm] = score_candidates(s0, replace(cands, x=xt, context=None)).astype(np.float64)
-            model.record[f"{arm}_fit"] = {"best_step": rec0["best_step"], "best_recall": rec0["best_recall"]}
+            model.record[f"{arm}_fit"] = {"best_step": rec0["best_step"], "best_recall": rec0["best_recall"],
+                                          "seconds": round(time.perf_counter() - t_abl, 1)}
         for arm in KINDS:  # the other kind of scorer on the same training and test candidates
             if arm not in extra:
                 continue
@@ -332,7 +344,7 @@ def run_dataset(name: str, graph: Path, seeds: list[int], config: FunnelConfig, 
         ratios = {}
         pairs = [("recommend", "plain"), ("recommend", "open_funnel"), ("recommend", "open_funnel_pop"),
                  ("recommend", "repeat"), ("recommend", "discovery")]
-        pairs += [("no_cycle", "repeat")] if "no_cycle" in arms else []
+        pairs += [(a, "repeat") for a in ("no_cycle", "no_nbr") if a in arms]
         pairs += [("recommend", a) for a in ABLATIONS if a in arms]
         pairs += [("head", "recommend"), ("head", "plain")] if "head" in arms else []
         pairs += [("blend", "recommend"), ("blend", "repeat"), ("blend", "open_funnel_pop")] if "blend" in arms else []
@@ -387,6 +399,7 @@ def render(result: dict[str, Any]) -> str:
                         "recommend/no_affinity:all:recall@20", "recommend/no_affinity:all:hit@10",
                         "recommend/no_cycle:all:recall@20", "recommend/no_cycle:repeat:recall@20",
                         "recommend/no_cycle:all:hit@10", "no_cycle/repeat:all:recall@20",
+                        "recommend/no_nbr:all:recall@20", "recommend/no_nbr:all:hit@10", "no_nbr/repeat:all:recall@20",
                         "head/recommend:all:recall@20", "head/recommend:all:hit@10",
                         *(f"{a}/{b}:all:{m}" for a in (*KINDS, *SELECT_ARMS) for b, m in (("recommend", "recall@20"), ("recommend", "hit@10"),
                                                                         ("repeat", "recall@20"), ("plain", "recall@20")))):
@@ -407,6 +420,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "funnel.json"))
     p.add_argument("--steps", type=int, default=None, help="scorer steps (default: ScorerConfig)")
     p.add_argument("--affinity-context", type=int, default=None, help="FunnelConfig.affinity_context (0 = off)")
+    p.add_argument("--neighbours", type=int, default=None, help="FunnelConfig.neighbours (TIFU-KNN users; 0 = off)")
+    p.add_argument("--neighbour-decay", type=float, default=None, help="FunnelConfig.neighbour_decay (0.9 or 0.97)")
     p.add_argument("--heads", type=int, default=None, help="ScorerConfig.heads (0 = no target-aware head)")
     p.add_argument("--cuts", type=int, default=None, help="FunnelConfig.cuts (next_period training views)")
     p.add_argument("--kind", default=None, choices=KINDS, help="ScorerConfig.kind of the recommend arm")
@@ -438,6 +453,10 @@ def main(argv: list[str] | None = None) -> None:
         config.max_train_users = args.max_train_users
     if args.affinity_context is not None:
         config.affinity_context = args.affinity_context
+    if args.neighbours is not None:
+        config.neighbours = args.neighbours
+    if args.neighbour_decay is not None:
+        config.neighbour_decay = args.neighbour_decay
     seeds = [int(s) for s in args.seeds.split(",")]
     out_path = Path(args.out)
     result: dict[str, Any] = json.loads(out_path.read_text()) if out_path.exists() else {}

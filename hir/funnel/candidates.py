@@ -78,6 +78,11 @@ FEATURES: dict[str, pl.Expr] = {
     # affinity to the user's other items (hir/funnel/affinity.py; all 0 when switched off)
     **{c: pl.col(c).fill_null(0.0).cast(pl.Float32) for c in AFFINITY if not c.startswith("ctx_")},
     **{f"log_{c}": _log(c) for c in AFFINITY if c.startswith("ctx_")},
+    # what the user's nearest users buy (hir/funnel/neighbours.py; 0 when switched off): the share
+    # and its within-user rank as 1 / rank (0 where no neighbour buys the candidate)
+    "nbr_share": pl.col("nbr_share").fill_null(0.0).cast(pl.Float32),
+    "nbr_inv_rank": pl.when(pl.col("nbr_share") > 0)
+    .then(1.0 / pl.col("nbr_share").rank("min", descending=True).over("user_id")).otherwise(0.0).cast(pl.Float32),
 }
 
 
@@ -85,6 +90,8 @@ FEATURES: dict[str, pl.Expr] = {
 # zeroes them)
 CYCLE_FEATURES = ("trip_share", *(f"trip_share_{n}" for n in DECAYS), "log_trips", "has_cycle", "log_cycle", "log_entity_cycle",
                   "has_due", "log_due", "log_user_trips", "log_trip_rate", "log_entity_last", "log_entity_recent")
+# the neighbour inputs (``no_nbr`` zeroes them)
+NEIGHBOUR_FEATURES = ("nbr_share", "nbr_inv_rank")
 
 
 def build_candidates(

@@ -41,6 +41,8 @@ from hir.funnel.boost import BoostedScorer, fit_boosted
 from hir.funnel.candidates import FEATURES, build_candidates, feature_matrix
 from hir.funnel.discovery import ViewBase
 from hir.funnel.head import Context
+from hir.funnel.neighbours import COLUMNS as NEIGHBOUR
+from hir.funnel.neighbours import neighbour_share
 from hir.funnel.scorer import CheckSet, FunnelScorer, ScorerConfig, fit_scorer
 from hir.funnel.source import TIME_COLUMNS, entity_stats, open_funnel, user_stats
 
@@ -58,7 +60,9 @@ class FunnelConfig:
     that lose every event (a conversion with no shallower engagement before it), the rest lose only
     their target-stage events; max_funnel, discovery, popular: candidates per user from each
     source; affinity_context: the user's pairs a candidate's affinity features compare it with
-    (hir/funnel/affinity.py; 0 = off, the features read 0); use_time: read the recency features (false on data whose times are synthesized: a
+    (hir/funnel/affinity.py; 0 = off, the features read 0); neighbours, neighbour_decay: the
+    nearest users whose time-decayed item shares make ``nbr_share`` and TIFU's per-trip decay of
+    those shares (hir/funnel/neighbours.py; 0 = off, the features read 0); use_time: read the recency features (false on data whose times are synthesized: a
     random carve-out's made-up times carry no signal, only the adapter's artefacts); rank, ideal: the discovery view base (GF-CF's filter); max_train_users: training
     users sampled per view (0 = all); scorer: the scorer's fit."""
 
@@ -76,6 +80,8 @@ class FunnelConfig:
     max_train_users: int = 20000
     use_time: bool = True
     affinity_context: int = 100
+    neighbours: int = 0
+    neighbour_decay: float = 0.97
     scorer: ScorerConfig = field(default_factory=ScorerConfig)
 
 
@@ -167,6 +173,12 @@ class FunnelTables:
                                                      self.use_time)], how="horizontal")
         else:
             rows = rows.with_columns(pl.lit(0.0, pl.Float32).alias(c) for c in AFFINITY)
+        if config.neighbours > 0:
+            # what the user's nearest users (by time-decayed item shares) buy
+            rows = pl.concat([rows, neighbour_share(rows, self.source, *self.base_shape, config.neighbours,
+                                                    config.neighbour_decay, self.use_time)], how="horizontal")
+        else:
+            rows = rows.with_columns(pl.lit(0.0, pl.Float32).alias(c) for c in NEIGHBOUR)
         if not self.use_time:
             rows = rows.with_columns(pl.lit(None, pl.Float32).alias(c) for c in TIME_COLUMNS)
         if targets is not None:

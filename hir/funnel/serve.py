@@ -24,6 +24,7 @@ import numpy as np
 import polars as pl
 
 from hir.funnel.boost import BoostedScorer
+from hir.funnel.candidates import FEATURES
 from hir.funnel.discovery import ViewBase
 from hir.funnel.fit import Candidates, FunnelConfig, FunnelTables, score_candidates, top_per_user
 from hir.funnel.scorer import FunnelScorer, ScorerConfig
@@ -126,6 +127,10 @@ class Recommender:
         except pickle.UnpicklingError as err:
             raise ValueError(f"{path} holds more than tensors and plain values (written by an older hir?); it is not "
                              f"loaded: refit it (`hir funnel force=true`). {str(err).splitlines()[0]}") from err
+        if "features" in saved and list(saved["features"]) != list(FEATURES):
+            missing = [f for f in FEATURES if f not in saved["features"]]
+            raise ValueError(f"{path} was fitted on other scorer inputs than this hir computes ({len(saved['features'])} "
+                             f"against {len(FEATURES)}; new here: {missing}); refit it: `hir funnel force=true`")
         cfg = dict(saved["config"])
         cfg["scorer"] = ScorerConfig(**cfg["scorer"])
         self.config = FunnelConfig(**cfg)

@@ -121,3 +121,30 @@ def test_the_mlp_scorer_loads_weights_only(funnel_run: Path, tmp_path: Path) -> 
     with pytest.raises(ValueError, match="not loaded: refit"):
         Recommender(funnel)
     assert not marker.exists(), "scorer.pt's pickle ran on load"
+
+
+def test_a_scorer_fitted_on_other_inputs_is_refused(funnel_run: Path, tmp_path: Path) -> None:
+    """A scorer.pt written before an input was added (here: without the neighbour inputs) is
+    refused with the fix, rather than scoring with a shape error."""
+    import torch
+
+    funnel = tmp_path / "funnel"
+    shutil.copytree(funnel_run / "funnel", funnel)
+    saved = torch.load(funnel / "scorer.pt", weights_only=True)
+    torch.save(saved | {"features": [f for f in saved["features"] if not f.startswith("nbr_")]}, funnel / "scorer.pt")
+    with pytest.raises(ValueError, match=r"new here: \['nbr_share', 'nbr_inv_rank'\]\); refit"):
+        Recommender(funnel)
+
+
+def test_the_served_candidates_read_the_neighbours(tiny_graph: Path, tmp_path: Path) -> None:
+    """neighbours > 0 is saved with the scorer, and `hir recommend` computes the neighbours'
+    shares from the stored open funnel, as the training views did from theirs."""
+    run = tmp_path / "run"
+    shutil.copytree(tiny_graph, run / "graph")
+    config = FunnelConfig(rank=8, discovery=10, popular=5, max_funnel=20, neighbours=3,
+                          scorer=ScorerConfig(hidden=[8], steps=30, batch=32, checks=3))
+    write_funnel(run / "graph", run / "funnel", ["train", "val"], config, seed=0)
+    rec = Recommender(run / "funnel")
+    assert rec.config.neighbours == 3
+    users = np.unique(rec.tables.source.filter(pl.col("converted"))["user_id"].to_numpy())
+    assert rec.candidates(users).rows["nbr_share"].sum() > 0

@@ -10,7 +10,7 @@ import polars as pl
 import pytest
 
 from hir.funnel.affinity import COLUMNS as AFFINITY
-from hir.funnel.candidates import CYCLE_FEATURES, FEATURES
+from hir.funnel.candidates import CYCLE_FEATURES, FEATURES, NEIGHBOUR_FEATURES
 from hir.funnel.fit import FunnelConfig, fit_period, training_views, view_candidates, view_sets
 from hir.funnel.scorer import ScorerConfig
 from hir.funnel.source import open_funnel, plain_order, visible_events
@@ -79,7 +79,7 @@ def test_next_period_view_reads_nothing_after_its_cut() -> None:
     """The leak test: every input of a view's candidates is identical whether or not the log
     holds any event after the cut (only the labels differ)."""
     log = _random_log(0)
-    config = FunnelConfig(cuts=2, rank=8, discovery=10, popular=5)
+    config = FunnelConfig(cuts=2, rank=8, discovery=10, popular=5, neighbours=5)
     val_start, test_start = T0 + timedelta(days=40), T0 + timedelta(days=50)
     views = training_views(log, 2, "next_period", val_start, test_start, config, seed=0)
     assert len(views) == 2
@@ -93,11 +93,12 @@ def test_next_period_view_reads_nothing_after_its_cut() -> None:
         b = view_candidates(truncated, users, asof, 2, 60, 40, config, 0, targets)
         np.testing.assert_array_equal(a.x, b.x)
         np.testing.assert_array_equal(a.y, b.y)
-        # the affinity to the user's other items and the repurchase cycles are among the inputs
-        # compared (not switched off)
+        # the affinity to the user's other items, the repurchase cycles and the neighbours' shares
+        # are among the inputs compared (not switched off)
         assert np.abs(a.rows.select(AFFINITY).to_numpy()).sum() > 0
         assert a.rows["cycle_median"].drop_nulls().len() > 0
         assert np.abs(a.x[:, [list(FEATURES).index(n) for n in CYCLE_FEATURES]]).sum() > 0
+        assert np.abs(a.x[:, [list(FEATURES).index(n) for n in NEIGHBOUR_FEATURES]]).sum() > 0
 
 
 def test_the_period_check_keeps_the_val_period_out_of_the_fitted_views() -> None:
@@ -106,7 +107,7 @@ def test_the_period_check_keeps_the_val_period_out_of_the_fitted_views() -> None
     period or later; the check view's features read nothing of the val period (only its targets do);
     and the checked fit is fitted on the earlier views alone."""
     log = _random_log(2, n=2500, days=80)
-    config = FunnelConfig(cuts=2, rank=8, discovery=10, popular=5)
+    config = FunnelConfig(cuts=2, rank=8, discovery=10, popular=5, neighbours=5)
     val_start, test_start = T0 + timedelta(days=60), T0 + timedelta(days=70)
     before = log.filter(pl.col("timestamp") < val_start)
     parts, views = view_sets(log, 2, "next_period", val_start, test_start, 60, 40, config, 0, config.cuts + 1)
@@ -117,6 +118,7 @@ def test_the_period_check_keeps_the_val_period_out_of_the_fitted_views() -> None
     truncated = view_candidates(before, check_users, datetime.fromisoformat(views[0]["asof"]), 2, 60, 40, config, 0)
     np.testing.assert_array_equal(parts[0].x, truncated.x)
     assert parts[0].y.sum() > 0
+    assert np.abs(parts[0].x[:, [list(FEATURES).index(n) for n in NEIGHBOUR_FEATURES]]).sum() > 0
     # the fitted views come out the same from a log that ends at the val start (no view is missing)
     early = training_views(before, 2, "next_period", val_start - (test_start - val_start), val_start, config, 0)
     assert len(early) == 2
@@ -147,11 +149,12 @@ def test_denoise_hides_the_conversion_and_keeps_the_cart() -> None:
     ((view_b, _, hidden_b),) = training_views(pl.concat([log, extra]), 2, "denoise", T0, T0 + timedelta(days=60), config, 0)
     assert hidden_b.sort("user_id", "entity_id").equals(hidden.sort("user_id", "entity_id"))
     users = np.unique(hidden["user_id"].to_numpy())
-    small = FunnelConfig(rank=8, discovery=10, popular=5)
+    small = FunnelConfig(rank=8, discovery=10, popular=5, neighbours=5)
     a = view_candidates(view, users, T0 + timedelta(days=61), 2, 60, 40, small, 0, hidden)
     b = view_candidates(view_b, users, T0 + timedelta(days=61), 2, 60, 40, small, 0, hidden_b)
     np.testing.assert_array_equal(a.x, b.x)
     assert a.rows["cycle_median"].drop_nulls().len() > 0, "the compared inputs must hold a repurchase cycle"
+    assert a.rows["nbr_share"].sum() > 0, "the compared inputs must hold the neighbours' shares"
     whole = FunnelConfig(drop=0.3, whole=1.0)
     ((view2, _, hidden2),) = training_views(log, 2, "denoise", T0, T0 + timedelta(days=60), whole, seed=0)
     assert view2.join(hidden2, on=["user_id", "entity_id"], how="semi").is_empty()
