@@ -36,10 +36,11 @@ def load_content(content_dir: Path, types: tuple[str, ...], counts: dict[str, in
     Layout: text vector (shared width) | image vector (if any) | one attr block per type | has_text.
     A type without a content file gets zero rows (logged).
 
-    Memory: the (n, D) float16 output plus one block of ``chunk_rows`` rows. The widths come from a
-    scan of each file's list lengths; the rows are then read ``chunk_rows`` at a time and written
-    into place (at 100M synthetic events, reading every file whole with its float32 copies took
-    the graph load from 5 to past 18 GiB). Every row is computed alone, so the rows are the same.
+    Memory: the (n, D) float16 output, one type's file and the float32 work of one block of
+    ``chunk_rows`` rows. The widths come from a scan of each file's list lengths; each file is then
+    read alone and its rows converted ``chunk_rows`` at a time and written into place (at 100M
+    synthetic events, every file held at once with whole-file float32 copies took the graph load
+    from 5 to past 18 GiB). Every row is computed alone, so the rows are the same.
     """
     import pyarrow.parquet as pq
 
@@ -82,8 +83,9 @@ def load_content(content_dir: Path, types: tuple[str, ...], counts: dict[str, in
     for ti, t in enumerate(types):
         if t not in paths:
             continue
-        for batch in pq.ParquetFile(paths[t]).iter_batches(batch_size=chunk_rows):
-            df = pl.from_arrow(batch)
+        whole = pl.read_parquet(paths[t])  # one type's file at a time, dropped before the next
+        for lo in range(0, whole.height, chunk_rows):
+            df = whole.slice(lo, chunk_rows)
             ids = df["node_id"].to_numpy()
             if len(ids) and (ids.min() < 0 or ids.max() >= counts[t]):
                 raise InputError(f"{content_dir / t}.parquet: node_id outside 0..{counts[t] - 1}; content is from "
@@ -103,6 +105,7 @@ def load_content(content_dir: Path, types: tuple[str, ...], counts: dict[str, in
                                                       df["has_text"].fill_null(False).to_numpy(), block("image_vec"))
             except ValueError as err:
                 raise InputError(f"{content_dir / t}.parquet: {err}") from err
+        del whole, df
     return out, layout
 
 
