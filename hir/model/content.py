@@ -25,15 +25,26 @@ log = logging.getLogger(__name__)
 
 # norm of a node's attribute block next to its unit-norm text vector (text carries more meaning)
 ATTR_NORM = 0.5
+# content rows read from a file at a time (load_content): its float32 work is a few hundred MB
+CHUNK_ROWS = 262_144
 
 
-def load_content(content_dir: Path, types: tuple[str, ...], counts: dict[str, int]) -> tuple[np.ndarray, dict[str, Any]]:
+def load_content(content_dir: Path, types: tuple[str, ...], counts: dict[str, int],
+                 chunk_rows: int = CHUNK_ROWS) -> tuple[np.ndarray, dict[str, Any]]:
     """``content/<type>.parquet`` -> (n, D) float16 rows in global-id order and the layout.
 
     Layout: text vector (shared width) | image vector (if any) | one attr block per type | has_text.
     A type without a content file gets zero rows (logged).
+
+    Memory: the (n, D) float16 output, one type's file and the float32 work of one block of
+    ``chunk_rows`` rows. The widths come from a scan of each file's list lengths; each file is then
+    read alone and its rows converted ``chunk_rows`` at a time and written into place (at 100M
+    synthetic events, every file held at once with whole-file float32 copies took the graph load
+    from 5 to past 18 GiB). Every row is computed alone, so the rows are the same.
     """
-    frames: dict[str, pl.DataFrame] = {}
+    import pyarrow.parquet as pq
+
+    paths: dict[str, Path] = {}
     for t in types:
         path = content_dir / f"{t}.parquet"
         if counts.get(t, 0) == 0:
@@ -41,22 +52,26 @@ def load_content(content_dir: Path, types: tuple[str, ...], counts: dict[str, in
         if not path.exists():
             log.warning("no content for %s (%s); its tokens carry ids and graph context only", t, path)
             continue
-        df = pl.read_parquet(path)
-        missing = {"node_id", "has_text", "text_vec", "attr_vec"} - set(df.columns)
+        columns = set(pq.read_schema(path).names)
+        missing = {"node_id", "has_text", "text_vec", "attr_vec"} - columns
         if missing:
             raise InputError(f"{path}: missing columns {sorted(missing)}; expected the enrich contract (docs/contracts.md)")
-        frames[t] = df.sort("node_id")
-    if not frames:
+        paths[t] = path
+    if not paths:
         raise InputError(f"{content_dir}: no content/<type>.parquet files; run `hir enrich` first")
 
-    def width(df: pl.DataFrame, col: str) -> int:
-        if col not in df.columns or df.height == 0:
-            return 0
-        return int(df[col].list.len().max() or 0)
+    widths: dict[str, dict[str, int]] = {}
+    for t, path in paths.items():
+        present = [c for c in ("text_vec", "image_vec", "attr_vec") if c in pq.read_schema(path).names]
+        got = pl.scan_parquet(path).select(pl.col(c).list.len().max() for c in present).collect()
+        widths[t] = {c: int(got[c][0] or 0) if got.height else 0 for c in present}
 
-    text_dim = max(width(df, "text_vec") for df in frames.values())
-    image_dim = max(width(df, "image_vec") for df in frames.values())
-    attr_dims = {t: width(df, "attr_vec") for t, df in frames.items()}
+    def width(t: str, col: str) -> int:
+        return widths[t].get(col, 0)
+
+    text_dim = max(width(t, "text_vec") for t in paths)
+    image_dim = max(width(t, "image_vec") for t in paths)
+    attr_dims = {t: width(t, "attr_vec") for t in paths}
     attr_off, cursor = {}, text_dim + image_dim
     for t in types:
         attr_off[t] = cursor
@@ -66,28 +81,31 @@ def load_content(content_dir: Path, types: tuple[str, ...], counts: dict[str, in
     offsets = np.cumsum([0] + [counts.get(t, 0) for t in types])
     out = np.zeros((int(offsets[-1]), dim), dtype=np.float16)
     for ti, t in enumerate(types):
-        if t not in frames:
+        if t not in paths:
             continue
-        df = frames[t]
-        ids = df["node_id"].to_numpy()
-        if len(ids) and (ids.min() < 0 or ids.max() >= counts[t]):
-            raise InputError(f"{content_dir / t}.parquet: node_id outside 0..{counts[t] - 1}; content is from another snapshot")
-        rows = offsets[ti] + ids
+        whole = pl.read_parquet(paths[t])  # one type's file at a time, dropped before the next
+        for lo in range(0, whole.height, chunk_rows):
+            df = whole.slice(lo, chunk_rows)
+            ids = df["node_id"].to_numpy()
+            if len(ids) and (ids.min() < 0 or ids.max() >= counts[t]):
+                raise InputError(f"{content_dir / t}.parquet: node_id outside 0..{counts[t] - 1}; content is from "
+                                 "another snapshot")
 
-        def block(col: str, df: pl.DataFrame = df, t: str = t) -> np.ndarray | None:
-            w = width(df, col)
-            if w == 0:
-                return None
+            def block(col: str, df: pl.DataFrame = df, t: str = t) -> np.ndarray | None:
+                w = width(t, col)
+                if w == 0:
+                    return None
+                try:
+                    return df[col].list.to_array(w).to_numpy().astype(np.float32)
+                except Exception as err:  # ragged or null lists
+                    raise InputError(f"{content_dir / t}.parquet: {col} must hold equal-length vectors ({err})") from err
+
             try:
-                return df[col].list.to_array(w).to_numpy().astype(np.float32)
-            except Exception as err:  # ragged or null lists
-                raise InputError(f"{content_dir / t}.parquet: {col} must hold equal-length vectors ({err})") from err
-
-        try:
-            out[rows] = content_rows(layout, t, block("text_vec"), block("attr_vec"),
-                                     df["has_text"].fill_null(False).to_numpy(), block("image_vec"))
-        except ValueError as err:
-            raise InputError(f"{content_dir / t}.parquet: {err}") from err
+                out[offsets[ti] + ids] = content_rows(layout, t, block("text_vec"), block("attr_vec"),
+                                                      df["has_text"].fill_null(False).to_numpy(), block("image_vec"))
+            except ValueError as err:
+                raise InputError(f"{content_dir / t}.parquet: {err}") from err
+        del whole, df
     return out, layout
 
 
