@@ -300,7 +300,8 @@ def pipeline(args: argparse.Namespace) -> int:
         finally:
             if not args.keep:
                 shutil.rmtree(out, ignore_errors=True)
-        record["out_dir"] = str(out) if args.keep else "a temporary dir (removed)"
+        # the dir's name only: a machine's absolute path does not belong in the results
+        record["out_dir"] = f"{out.name} under --tmp (kept)" if args.keep else "a temporary dir (removed)"
         record.pop("budget_s", None)
         record.pop("within_budget", None)
         record |= {"events": events, "label": args.label,

@@ -53,13 +53,20 @@ def user_vectors(source: pl.DataFrame, n_users: int, n_entities: int, decay: flo
                          shape=(n_users, n_entities), dtype=np.float32)
 
 
-def neighbour_weights(x: sp.csr_matrix, users: np.ndarray, k: int, cells: int = 20_000_000) -> sp.csr_matrix:
+def unit_rows(x: sp.csr_matrix) -> tuple[sp.csr_matrix, sp.csc_matrix]:
+    """``x``'s rows scaled to unit norm (zero rows stay 0) and their transpose, (n, m) and (m, n)."""
+    norm = np.sqrt(np.asarray(x.multiply(x).sum(axis=1))).ravel()
+    z = sp.diags(1.0 / np.maximum(norm, 1e-12)).astype(np.float32) @ x
+    return z, z.T.tocsc()
+
+
+def neighbour_weights(x: sp.csr_matrix, users: np.ndarray, k: int, cells: int = 20_000_000,
+                      unit: tuple[sp.csr_matrix, sp.csc_matrix] | None = None) -> sp.csr_matrix:
     """(len(users), n_users) CSR: row i holds the cosines of ``users[i]``'s ``k`` nearest users
     (cosine > 0, never itself; a tie at the k-th is broken by the partition, the same for the
-    same input), computed ``cells`` cosines at a time."""
-    norm = np.sqrt(np.asarray(x.multiply(x).sum(axis=1))).ravel()
-    z = sp.diags(1.0 / np.maximum(norm, 1e-12)).astype(np.float32) @ x     # unit rows (zero rows stay 0)
-    zt = z.T.tocsc()
+    same input), computed ``cells`` cosines at a time; ``unit``: :func:`unit_rows` of ``x``, when
+    a caller asks for several batches of users."""
+    z, zt = unit if unit is not None else unit_rows(x)
     n = x.shape[0]
     block = max(1, cells // max(n, 1))
     rows, cols, vals = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)], [np.zeros(0, np.float32)]
@@ -99,9 +106,10 @@ def neighbour_share(rows: pl.DataFrame, source: pl.DataFrame, n_users: int, n_en
     # a block's cosines (B x n_users) and its neighbours' items (B x k x items per user) within ``cells``
     per_user = x.nnz / max(int((np.diff(x.indptr) > 0).sum()), 1)
     block = max(1, min(cells // max(n_users, 1), int(cells // max(k * per_user, 1))))
+    unit = unit_rows(x)
     for lo in range(0, len(users), block):
         batch = users[lo:lo + block]
-        w = neighbour_weights(x, batch, k, cells)                          # (B, n_users)
+        w = neighbour_weights(x, batch, k, cells, unit)                    # (B, n_users)
         total = np.asarray(w.sum(axis=1)).ravel()
         share = (sp.diags(1.0 / np.maximum(total, 1e-12)).astype(np.float32) @ w @ x).tocsr()  # (B, n_entities)
         share.sort_indices()

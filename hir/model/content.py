@@ -45,6 +45,7 @@ def load_content(content_dir: Path, types: tuple[str, ...], counts: dict[str, in
     import pyarrow.parquet as pq
 
     paths: dict[str, Path] = {}
+    columns: dict[str, set[str]] = {}
     for t in types:
         path = content_dir / f"{t}.parquet"
         if counts.get(t, 0) == 0:
@@ -52,8 +53,8 @@ def load_content(content_dir: Path, types: tuple[str, ...], counts: dict[str, in
         if not path.exists():
             log.warning("no content for %s (%s); its tokens carry ids and graph context only", t, path)
             continue
-        columns = set(pq.read_schema(path).names)
-        missing = {"node_id", "has_text", "text_vec", "attr_vec"} - columns
+        columns[t] = set(pq.read_schema(path).names)
+        missing = {"node_id", "has_text", "text_vec", "attr_vec"} - columns[t]
         if missing:
             raise InputError(f"{path}: missing columns {sorted(missing)}; expected the enrich contract (docs/contracts.md)")
         paths[t] = path
@@ -62,7 +63,7 @@ def load_content(content_dir: Path, types: tuple[str, ...], counts: dict[str, in
 
     widths: dict[str, dict[str, int]] = {}
     for t, path in paths.items():
-        present = [c for c in ("text_vec", "image_vec", "attr_vec") if c in pq.read_schema(path).names]
+        present = [c for c in ("text_vec", "image_vec", "attr_vec") if c in columns[t]]
         got = pl.scan_parquet(path).select(pl.col(c).list.len().max() for c in present).collect()
         widths[t] = {c: int(got[c][0] or 0) if got.height else 0 for c in present}
 
@@ -105,7 +106,7 @@ def load_content(content_dir: Path, types: tuple[str, ...], counts: dict[str, in
                                                       df["has_text"].fill_null(False).to_numpy(), block("image_vec"))
             except ValueError as err:
                 raise InputError(f"{content_dir / t}.parquet: {err}") from err
-        del whole, df
+        del whole
     return out, layout
 
 

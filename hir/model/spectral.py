@@ -33,7 +33,6 @@ prefix of the SVD is the lower-rank solution, and the filter only rescales its c
 from __future__ import annotations
 
 import logging
-import math
 import time
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
@@ -49,7 +48,7 @@ from hir.model.served import below as served_below
 from hir.model.served import cap as served_cap
 from hir.model.served import choose_served_dim
 from hir.model.store import GraphStore
-from hir.model.usersample import refine_on_all, stratified_users
+from hir.model.usersample import refine_on_all, resolve_cap, stratified_users
 from hir.model.valset import ValSet, validation_set
 
 log = logging.getLogger(__name__)
@@ -395,8 +394,7 @@ def svd_dtype(n_rows: int, n_cols: int, k: int, setting: str = "auto") -> type:
     if setting not in SVD_DTYPES:
         raise ValueError(f"spectral.svd_dtype={setting!r}; expected one of {list(SVD_DTYPES)}")
     if setting == "auto":
-        dense = (n_rows + n_cols) * (k + 10) * 8
-        return np.float32 if dense > SVD_FLOAT32_ABOVE_GIB * 2**30 else np.float64
+        return np.float32 if svd_gib(n_rows, n_cols, k, itemsize=8) > SVD_FLOAT32_ABOVE_GIB else np.float64
     return np.float32 if setting == "float32" else np.float64
 
 
@@ -660,13 +658,8 @@ class FilterScorer:
     def __init__(self, store: GraphStore, basis: SpectralBasis, val: ValSet, max_users: int | None, seed: int,
                  max_pairs: float | None = None) -> None:
         self.store, self.basis = store, basis
-        keep = np.arange(len(val))
-        n = val.scored_users(max_users, max_pairs)
-        if n is not None:
-            keep = np.sort(np.random.default_rng([seed, 11]).choice(len(val), n, replace=False))
-        self.users = val.users[keep]
-        self.positives = [val.positives[i] for i in keep]
-        self.masked = [val.masked[i] for i in keep]
+        scored = val.limited(max_pairs, seed, max_users)
+        self.users, self.positives, self.masked = scored.users, scored.positives, scored.masked
         self.cands = val.cands
         r = engagement_matrix(store, basis.stage_base)
         lo, _ = store.type_range("user")
@@ -816,10 +809,11 @@ def still_rises(store: GraphStore, basis: SpectralBasis, val: ValSet, config: Sp
     return beats(score.per_user(k, filt), score.per_user(max(lower), filt), config.noise_z, config.min_gain)
 
 
-def svd_gib(n_rows: int, n_cols: int, k: int) -> float:
-    """GiB of the randomised SVD's float32 dense blocks at rank ``k`` ((rows + cols) x (k + 10)):
-    its working set beside the sparse matrix (the range finder, the power iterations, ``V``)."""
-    return (n_rows + n_cols) * (k + 10) * 4 / 2**30
+def svd_gib(n_rows: int, n_cols: int, k: int, itemsize: int = 4) -> float:
+    """GiB of the randomised SVD's dense blocks at rank ``k`` ((rows + cols) x (k + 10) of
+    ``itemsize`` bytes: 4 in float32): its working set beside the sparse matrix (the range
+    finder, the power iterations, ``V``)."""
+    return (n_rows + n_cols) * (k + 10) * itemsize / 2**30
 
 
 def largest_rank(store: GraphStore, ranks: list[int], config: SpectralConfig) -> int:
@@ -830,10 +824,7 @@ def largest_rank(store: GraphStore, ranks: list[int], config: SpectralConfig) ->
     if config.max_svd_gib is None:
         return max(ranks)
     lo, hi = store.type_range("user")
-    users = hi - lo
-    cap = config.sample_users
-    if cap is not None:
-        users = min(users, int(cap) if cap > 1 else math.ceil(cap * users))
+    users = resolve_cap(config.sample_users, hi - lo)
     within = [r for r in ranks if svd_gib(users, store.n_nodes - (hi - lo), r) <= config.max_svd_gib]
     return max(within, default=min(ranks))
 

@@ -44,13 +44,14 @@ class ValSet:
         n = min(caps, default=None)
         return n if n is not None and n < len(self) else None
 
-    def limited(self, max_pairs: float | None, seed: int) -> ValSet:
+    def limited(self, max_pairs: float | None, seed: int, max_users: int | None = None) -> ValSet:
         """This set, or a seeded sample of its users within ``max_pairs`` (user x candidate)
-        scores (:meth:`scored_users`); the candidates stay all of them."""
-        n = self.scored_users(None, max_pairs)
+        scores and ``max_users`` users (:meth:`scored_users`); the candidates stay all of them.
+        The one sample of every val choice (the filter search's ``select_users`` draws it too)."""
+        n = self.scored_users(max_users, max_pairs)
         if n is None:
             return self
-        keep = np.sort(np.random.default_rng([seed, 13]).choice(len(self), n, replace=False))
+        keep = np.sort(np.random.default_rng([seed, 11]).choice(len(self), n, replace=False))
         return ValSet(self.users[keep], self.cands, [self.positives[i] for i in keep],
                       [self.masked[i] for i in keep], self.protocol)
 

@@ -43,3 +43,21 @@ def test_rows_are_the_same_whatever_the_block(tiny_run: Path, tmp_path: Path) ->
                     .cast(df["node_id"].dtype).alias("node_id")).write_parquet(shuffled / f"{t}.parquet")
     with pytest.raises(InputError, match=f"{t}.parquet: node_id outside"):
         load_content(shuffled, ENTITY_TYPES, counts, chunk_rows=3)
+
+
+def test_an_empty_content_file_gives_zero_rows(tiny_run: Path, tmp_path: Path) -> None:
+    counts = load_snapshot(tiny_run / "graph").node_counts
+    whole, _ = load_content(tiny_run / "content", ENTITY_TYPES, counts)
+    copy = tmp_path / "content"
+    copy.mkdir()
+    files = sorted((tiny_run / "content").glob("*.parquet"))
+    for f in files:
+        (copy / f.name).write_bytes(f.read_bytes())
+    t = next(t for t in ENTITY_TYPES if (copy / f"{t}.parquet").exists() and counts.get(t, 0) > 0)
+    pl.read_parquet(copy / f"{t}.parquet").head(0).write_parquet(copy / f"{t}.parquet")
+    got, _ = load_content(copy, ENTITY_TYPES, counts, chunk_rows=4)
+    lo = sum(counts.get(x, 0) for x in ENTITY_TYPES[:ENTITY_TYPES.index(t)])
+    assert not got[lo:lo + counts[t]].any()
+    others = np.ones(len(got), bool)
+    others[lo:lo + counts[t]] = False
+    assert np.array_equal(got[others][:, :whole.shape[1]], whole[others][:, :got.shape[1]])
