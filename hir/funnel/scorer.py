@@ -68,6 +68,15 @@ class ScorerConfig:
     per_user: bool = False
 
 
+def lr_schedule(opt: torch.optim.Optimizer, lr: float, steps: int) -> torch.optim.lr_scheduler.LRScheduler:
+    """One-cycle to ``lr`` over ``steps`` (10% warm-up), or a constant ``lr`` below 20 steps:
+    torch's OneCycleLR divides by its warm-up's length in steps less one, which is 0 at exactly
+    10 steps (ZeroDivisionError), and a schedule of a handful of steps has no shape to keep."""
+    if steps < 20:
+        return torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
+    return torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.1)
+
+
 @dataclass
 class CheckSet:
     """The candidates a fit is checked on instead of held-out training users: ``x`` (n, F), ``y``
@@ -204,7 +213,7 @@ def fit_scorer(x: np.ndarray, y: np.ndarray, offsets: np.ndarray, total: np.ndar
         raise ValueError("funnel.config.scorer.heads > 0 needs the candidates' context (hir/funnel/head.py)")
     model = FunnelScorer(x.mean(0), np.where(sd > 1e-6, sd, 1.0), config.hidden, config.heads)
     opt = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=config.lr, total_steps=config.steps, pct_start=0.1)
+    sched = lr_schedule(opt, config.lr, config.steps)
     hold_rows = np.concatenate([np.arange(offsets[r], offsets[r + 1]) for r in hold]) if len(hold) else np.zeros(0, int)
     hold_off = np.concatenate([[0], np.cumsum(offsets[hold + 1] - offsets[hold])]) if len(hold) else np.zeros(1, int)
     hold_ctx = context.subset(hold) if context is not None and config.heads else None

@@ -60,3 +60,15 @@ def test_a_check_set_decides_the_step_and_stop_at_refits_to_it() -> None:
     model, rec2 = fit_scorer(x, y, offsets, total, config, 0, stop_at=40)
     assert rec2["best_step"] == 40 and rec2["checks"] == []
     assert recall_at(model.score(x), y, offsets, 1, total) > 0.6
+
+
+def test_any_step_count_trains_and_refits() -> None:
+    """Short fits (a refit of a few steps after a period check) train: at exactly 10 steps torch's
+    one-cycle schedule divided by zero."""
+    x, y, offsets, total = planted(users=60)
+    for steps in (1, 2, 10, 19, 20):
+        config = ScorerConfig(hidden=[8], steps=steps, batch=16, lr=0.01, holdout=0.2, checks=2, k=1)
+        _, rec = fit_scorer(x, y, offsets, total, config, seed=0)
+        assert 0 <= rec["best_step"] <= steps
+        _, rec2 = fit_scorer(x, y, offsets, total, config, seed=0, stop_at=steps)
+        assert rec2["best_step"] == steps
