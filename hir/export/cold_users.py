@@ -81,10 +81,14 @@ def turned(z_users: np.ndarray, r: np.ndarray, weight: float) -> np.ndarray:
     return np.concatenate([d, np.zeros((len(d), 1), np.float32)], axis=1)
 
 
-def place_cold_users(z: np.ndarray, store: Any, valset: Any, cfg: ColdUsers) -> tuple[np.ndarray, dict[str, Any]]:
+def place_cold_users(z: np.ndarray, store: Any, valset: Any, cfg: ColdUsers,
+                     inplace: bool = False) -> tuple[np.ndarray, dict[str, Any]]:
     """Cold users of ``z`` (n_nodes, K + 1) embedded as the module doc says; returns the new
     embeddings and a report (method used, the chosen window and weight, the direction, the val
-    table). ``valset``: the export's masked new-to-user :class:`hir.model.ValSet`, or None."""
+    table). ``valset``: the export's masked new-to-user :class:`hir.model.ValSet`, or None.
+    ``inplace``: the turned rows are written into ``z`` itself rather than a copy (export, whose
+    ``z`` nothing else keeps: no second (n_nodes, K + 1) array; a caller that compares the array
+    before and after keeps the default)."""
     report: dict[str, Any] = {"method": "knowledge", "configured": cfg.method}
     lo, hi = store.type_range("user")
     cold = lo + np.flatnonzero(~store.warm[lo:hi])
@@ -133,8 +137,8 @@ def place_cold_users(z: np.ndarray, store: Any, valset: Any, cfg: ColdUsers) -> 
                  "[%+.1f, %+.1f] on %d val users: not beyond the noise)", len(cold), days, w, 100 * gain["gain"],
                  100 * gain["lo"], 100 * gain["hi"], len(users))
         return z, report | {"why": "no window beats the knowledge view beyond the paired noise on val"}
-    out = z.copy()
-    out[cold] = turned(z[cold], r, w)
+    out = z if inplace else z.copy()
+    out[cold] = turned(z[cold], r, w)  # z[cold] is read (a copy) before the rows are written
     log.info("cold users: %d turned toward the last %g days' demand (weight %g): val recall@20 %+.1f%% [%+.1f, %+.1f] "
              "on %d val users", len(cold), days, w, 100 * gain["gain"], 100 * gain["lo"], 100 * gain["hi"], len(users))
     return out, report | {"method": "recent", "window_days": days, "weight": w,

@@ -230,8 +230,9 @@ def embed_snapshot(embedder: Any, ex: ExportConfig, seed: int) -> tuple[Any, Any
     projected = z if projection is not None and ex.token_space == "full" else None
     valset = validation_set(st, None, seed, "masked_new").limited(ex.val_pairs, seed) if len(st.val_pairs) else None
     z, report = place_cold(z, st, valset, ex.cold, inplace=projected is None)
-    # after the entities are placed: the cold users are chosen against the final candidates
-    z, report["users"] = place_cold_users(z, st, valset, ex.cold_users)
+    # after the entities are placed: the cold users are chosen against the final candidates. In
+    # place: z is place_cold's copy where `projected` is kept, and nothing else reads it otherwise
+    z, report["users"] = place_cold_users(z, st, valset, ex.cold_users, inplace=True)
     z_tokens = token_vectors(full, projected, z, projection) if projected is not None else z
     return z, z_tokens, report, projection
 

@@ -5,7 +5,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from hir.export.cold import choose_boost, neighbour_placement, own_directions, placed
+from hir.export.cold import (
+    choose_boost,
+    distinct_rows,
+    neighbour_placement,
+    own_directions,
+    placed,
+    text_neighbours,
+)
 from hir.model.metrics import chunk_topk
 from hir.model.valset import ValSet
 
@@ -177,3 +184,36 @@ def test_placing_in_place_writes_the_same_rows_and_a_copy_leaves_z_alone() -> No
     np.testing.assert_array_equal(same, copy)
     untouched = np.setdiff1d(np.arange(30), rows)
     np.testing.assert_array_equal(z[untouched], before[untouched])
+
+
+def test_each_distinct_text_ranked_once_gives_every_chunks_neighbours_bit_for_bit() -> None:
+    """text_neighbours (each distinct query text ranked once, the list copied to its repeats) against
+    chunk_topk on every chunk of the queries as they come: the same values and rows, ties in the same
+    order. Queries repeat a few texts (as completejourney's cold products do) among warm texts that
+    repeat too; the shapes reach every branch: a last chunk under SMALL_CHUNK (ranked as before), one
+    at or above it, fewer distinct texts than SMALL_CHUNK (padded), a short last piece of distinct
+    texts (joined to the one before), and a warm side too narrow for blocks (one product)."""
+    rng = np.random.default_rng(7)
+    t_dim = 12
+    # 60 texts among 700 warm entities (completejourney: 4,141 among 69,836): exact ties in most lists
+    warm = _unit(rng.normal(size=(60, t_dim)))[rng.integers(0, 60, 700)].astype(np.float32)
+    texts = _unit(rng.normal(size=(100, t_dim))).astype(np.float32)
+    for n, n_texts, chunk, block, k in ((307, 40, 64, 128, 20), (307, 40, 64, 128, 1), (270, 40, 64, 128, 20),
+                                        (200, 5, 64, 128, 20), (200, 40, 32, 128, 5), (90, 37, 64, 1 << 20, 20),
+                                        (9, 4, 64, 128, 20), (100, 100, 64, 128, 20)):
+        q = np.vstack([texts[rng.integers(0, n_texts, n)], warm[rng.choice(700, n // 10)]])[:n]
+        q = q[rng.permutation(n)]
+        want_v, want_i = _blocked_neighbours(q, warm, k, chunk, block)
+        got_v, got_i = text_neighbours(q, warm, k, chunk, block)
+        np.testing.assert_array_equal(got_i, want_i)
+        np.testing.assert_array_equal(got_v.view(np.int32), want_v.view(np.int32))
+        if k > 1:
+            assert (want_v[:, 1:] == want_v[:, :-1]).any(1).mean() > 0.5  # ties are present to be ordered
+
+
+def test_distinct_rows_are_first_seen_and_map_back() -> None:
+    x = np.array([[1, 0], [0, 1], [1, 0], [0, -0.0], [0, 0], [0, 1]], np.float32)
+    first, inverse = distinct_rows(x)
+    np.testing.assert_array_equal(first, [0, 1, 3, 4])  # -0.0 is its own bit pattern
+    np.testing.assert_array_equal(inverse, [0, 1, 0, 2, 3, 1])
+    np.testing.assert_array_equal(x[first][inverse].view(np.int32), x.view(np.int32))

@@ -118,6 +118,20 @@ def test_cold_users_are_turned_when_val_says_so_and_kept_when_it_does_not():
     assert "noise" in report["why"]
 
 
+def test_turning_in_place_writes_the_same_rows_and_the_copy_leaves_z_alone():
+    z, store = _world()
+    cold_users = np.arange(WARM, N_USERS)
+    rng = np.random.default_rng(1)
+    vs = _valset(cold_users, [rng.choice(10, 2, replace=False) for _ in cold_users])
+    before = z.copy()
+    copy, report = place_cold_users(z, store, vs, ColdUsers())
+    assert report["method"] == "recent"
+    np.testing.assert_array_equal(z, before)  # the default copies
+    same, again = place_cold_users(z, store, vs, ColdUsers(), inplace=True)
+    assert same is z and again == report
+    np.testing.assert_array_equal(same.view(np.int32), copy.view(np.int32))  # bit for bit
+
+
 @pytest.mark.parametrize("case", ["knowledge", "no cold val user", "untimed"])
 def test_the_knowledge_view_is_kept_where_val_cannot_judge(case):
     z, store = _world(timed=case != "untimed")
