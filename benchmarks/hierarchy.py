@@ -30,7 +30,8 @@ tokenizer's space); ``coengage`` hir's tokens refined by co-engagement on the tr
 (export.hierarchy_fit=coengage); ``bottomup`` the tree built from a flat k-means at level 1,
 grouped by co-engagement on the train pairs into level 0 (export.hierarchy_fit=bottomup); both
 fit on the refit as the export fits them (:func:`hir.export.fits.fit_tree`: settled into the
-tokenizer, whose nearest prototypes give every entity's tokens).
+tokenizer, whose nearest prototypes give every entity's tokens); ``flat_tree`` a tree with
+unbalanced branching (:func:`flat_tree_tokens`) on the export's token space, 3 seeds.
 
 Appends one row to benchmarks/results/hierarchy.json, keyed ``<dataset>/<row>``.
 """
@@ -117,6 +118,27 @@ def kmeans_tokens(x: np.ndarray, levels: tuple[int, ...], seed: int) -> list[np.
         km = MiniBatchKMeans(n_clusters=int(k), random_state=seed, n_init=1, batch_size=4096, max_iter=100)
         out.append(km.fit(x).predict(x).astype(np.int64))
     return out
+
+
+def flat_tree_tokens(x: np.ndarray, levels: tuple[int, ...], seed: int) -> list[np.ndarray]:
+    """A tree with unbalanced branching, built bottom up: a flat k-means of ``levels[-1]`` on x
+    (n, d), then each coarser level a k-means of the finer level's centroids weighted by their
+    members, so a parent owns as many children as its members need (the lead of
+    docs/hierarchy.md's free-levels section; the tokenizer's ``j // branch`` tree cannot hold
+    it). An entity's coarse token is its finest token's ancestor. Returns the (n,) tokens per
+    level, coarsest first."""
+    from sklearn.cluster import KMeans, MiniBatchKMeans
+
+    km = MiniBatchKMeans(n_clusters=int(levels[-1]), random_state=seed, n_init=3, batch_size=4096, max_iter=100).fit(x)
+    tokens = [km.predict(x).astype(np.int64)]
+    centres, weight = km.cluster_centers_, np.bincount(tokens[0], minlength=int(levels[-1])).astype(np.float64)
+    for k in reversed(levels[:-1]):
+        # an empty finer cluster weighs nothing but still needs a parent
+        up = KMeans(n_clusters=int(k), random_state=seed, n_init=10).fit(centres, sample_weight=weight + 1e-6)
+        parent = up.labels_.astype(np.int64)
+        tokens.insert(0, parent[tokens[0]])
+        centres, weight = up.cluster_centers_, np.bincount(parent, weights=weight, minlength=int(k))
+    return tokens
 
 
 def blended_directions(run: Path, space: Space, d: np.ndarray, weight: float) -> np.ndarray:
@@ -323,6 +345,9 @@ def main() -> None:
         tokenizations["kmeans"] = {s: kmeans_tokens(space.z, space.levels, s) for s in SEEDS}
     if "kmeans_dir" in methods:
         tokenizations["kmeans_dir"] = {s: kmeans_tokens(dirs, space.levels, s) for s in SEEDS}
+    if "flat_tree" in methods:  # on the space the export's tokens read: the directions blended with the text
+        x = blended_directions(args.run, space, dirs, weight) if weight > 0 else dirs
+        tokenizations["flat_tree"] = {s: flat_tree_tokens(x, space.levels, s) for s in SEEDS}
     for name, by_seed in tokenizations.items():
         t1 = time.perf_counter()
         runs = {s: measure(space, toks, tax) for s, toks in by_seed.items()}
