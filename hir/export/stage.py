@@ -9,17 +9,19 @@ super-graph density statistics.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from hir.atomic import remove_stale_tmp, write_text_atomic
 from hir.export.cold import ColdPlacement
@@ -184,16 +186,35 @@ TOKEN_SETTINGS = {"token_content": 0.0, "hierarchy_free_levels": 0, "hierarchy_f
                   "hierarchy_child_n_init": 1}
 
 
+# export settings that do not change what export writes: how many nodes are embedded at a time,
+# and how the checkpoint is named (``best`` or its path: meta.json's model_version says which one)
+UNWRITTEN_SETTINGS = ("batch_size", "checkpoint")
+
+
+def settings_digest(export: Mapping[str, Any], seed: int) -> str:
+    """A digest (16 hex) of every export setting that shapes the outputs (``export``: the resolved
+    ``cfg.export`` as plain data, less :data:`UNWRITTEN_SETTINGS`) and the run's ``seed`` (the
+    cold placement's val sample, the tree's fits). meta.json records it, and an export is reused
+    only under the same digest: a changed cold placement, val budget or cold-user setting re-exports
+    like a changed token setting."""
+    kept = {k: v for k, v in export.items() if k not in UNWRITTEN_SETTINGS}
+    text = json.dumps({"export": kept, "seed": int(seed)}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def reusable(meta_path: Path, ckpt: Path, force: bool, dim: int | None = None, token_space: str = "full",
-             tokens: dict[str, Any] | None = None) -> dict[str, Any] | None:
+             tokens: dict[str, Any] | None = None, settings: str | None = None) -> dict[str, Any] | None:
     """The existing export's meta.json when it is of checkpoint ``ckpt`` at served dimension ``dim``
-    (export.dim) with its tokens in ``token_space`` and every setting of ``tokens`` (keys of
-    :data:`TOKEN_SETTINGS`: the text's weight, the tree's free levels and fit) as recorded (and not
-    ``force``), else None."""
+    (export.dim) with its tokens in ``token_space``, written under the same ``settings`` digest
+    (:func:`settings_digest`; a meta.json written before the digest was recorded is checked on
+    ``tokens`` alone: every setting of ``tokens``, keys of :data:`TOKEN_SETTINGS`, as recorded), and
+    not ``force``; else None."""
     from hir.export.embed import checkpoint_version
 
     if meta_path.exists() and not force and ckpt.exists():
         meta = json.loads(meta_path.read_text())
+        if settings is not None and meta.get("settings_digest") not in (None, settings):
+            return None
         same_tokens = meta.get("projection") is None or meta.get("token_space", "served") == token_space
         for key, want in (tokens or {}).items():
             had = meta.get(key, TOKEN_SETTINGS[key])
@@ -369,7 +390,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     ckpt = resolve_checkpoint(ex.checkpoint, Path(cfg.paths.checkpoint_dir))
     tokens = {"token_content": ex.token_content, "hierarchy_free_levels": ex.hierarchy_free_levels,
               "hierarchy_fit": ex.hierarchy_fit, "hierarchy_child_n_init": ex.hierarchy_child_n_init}
-    if (meta := reusable(emb_dir / META_FILE, ckpt, bool(cfg.force), ex.dim, ex.token_space, tokens)) is not None:
+    digest = settings_digest(OmegaConf.to_container(cfg.export, resolve=True), int(cfg.seed))
+    if (meta := reusable(emb_dir / META_FILE, ckpt, bool(cfg.force), ex.dim, ex.token_space, tokens, digest)) is not None:
         log.info("embeddings of model %s exist at %s; reusing them (force=true re-exports)", meta["model_version"], emb_dir)
         return meta
     # a re-export invalidates the old one first: a kill below must not leave old meta.json over new files
@@ -420,6 +442,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     meta = export_meta(embedder, record_checkpoint(ckpt, emb_dir), ex, z, codes, keys, event_ts, created, sg,
                        planted, cold_report, {"embed": round(t_embed, 2), "hierarchy_fit": round(t_fit, 2),
                                               "total": round(time.perf_counter() - t0, 2)}, projection, inputs)
+    meta["settings_digest"] = digest
     # meta.json last and atomic: its presence marks a complete export (what `reusable` checks)
     write_text_atomic(emb_dir / META_FILE, json.dumps(meta, indent=2))
     log.info("exported %s (cold start %s) as model %s in %.1fs; super-graph density gain %s%s",

@@ -231,3 +231,30 @@ def test_children_from_more_seedings_are_the_best_of_them_and_a_change_redoes_th
     path.write_text(json.dumps({k: v for k, v in meta.items() if k != "hierarchy_child_n_init"}))
     assert reusable(path, ckpt, False, None, "full", dict(fit, hierarchy_child_n_init=1)) is not None
     assert reusable(path, ckpt, False, None, "full", dict(fit, hierarchy_child_n_init=5)) is None
+
+
+def test_an_export_under_other_settings_is_not_reused(tmp_path: Path) -> None:
+    """Every export setting that shapes the outputs, and the seed, are in the digest meta.json
+    records; how many nodes are embedded at a time and how the checkpoint is named are not. A
+    meta.json written before the digest was recorded is judged on its token settings alone."""
+    from hir.export.embed import checkpoint_version
+    from hir.export.stage import reusable, settings_digest
+
+    export = {"checkpoint": "best", "batch_size": 2048, "val_pairs": 2.0e9,
+              "cold": {"method": "content_knn", "k": 20, "boosts": [1.0, 1.5]}, "cold_users": {"method": "recent"}}
+    digest = settings_digest(export, 42)
+    assert digest == settings_digest(dict(export, batch_size=64, checkpoint="/runs/a/checkpoints/best.ckpt"), 42)
+    for other in (dict(export, val_pairs=1.0e6), dict(export, cold=dict(export["cold"], boosts=[1.0])),
+                  dict(export, cold_users={"method": "knowledge"})):
+        assert settings_digest(other, 42) != digest
+    assert settings_digest(export, 43) != digest
+
+    ckpt = tmp_path / "best.ckpt"
+    ckpt.write_bytes(b"weights")
+    meta = {"model_version": checkpoint_version(ckpt), "export_dim": None, "projection": None, "settings_digest": digest}
+    path = tmp_path / "meta.json"
+    path.write_text(json.dumps(meta))
+    assert reusable(path, ckpt, False, None, "full", {}, digest) == meta
+    assert reusable(path, ckpt, False, None, "full", {}, settings_digest(export, 43)) is None
+    path.write_text(json.dumps({k: v for k, v in meta.items() if k != "settings_digest"}))
+    assert reusable(path, ckpt, False, None, "full", {}, settings_digest(export, 43)) is not None
