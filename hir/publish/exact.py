@@ -1,0 +1,215 @@
+"""Exact discovery search in this process, over the vectors a published version put in Milvus.
+
+    from hir.publish.exact import ExactSearch
+    s = ExactSearch(manifest, store_dir="outputs/serving/completejourney")
+    s.search(s.embeddings("user", ["1234"]), "product", k=20, exclude=[["1001", "1002"]])  # [[(id, cosine), ...]]
+
+Why: `hir recommend`'s default store is Milvus Lite, whose search is a pure-Python engine that
+loops over every row of the collection in Python before each search (87% of a search on
+completejourney's 92k products; docs/serving.md "Latency of hir recommend"). The collections are
+exact indexes anyway (``FLAT``, built on Lite as one-list ``IVF_FLAT``), so the same answer is one
+matrix product over the same vectors: ``scores = normalise(q) @ normalise(V).T``.
+
+The vectors are the ones the version put in Milvus, read from the files publish and refresh
+wrote of exactly what they inserted (hir/publish/milvus_store.py ``checked_payload``):
+
+- ``manifest.milvus.payload.<type>.file``: the publish's rows (near-twins already nudged);
+- ``manifest.refreshes[i].milvus.<type>.file``: each `hir refresh`'s rows, upserted in order (a
+  later row of an id replaces the earlier one, as Milvus's upsert does).
+
+Each file's sha256 is checked against the manifest's record when it is loaded, so the search can
+only read what Milvus was given. Refreshes committed after a searcher was opened are picked up on
+the next search: live.json is rewritten (atomically) by every refresh commit, and one ``stat`` per
+search notices it.
+
+Only Feast is opened (for the user embedding), never the Milvus Lite dir: Lite lets one process
+at a time open a dir, and this reader needs none of it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hir.errors import HirError
+from hir.serving import LIVE_FILE, read_state
+
+
+def online_embeddings(store: Any, manifest: dict[str, Any], entity_type: str, ids: list[str]) -> np.ndarray:
+    """(len(ids), dim) float32 embeddings of ``ids`` from the Feast online store ``store``, read
+    through ``manifest``'s own view of ``entity_type``; unknown ids raise."""
+    views = manifest["feast"]["feature_views"]
+    if entity_type not in views:
+        raise HirError(f"entity type {entity_type!r} is not published; have {sorted(views)}")
+    key = manifest["feast"]["entities"][entity_type]["join_key"]
+    rows = store.get_online_features(features=[f"{views[entity_type]}:embedding"],
+                                     entity_rows=[{key: i} for i in ids]).to_dict()["embedding"]
+    missing = [i for i, v in zip(ids, rows, strict=True) if v is None]
+    if missing:
+        raise HirError(f"no {entity_type} embedding online for ids {missing[:5]} (version "
+                       f"{manifest['version']!r}); unknown ids, or not yet refreshed")
+    return np.asarray(rows, dtype=np.float32)
+
+
+def unit_rows(x: np.ndarray) -> np.ndarray:
+    """(n, d) float32 rows scaled to unit length (zero rows stay zero), as COSINE search does."""
+    x = np.asarray(x, dtype=np.float32)
+    norms = np.linalg.norm(x, axis=1, keepdims=True)
+    return x / np.where(norms > 0, norms, 1.0)
+
+
+@dataclass
+class Rows:
+    """The vectors of one entity type as Milvus holds them: ``ids`` (n,) object array, ``index``
+    {id: row}, ``vectors`` (n, d) float32 unit rows, ``coarse`` (n,) int64 level-0 token,
+    ``files`` the payload files read (publish first, then each refresh in order)."""
+
+    ids: np.ndarray
+    index: dict[str, int]
+    vectors: np.ndarray
+    coarse: np.ndarray
+    files: list[str]
+
+    @classmethod
+    def read(cls, records: list[dict[str, Any]], entity_type: str) -> Rows:
+        """The rows of the payload ``records`` ({file, sha256} each, in insertion order): for an
+        id in several, its last row (Milvus's upsert)."""
+        import pyarrow.parquet as pq
+
+        from hir.validate.binding import sha256
+
+        ids: list[str] = []
+        vectors, coarse = [], []
+        for rec in records:
+            path = Path(rec["file"])
+            if not path.exists():
+                raise HirError(f"{path} is missing: the {entity_type} rows the version put in Milvus; search "
+                               "through Milvus (--discovery milvus) or publish the version again")
+            if rec.get("sha256") and sha256(path) != rec["sha256"]:
+                raise HirError(f"{path} changed since it was inserted into Milvus (its sha256 differs from the "
+                               "manifest's); search through Milvus (--discovery milvus) or publish again")
+            table = pq.read_table(path, columns=["id", "coarse_token", "embedding"])
+            emb = table["embedding"].combine_chunks()
+            dim = emb.type.list_size
+            ids += table["id"].to_pylist()
+            vectors.append(emb.flatten().to_numpy(zero_copy_only=False).astype(np.float32).reshape(len(emb), dim))
+            coarse.append(table["coarse_token"].to_numpy().astype(np.int64))
+        index = {key: i for i, key in enumerate(ids)}  # the last row of an id wins
+        keep = np.fromiter(sorted(index.values()), np.int64, len(index))
+        return cls(ids=np.asarray(ids, dtype=object)[keep], index={ids[i]: r for r, i in enumerate(keep.tolist())},
+                   vectors=np.ascontiguousarray(unit_rows(np.concatenate(vectors)[keep])),
+                   coarse=np.concatenate(coarse)[keep], files=[r["file"] for r in records])
+
+
+def payload_records(manifest: dict[str, Any], entity_type: str) -> list[dict[str, Any]]:
+    """The files a version put in Milvus for ``entity_type``: the publish's, then every refresh's."""
+    payload = manifest["milvus"].get("payload") or {}
+    if entity_type not in payload:
+        have = sorted(manifest["milvus"].get("collections", {}))
+        if entity_type not in have:
+            raise HirError(f"entity type {entity_type!r} has no Milvus collection in version "
+                           f"{manifest['version']!r}; have {have}")
+        raise HirError(f"version {manifest['version']!r} records no file of the {entity_type} rows it put in Milvus "
+                       "(published before hir kept them); search through Milvus (--discovery milvus) or publish again")
+    return [payload[entity_type], *(r["milvus"][entity_type] for r in manifest.get("refreshes", [])
+                                    if entity_type in (r.get("milvus") or {}))]
+
+
+class ExactSearch:
+    """Cosine top-k over a version's Milvus rows, in process (module doc); answers as
+    :class:`hir.publish.retrieval.Retriever` does (``embeddings``, ``search``), so discovery takes
+    either.
+
+    Args:
+        manifest: the version's publish manifest (``milvus.payload``, ``refreshes``, ``feast``).
+        store_dir: its serving store; when given, refreshes committed there later are read on the
+            next search. None: the manifest's rows only.
+    """
+
+    def __init__(self, manifest: dict[str, Any], store_dir: str | Path | None = None) -> None:
+        from feast import FeatureStore
+
+        self.manifest = manifest
+        self.store_dir = Path(store_dir) if store_dir is not None else None
+        self.store = FeatureStore(repo_path=manifest["feast"]["repo_path"])
+        self.rows: dict[str, Rows] = {}
+        self._seen = self._stamp()
+
+    def __repr__(self) -> str:
+        sizes = {t: r.vectors.shape for t, r in self.rows.items()}
+        return f"ExactSearch(version={self.manifest['version']!r}, loaded={sizes})"
+
+    def _stamp(self) -> tuple[int, int] | None:
+        """live.json's (inode, mtime): a refresh commit replaces the file, so either changes."""
+        if self.store_dir is None:
+            return None
+        try:
+            st = os.stat(self.store_dir / LIVE_FILE)
+        except FileNotFoundError:
+            return None
+        return st.st_ino, st.st_mtime_ns
+
+    def _follow_refreshes(self) -> None:
+        """Re-read this version's manifest when live.json changed; reload a type whose refreshes grew."""
+        stamp = self._stamp()
+        if stamp == self._seen:
+            return
+        self._seen = stamp
+        entry = next((e for e in read_state(self.store_dir)["versions"].values()
+                      if e.get("manifest", {}).get("version") == self.manifest["version"]), None)
+        if entry is None:  # retired since: keep serving what was loaded, as its files may be gone
+            return
+        self.manifest = entry["manifest"]
+        for etype, rows in list(self.rows.items()):
+            if [r["file"] for r in payload_records(self.manifest, etype)] != rows.files:
+                self.rows[etype] = Rows.read(payload_records(self.manifest, etype), etype)
+
+    def _rows(self, entity_type: str) -> Rows:
+        if entity_type not in self.rows:
+            self.rows[entity_type] = Rows.read(payload_records(self.manifest, entity_type), entity_type)
+        return self.rows[entity_type]
+
+    def embeddings(self, entity_type: str, ids: list[str]) -> np.ndarray:
+        """(len(ids), dim) float32 embeddings from the Feast online store; unknown ids raise."""
+        return online_embeddings(self.store, self.manifest, entity_type, ids)
+
+    def search(self, vectors: np.ndarray, entity_type: str, k: int = 10, coarse_tokens: list[int] | None = None,
+               exclude: list[list[str]] | None = None) -> list[list[tuple[str, float]]]:
+        """Top-``k`` (id, cosine) of ``entity_type`` for each row of ``vectors`` (n, dim), best
+        first; ``coarse_tokens``: only rows with one of these level-0 tokens; ``exclude[i]``: ids
+        row ``i`` must not get (ids Milvus does not hold are ignored, as its filter ignores them).
+        Fewer than ``k`` where fewer rows qualify."""
+        if self.store_dir is not None:
+            self._follow_refreshes()
+        rows = self._rows(entity_type)
+        q = unit_rows(np.atleast_2d(vectors))
+        if k <= 0 or not len(rows.ids):
+            return [[] for _ in range(len(q))]
+        if q.shape[1] != rows.vectors.shape[1]:
+            raise HirError(f"query vectors have {q.shape[1]} dims, the {entity_type} rows {rows.vectors.shape[1]}")
+        if exclude is not None and len(exclude) != len(q):
+            raise HirError(f"exclude has {len(exclude)} id lists for {len(q)} query vectors; give one per row")
+        scores = q @ rows.vectors.T  # (n, N) cosines: both sides unit rows
+        if coarse_tokens:
+            scores[:, ~np.isin(rows.coarse, np.asarray(coarse_tokens, np.int64))] = -np.inf
+        out: list[list[tuple[str, float]]] = []
+        for i, s in enumerate(scores):
+            if exclude is not None and exclude[i]:
+                s[[rows.index[key] for key in exclude[i] if key in rows.index]] = -np.inf
+            kk = min(k, len(s))
+            top = np.argpartition(-s, kk - 1)[:kk] if kk < len(s) else np.arange(len(s))
+            top = top[np.lexsort((top, -s[top]))]  # best first; ties by row (insertion order)
+            out.append([(rows.ids[j], float(s[j])) for j in top.tolist() if s[j] > -np.inf])
+        return out
+
+    def for_user(self, user_id: str, entity_type: str = "product", k: int = 10,
+                 coarse_tokens: list[int] | None = None) -> list[tuple[str, float]]:
+        """The user's embedding (Feast) -> its top-``k`` entities of ``entity_type``."""
+        return self.search(self.embeddings("user", [user_id]), entity_type, k, coarse_tokens)[0]
+
+    def close(self) -> None:
+        """Nothing to release (no Milvus client is opened); for symmetry with the Retriever."""
