@@ -7,8 +7,19 @@
 Why: `hir recommend`'s default store is Milvus Lite, whose search is a pure-Python engine that
 loops over every row of the collection in Python before each search (87% of a search on
 completejourney's 92k products; docs/serving.md "Latency of hir recommend"). The collections are
-exact indexes anyway (``FLAT``, built on Lite as one-list ``IVF_FLAT``), so the same answer is one
-matrix product over the same vectors: ``scores = normalise(q) @ normalise(V).T``.
+exact indexes (``FLAT``, built on Lite as a one-list ``IVF_FLAT``), so the same answer needs only
+the index's own scan, which this module runs directly.
+
+The same lists, not merely the same neighbours: Lite ranks a hit by its COSINE distance
+``1 - q.v`` stored as float32, so hits closer than one float32 step near 1 (6e-8) tie, and a tie
+goes to the row inserted first. A BLAS matrix product rounds ``q.v`` differently from faiss in
+about 1 of 11 scores at that step (measured on completejourney), which reorders such near-ties;
+so the scan is faiss's own one-list ``IndexIVFFlat`` over the rows normalised as Lite normalises
+them, the history left out by an ``IDSelectorBitmap``, and the hits ranked by (float32 distance,
+insertion order) and scored ``1 - distance``, as Lite ranks and scores them. One difference is
+left: Lite takes the top ``k`` of each of its segments (a refresh adds one) before that ranking,
+this module the top ``k`` of all rows, which can only differ where rows of two segments tie to
+float32 at the ``k``-th place.
 
 The vectors are the ones the version put in Milvus, read from the files publish and refresh
 wrote of exactly what they inserted (hir/publish/milvus_store.py ``checked_payload``):
@@ -19,7 +30,7 @@ wrote of exactly what they inserted (hir/publish/milvus_store.py ``checked_paylo
 
 Each file's sha256 is checked against the manifest's record when it is loaded, so the search can
 only read what Milvus was given. Refreshes committed after a searcher was opened are picked up on
-the next search: live.json is rewritten (atomically) by every refresh commit, and one ``stat`` per
+the next search: every refresh commit replaces live.json (atomically), and one ``stat`` per
 search notices it.
 
 Only Feast is opened (for the user embedding), never the Milvus Lite dir: Lite lets one process
@@ -56,23 +67,42 @@ def online_embeddings(store: Any, manifest: dict[str, Any], entity_type: str, id
 
 
 def unit_rows(x: np.ndarray) -> np.ndarray:
-    """(n, d) float32 rows scaled to unit length (zero rows stay zero), as COSINE search does."""
+    """(n, d) float32 rows scaled to unit length (zero rows stay zero), in float32 as Milvus
+    Lite's COSINE indexes scale both their rows and the queries."""
     x = np.asarray(x, dtype=np.float32)
     norms = np.linalg.norm(x, axis=1, keepdims=True)
-    return x / np.where(norms > 0, norms, 1.0)
+    return x / np.where(norms == 0, 1.0, norms)
+
+
+def one_list_index(vectors: np.ndarray) -> Any:
+    """faiss's ``IndexIVFFlat`` with one inverted list holding every row of ``vectors`` (n, d),
+    inner product: the index Milvus Lite builds for hir's ``FLAT`` (milvus_store.LITE_EXACT).
+    Its one centroid is set, not trained (with one list every row lands in it anyway)."""
+    import faiss
+
+    d = vectors.shape[1]
+    quantizer = faiss.IndexFlat(d, faiss.METRIC_INNER_PRODUCT)
+    quantizer.add(np.zeros((1, d), np.float32))
+    index = faiss.IndexIVFFlat(quantizer, d, 1, faiss.METRIC_INNER_PRODUCT)
+    assert index.is_trained, "one centroid set on the quantizer makes a trained one-list IVF"
+    index.add(vectors)
+    index.nprobe = 1
+    return index
 
 
 @dataclass
 class Rows:
-    """The vectors of one entity type as Milvus holds them: ``ids`` (n,) object array, ``index``
-    {id: row}, ``vectors`` (n, d) float32 unit rows, ``coarse`` (n,) int64 level-0 token,
-    ``files`` the payload files read (publish first, then each refresh in order)."""
+    """The vectors of one entity type as Milvus holds them, in insertion order: ``ids`` (n,)
+    object array, ``index`` {id: row}, ``vectors`` (n, d) float32 unit rows, ``coarse`` (n,)
+    int64 level-0 token, ``files`` the payload files read (publish first, then each refresh in
+    order), ``faiss`` their :func:`one_list_index`."""
 
     ids: np.ndarray
     index: dict[str, int]
     vectors: np.ndarray
     coarse: np.ndarray
     files: list[str]
+    faiss: Any
 
     @classmethod
     def read(cls, records: list[dict[str, Any]], entity_type: str) -> Rows:
@@ -100,9 +130,10 @@ class Rows:
             coarse.append(table["coarse_token"].to_numpy().astype(np.int64))
         index = {key: i for i, key in enumerate(ids)}  # the last row of an id wins
         keep = np.fromiter(sorted(index.values()), np.int64, len(index))
+        unit = np.ascontiguousarray(unit_rows(np.concatenate(vectors)[keep]))
         return cls(ids=np.asarray(ids, dtype=object)[keep], index={ids[i]: r for r, i in enumerate(keep.tolist())},
-                   vectors=np.ascontiguousarray(unit_rows(np.concatenate(vectors)[keep])),
-                   coarse=np.concatenate(coarse)[keep], files=[r["file"] for r in records])
+                   vectors=unit, coarse=np.concatenate(coarse)[keep], files=[r["file"] for r in records],
+                   faiss=one_list_index(unit))
 
 
 def payload_records(manifest: dict[str, Any], entity_type: str) -> list[dict[str, Any]]:
@@ -179,31 +210,40 @@ class ExactSearch:
 
     def search(self, vectors: np.ndarray, entity_type: str, k: int = 10, coarse_tokens: list[int] | None = None,
                exclude: list[list[str]] | None = None) -> list[list[tuple[str, float]]]:
-        """Top-``k`` (id, cosine) of ``entity_type`` for each row of ``vectors`` (n, dim), best
-        first; ``coarse_tokens``: only rows with one of these level-0 tokens; ``exclude[i]``: ids
-        row ``i`` must not get (ids Milvus does not hold are ignored, as its filter ignores them).
-        Fewer than ``k`` where fewer rows qualify."""
+        """Top-``k`` (id, cosine) of ``entity_type`` for each row of ``vectors`` (n, dim), ranked
+        and scored as Milvus Lite does (module doc); ``coarse_tokens``: only rows with one of these
+        level-0 tokens; ``exclude[i]``: ids row ``i`` must not get (ids not held are ignored, as
+        Milvus's filter ignores them). Fewer than ``k`` where fewer rows qualify."""
+        import faiss
+
         if self.store_dir is not None:
             self._follow_refreshes()
         rows = self._rows(entity_type)
         q = unit_rows(np.atleast_2d(vectors))
-        if k <= 0 or not len(rows.ids):
-            return [[] for _ in range(len(q))]
+        n = len(rows.ids)
         if q.shape[1] != rows.vectors.shape[1]:
             raise HirError(f"query vectors have {q.shape[1]} dims, the {entity_type} rows {rows.vectors.shape[1]}")
         if exclude is not None and len(exclude) != len(q):
             raise HirError(f"exclude has {len(exclude)} id lists for {len(q)} query vectors; give one per row")
-        scores = q @ rows.vectors.T  # (n, N) cosines: both sides unit rows
-        if coarse_tokens:
-            scores[:, ~np.isin(rows.coarse, np.asarray(coarse_tokens, np.int64))] = -np.inf
+        if k <= 0 or n == 0:
+            return [[] for _ in range(len(q))]
+        allowed = np.isin(rows.coarse, np.asarray(coarse_tokens, np.int64)) if coarse_tokens else np.ones(n, bool)
         out: list[list[tuple[str, float]]] = []
-        for i, s in enumerate(scores):
+        for i in range(len(q)):
+            valid = allowed
             if exclude is not None and exclude[i]:
-                s[[rows.index[key] for key in exclude[i] if key in rows.index]] = -np.inf
-            kk = min(k, len(s))
-            top = np.argpartition(-s, kk - 1)[:kk] if kk < len(s) else np.arange(len(s))
-            top = top[np.lexsort((top, -s[top]))]  # best first; ties by row (insertion order)
-            out.append([(rows.ids[j], float(s[j])) for j in top.tolist() if s[j] > -np.inf])
+                valid = allowed.copy()
+                valid[[rows.index[key] for key in exclude[i] if key in rows.index]] = False
+            params = None
+            if not valid.all():  # as Lite: a selector only when a row is left out
+                bitmap = np.packbits(valid, bitorder="little")  # kept alive through the search
+                params = faiss.SearchParametersIVF(sel=faiss.IDSelectorBitmap(n, faiss.swig_ptr(bitmap)), nprobe=1)
+            ip, found = rows.faiss.search(q[i:i + 1], min(k, n), params=params)  # (1, k) each
+            hit = found[0] >= 0
+            found, dist = found[0][hit], (1.0 - ip[0][hit].astype(np.float64)).astype(np.float32)
+            order = np.lexsort((found, dist))  # Lite's rank: float32 distance, then the earlier row
+            out.append([(rows.ids[j], 1.0 - float(dist[o])) for o, j in zip(order.tolist(), found[order].tolist(),
+                                                                           strict=True)])
         return out
 
     def for_user(self, user_id: str, entity_type: str = "product", k: int = 10,
