@@ -120,7 +120,7 @@ def exact_facts(rec: Any, args: argparse.Namespace, users: list[str], k: int) ->
             gap = max([gap, *(abs(a["score"] - b["score"]) for a, b in zip(got, want, strict=False))])
     finally:
         via_milvus.recommender.discovery.retriever.close()
-    return {"searched": {"rows": int(rows.vectors.shape[0]), "dim": int(rows.vectors.shape[1]), "files": len(rows.files)},
+    return {"searched": {"rows": rows.shape[0], "dim": rows.shape[1], "files": len(rows.files)},
             "milvus": {"users": len(users), "same_list": round(same_list / max(1, len(users)), 4),
                        "recall_at_k": round(float(np.mean(overlap)), 4) if overlap else None,
                        "same_scored": round(same_scored / max(1, len(users)), 4), "max_score_diff": round(gap, 6)}}
