@@ -18,6 +18,12 @@ is the rest of the request (open funnel, scorer, rows). ``exact`` (Milvus rows):
 discovery lists Milvus returned equal to exact search (numpy over the vectors Milvus holds, the
 user's history removed), ids in order. ``milvus`` (exact rows): the share of the discovery lists
 and of the scored lists equal to those the same recommender serves with Milvus discovery.
+
+``--threads`` (default 1): torch's intra-op threads, as a latency-serving process sets them. A
+request's tensors are small (hundreds of candidates), yet large enough for torch to split some ops
+across threads, and on a machine whose cores are shared each split waits for a thread another
+process may hold (docs/serving.md measures both).
+A row with other than 1 thread is keyed ``<data>/<discovery>/threads=<n>``.
 """
 
 from __future__ import annotations
@@ -137,8 +143,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--exact-users", type=int, default=50,
                    help="users whose discovery list is checked: Milvus's against exact search, exact's against Milvus")
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (0: torch's default)")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "recommend.json"))
     args = p.parse_args(argv)
+    import torch
+
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
     rec = open_recommender(args.data, args.store, args.funnel, args.discovery)
     t_open = time.perf_counter() - t0
@@ -170,13 +181,14 @@ def main(argv: list[str] | None = None) -> None:
     extra = milvus_facts(rec, checked, args.k) if discovery == "milvus" else \
         exact_facts(rec, args, checked, args.k) if discovery == "exact" else {}
     dataset = json.loads((rec.recommender.dir.parent / "graph" / "meta.json").read_text()).get("dataset", args.data)
-    key = f"{dataset}/{discovery}"
+    key = f"{dataset}/{discovery}" + (f"/threads={torch.get_num_threads()}" if torch.get_num_threads() != 1 else "")
     out_path = Path(args.out)
     result = json.loads(out_path.read_text()) if out_path.exists() else {}
     from hir.stages import git_sha
 
     result[key] = {"when": datetime.now(UTC).isoformat(timespec="seconds"), "git": git_sha(), "machine": platform.platform(),
-                   "cpus": os.cpu_count(), "requests": len(times), "k": args.k, "open_seconds": round(t_open, 2),
+                   "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "requests": len(times), "k": args.k,
+                   "open_seconds": round(t_open, 2),
                    "p50_ms": round(float(np.median(ms)), 2), "p95_ms": round(float(np.quantile(ms, 0.95)), 2),
                    "p99_ms": round(float(np.quantile(ms, 0.99)), 2), "max_ms": round(float(ms.max()), 2),
                    "discovery": discovery, "funnel": os.path.relpath(rec.recommender.dir, ROOT), "target_p95_ms": 50,
