@@ -19,10 +19,11 @@ discovery lists Milvus returned equal to exact search (numpy over the vectors Mi
 user's history removed), ids in order. ``milvus`` (exact rows): the share of the discovery lists
 and of the scored lists equal to those the same recommender serves with Milvus discovery.
 
-``--threads`` (default 1): torch's intra-op threads, as a latency-serving process sets them. A
-request's tensors are small (hundreds of candidates), yet large enough for torch to split some ops
-across threads, and on a machine whose cores are shared each split waits for a thread another
-process may hold (docs/serving.md measures both).
+``--threads`` (default 1): the threads of torch's and BLAS's thread pools (torch.set_num_threads,
+threadpoolctl), as a latency-serving process sets them. A request's arrays are small (hundreds of
+candidates, one query vector), yet large enough for torch and BLAS to split some ops across
+threads, and on a machine whose cores are shared each split waits for a thread another process
+may hold (docs/serving.md measures both).
 A row with other than 1 thread is keyed ``<data>/<discovery>/threads=<n>``.
 """
 
@@ -143,13 +144,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--exact-users", type=int, default=50,
                    help="users whose discovery list is checked: Milvus's against exact search, exact's against Milvus")
-    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (0: torch's default)")
+    p.add_argument("--threads", type=int, default=1, help="torch and BLAS threads (0: their defaults)")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "recommend.json"))
     args = p.parse_args(argv)
     import torch
+    from threadpoolctl import threadpool_limits
 
     if args.threads > 0:
         torch.set_num_threads(args.threads)
+        threadpool_limits(args.threads)  # BLAS (numpy's), for the rest of the process
     t0 = time.perf_counter()
     rec = open_recommender(args.data, args.store, args.funnel, args.discovery)
     t_open = time.perf_counter() - t0

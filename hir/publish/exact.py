@@ -13,13 +13,20 @@ the index's own scan, which this module runs directly.
 The same lists, not merely the same neighbours: Lite ranks a hit by its COSINE distance
 ``1 - q.v`` stored as float32, so hits closer than one float32 step near 1 (6e-8) tie, and a tie
 goes to the row inserted first. A BLAS matrix product rounds ``q.v`` differently from faiss in
-about 1 of 11 scores at that step (measured on completejourney), which reorders such near-ties;
-so the scan is faiss's own one-list ``IndexIVFFlat`` over the rows normalised as Lite normalises
-them, the history left out by an ``IDSelectorBitmap``, and the hits ranked by (float32 distance,
-insertion order) and scored ``1 - distance``, as Lite ranks and scores them. One difference is
-left: Lite takes the top ``k`` of each of its segments (a refresh adds one) before that ranking,
-this module the top ``k`` of all rows, which can only differ where rows of two segments tie to
-float32 at the ``k``-th place.
+about 1 of 11 scores at that step (measured on completejourney), which reorders such near-ties.
+So the scores are faiss's own: its one-list ``IndexIVFFlat`` over the rows normalised as Lite
+normalises them, and the hits ranked by (float32 distance, insertion order) and scored
+``1 - distance``, as Lite ranks and scores them. One difference is left: Lite takes the top ``k``
+of each of its segments (a refresh adds one) before that ranking, this module the top ``k`` of all
+rows, which can only differ where rows of two segments tie to float32 at the ``k``-th place.
+
+Two passes, because faiss's scan (a generic build, 11 ms over completejourney's 92k x 257 on one
+core) is slower than BLAS's (6.6 ms): BLAS scores every row, and faiss rescores only the rows that
+can reach the top ``k``. Any float32 dot product of unit vectors of dimension ``d`` is within
+``gamma_d = d u / (1 - d u)`` (u = 2^-24) of the exact one, whatever its summation order, so a
+row more than ``2 m`` (``m = 2 gamma_d``, twice over for safety) below the ``k``-th BLAS score has
+``k`` rows above it in faiss's scores too and is left out; the rest (about ``k`` plus the rows
+within 1.2e-4 of the ``k``-th at d 257) go to faiss through an ``IDSelectorBitmap``.
 
 The vectors are the ones the version put in Milvus, read from the files publish and refresh
 wrote of exactly what they inserted (hir/publish/milvus_store.py ``checked_payload``):
@@ -90,18 +97,40 @@ def one_list_index(vectors: np.ndarray) -> Any:
     return index
 
 
+def list_vectors(index: Any) -> np.ndarray:
+    """(n, d) float32 view of the rows a :func:`one_list_index` holds (its one list's codes are
+    the raw vectors, in insertion order): the BLAS pass reads them without a second copy. Valid
+    while ``index`` lives and gets no rows."""
+    import faiss
+
+    inv, n = index.invlists, index.ntotal
+    ids = faiss.rev_swig_ptr(inv.get_ids(0), n)
+    assert inv.list_size(0) == n and np.array_equal(ids, np.arange(n)), "the one list holds rows 0..n-1 in order"
+    codes = faiss.rev_swig_ptr(inv.get_codes(0), n * inv.code_size)
+    return np.frombuffer(codes, dtype=np.float32).reshape(n, index.d)
+
+
+def rounding_margin(d: int) -> float:
+    """``m``: twice the bound ``2 gamma_d`` on two float32 evaluations of one dot product of unit
+    vectors of dimension ``d`` (module doc)."""
+    u = 2.0**-24
+    return 2 * 2 * (d * u / (1 - d * u))
+
+
 @dataclass
 class Rows:
     """The rows of one entity type as Milvus holds them, in insertion order: ``ids`` (n,) object
     array, ``index`` {id: row}, ``coarse`` (n,) int64 level-0 token, ``files`` the payload files
     read (publish first, then each refresh in order), ``faiss`` the :func:`one_list_index` of
-    their (n, d) unit vectors (the only copy kept: 4 n d bytes, 95 MB for 92k x 257)."""
+    their (n, d) unit vectors (the only copy kept: 4 n d bytes, 95 MB for 92k x 257) and
+    ``vectors`` its (n, d) view (:func:`list_vectors`)."""
 
     ids: np.ndarray
     index: dict[str, int]
     coarse: np.ndarray
     files: list[str]
     faiss: Any
+    vectors: np.ndarray
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -134,9 +163,10 @@ class Rows:
             coarse.append(table["coarse_token"].to_numpy().astype(np.int64))
         index = {key: i for i, key in enumerate(ids)}  # the last row of an id wins
         keep = np.fromiter(sorted(index.values()), np.int64, len(index))
-        unit = np.ascontiguousarray(unit_rows(np.concatenate(vectors)[keep]))  # (n, d)
+        flat = one_list_index(np.ascontiguousarray(unit_rows(np.concatenate(vectors)[keep])))  # (n, d) rows
         return cls(ids=np.asarray(ids, dtype=object)[keep], index={ids[i]: r for r, i in enumerate(keep.tolist())},
-                   coarse=np.concatenate(coarse)[keep], files=[r["file"] for r in records], faiss=one_list_index(unit))
+                   coarse=np.concatenate(coarse)[keep], files=[r["file"] for r in records], faiss=flat,
+                   vectors=list_vectors(flat))
 
 
 def payload_records(manifest: dict[str, Any], entity_type: str) -> list[dict[str, Any]]:
@@ -231,17 +261,20 @@ class ExactSearch:
         if k <= 0 or n == 0:
             return [[] for _ in range(len(q))]
         allowed = np.isin(rows.coarse, np.asarray(coarse_tokens, np.int64)) if coarse_tokens else np.ones(n, bool)
+        kk, cut_width = min(k, n), 2 * rounding_margin(rows.shape[1])
+        screen = q @ rows.vectors.T  # (len(q), n) BLAS scores, within 2 gamma_d of faiss's
         out: list[list[tuple[str, float]]] = []
         for i in range(len(q)):
-            valid = allowed
+            valid = allowed.copy()
             if exclude is not None and exclude[i]:
-                valid = allowed.copy()
                 valid[[rows.index[key] for key in exclude[i] if key in rows.index]] = False
-            params = None
-            if not valid.all():  # as Lite: a selector only when a row is left out
-                bitmap = np.packbits(valid, bitorder="little")  # kept alive through the search
-                params = faiss.SearchParametersIVF(sel=faiss.IDSelectorBitmap(n, faiss.swig_ptr(bitmap)), nprobe=1)
-            ip, found = rows.faiss.search(q[i:i + 1], min(k, n), params=params)  # (1, k) each
+            s = np.where(valid, screen[i], -np.inf)
+            if int(valid.sum()) > kk:  # keep the rows that can reach the top kk (module doc)
+                kth = s[np.argpartition(-s, kk - 1)[kk - 1]]
+                valid &= s >= kth - cut_width
+            bitmap = np.packbits(valid, bitorder="little")  # kept alive through the search
+            params = faiss.SearchParametersIVF(sel=faiss.IDSelectorBitmap(n, faiss.swig_ptr(bitmap)), nprobe=1)
+            ip, found = rows.faiss.search(q[i:i + 1], kk, params=params)  # (1, kk) each
             hit = found[0] >= 0
             found, dist = found[0][hit], (1.0 - ip[0][hit].astype(np.float64)).astype(np.float32)
             order = np.lexsort((found, dist))  # Lite's rank: float32 distance, then the earlier row
