@@ -195,11 +195,9 @@ class ExactSearch:
     """
 
     def __init__(self, manifest: dict[str, Any], store_dir: str | Path | None = None) -> None:
-        from feast import FeatureStore
-
         self.manifest = manifest
         self.store_dir = Path(store_dir) if store_dir is not None else None
-        self.store = FeatureStore(repo_path=manifest["feast"]["repo_path"])
+        self._store: Any = None  # the Feast store, opened on the first embeddings() call
         self.rows: dict[str, Rows] = {}
         self._seen = self._stamp()
 
@@ -239,7 +237,11 @@ class ExactSearch:
 
     def embeddings(self, entity_type: str, ids: list[str]) -> np.ndarray:
         """(len(ids), dim) float32 embeddings from the Feast online store; unknown ids raise."""
-        return online_embeddings(self.store, self.manifest, entity_type, ids)
+        if self._store is None:
+            from feast import FeatureStore
+
+            self._store = FeatureStore(repo_path=self.manifest["feast"]["repo_path"])
+        return online_embeddings(self._store, self.manifest, entity_type, ids)
 
     def search(self, vectors: np.ndarray, entity_type: str, k: int = 10, coarse_tokens: list[int] | None = None,
                exclude: list[list[str]] | None = None) -> list[list[tuple[str, float]]]:

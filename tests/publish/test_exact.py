@@ -172,3 +172,39 @@ def test_a_refreshed_entity_is_found_by_the_exact_search(live: SimpleNamespace) 
     exact, milvus = _both(live, live.users[:50], 20)
     assert [[i for i, _ in r] for r in exact] == [[i for i, _ in r] for r in milvus]
     assert any(NEW in [i for i, _ in r] for r in exact)
+
+
+def test_the_two_passes_return_a_whole_faiss_scan_ranked_as_lite(tmp_path: Path) -> None:
+    """No Milvus: rows in groups of near-duplicates (1e-6 apart, where BLAS and faiss round a
+    dot product differently and many rows tie to float32 at the k-th place), some left out; the
+    BLAS screen must keep every row faiss would rank in the top k, so the lists and scores equal
+    one faiss scan of all allowed rows, ranked by (float32 distance, row) as Lite ranks."""
+    import faiss
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(0)
+    base = rng.normal(size=(40, 33)).astype(np.float32)
+    vecs = (np.repeat(base, 50, axis=0) + rng.normal(scale=1e-6, size=(2000, 33))).astype(np.float32)
+    ids = [f"e{i}" for i in range(len(vecs))]
+    path = tmp_path / "product.milvus.parquet"
+    pq.write_table(pa.table({"id": ids, "coarse_token": pa.array(rng.integers(0, 3, len(ids)), pa.int64()),
+                             "embedding": pa.FixedSizeListArray.from_arrays(pa.array(vecs.reshape(-1)), 33)}), path)
+    manifest = {"version": "t", "milvus": {"payload": {"product": {"file": str(path)}}, "collections": {"product": "c"}}}
+    search = ExactSearch(manifest)
+    queries = base[:12] + rng.normal(scale=0.05, size=(12, 33)).astype(np.float32)
+    exclude = [rng.choice(ids, 30, replace=False).tolist() for _ in queries]
+    got = search.search(queries, "product", 25, exclude=exclude)
+    rows = search.rows["product"]
+    q = queries / np.linalg.norm(queries, axis=1, keepdims=True)
+    for i, row in enumerate(got):
+        valid = np.ones(len(ids), bool)
+        valid[[rows.index[e] for e in exclude[i]]] = False
+        bitmap = np.packbits(valid, bitorder="little")
+        sel = faiss.SearchParametersIVF(sel=faiss.IDSelectorBitmap(len(ids), faiss.swig_ptr(bitmap)), nprobe=1)
+        ip, found = rows.faiss.search(q[i:i + 1], 25, params=sel)
+        dist = (1.0 - ip[0].astype(np.float64)).astype(np.float32)
+        order = np.lexsort((found[0], dist))
+        assert row == [(ids[found[0][o]], 1.0 - float(dist[o])) for o in order]
+    ties = sum(len(r) - len({s for _, s in r}) for r in got)
+    assert ties > 0, "the data was meant to tie rows to float32"
