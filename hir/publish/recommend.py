@@ -8,9 +8,17 @@
     rec.recommend_keys(["1234"], k=10)                        # [{user, rank, entity, score, source, why}, ...]
 
 The funnel outputs (``funnel/``) of the run the live version was published from are found through
-its manifest (the run's snapshot dir sits beside them). Discovery candidates come from Milvus (the
-user's published embedding, its nearest entities, the user's history removed) when the version is
-published there (``--discovery auto``/``milvus``), else from the funnel's own view base (``base``).
+its manifest (the run's snapshot dir sits beside them), or named with ``funnel`` (a funnel of the
+same snapshot). Discovery candidates (``--discovery``) are the user's published embedding (Feast)
+and its nearest entities, the user's history left out, searched
+
+- ``exact``: in this process over the vectors the version put in Milvus (hir/publish/exact.py):
+  the lists a Milvus exact search returns, without Milvus Lite's per-search Python loop over
+  every row (docs/serving.md, "Latency of hir recommend");
+- ``milvus``: in Milvus, the version's own collection;
+- ``auto`` (default): ``exact`` when the version's Milvus is an embedded Lite dir, ``milvus`` when
+  it is a server URI; ``base`` without a published version (``--funnel`` alone);
+- ``base``: the funnel's own view base (no published version needed).
 """
 
 from __future__ import annotations
@@ -35,16 +43,21 @@ def _keys(graph_dir: Path, entity_type: str) -> list[str]:
     return nodes["key"].cast(pl.String).to_list()
 
 
-class MilvusDiscovery:
+DISCOVERY = ("auto", "exact", "milvus", "base")
+
+
+class SearchDiscovery:
     """Discovery through the published version: the user's embedding from Feast, its nearest
-    entities from Milvus with the user's history left out inside Milvus (a filter on the ids).
+    entities from ``retriever`` (Milvus, or the in-process exact search) with the user's history
+    left out inside the search (a filter on the ids).
 
     Why a filter and not an over-fetch of ``k`` + history hits: Milvus Lite turns every hit into a
     Python record, so a household with 1,000 engaged products cost 1,000 records per request;
     the filter returns exactly ``k`` (benchmarks/results/recommend.json).
 
     Args:
-        retriever: a :class:`hir.publish.retrieval.Retriever` of the version.
+        retriever: a :class:`hir.publish.retrieval.Retriever` or
+            :class:`hir.publish.exact.ExactSearch` of the version (``embeddings``, ``search``).
         user_keys, entity_keys: original ids by dense id; history: (users, entities) CSR of each
             user's engaged pairs (what discovery removes).
     """
@@ -95,42 +108,66 @@ class KeyedRecommender:
         return rec.as_rows(self.user_keys, self.entity_keys), discovery
 
 
+def _same_snapshot(funnel: Path, manifest: dict[str, Any]) -> None:
+    """Refuse a ``funnel`` dir whose snapshot is not the one the version was published from: its
+    dense ids would name other entities."""
+    published = manifest.get("source", {}).get("graph_dir")
+    mine, theirs = funnel.parent / "graph" / "meta.json", Path(published or "") / "meta.json"
+    if published and theirs.exists() and mine.exists() and mine.read_bytes() != theirs.read_bytes():
+        raise HirError(f"{funnel} was fitted on the snapshot {funnel.parent / 'graph'}, not on {published}, which "
+                       f"version {manifest['version']!r} was published from; pass that run's funnel/")
+
+
 def open_recommender(data: str | None = "completejourney", store: str | Path | None = None,
                      funnel: str | Path | None = None, discovery: str = "auto") -> KeyedRecommender:
-    """The recommender of a live version (``store`` or ``outputs/serving/<data>``) or of a
-    ``funnel`` dir; ``discovery``: auto | milvus | base (module doc)."""
+    """The recommender of a live version (``store``, else ``outputs/serving/<data>`` unless only
+    ``funnel`` is given) and of a ``funnel`` dir (default: the one beside the version's snapshot);
+    ``discovery``: auto | exact | milvus | base (module doc)."""
     from hir.stages import ROOT
 
-    if discovery not in ("auto", "milvus", "base"):
-        raise HirError(f"--discovery {discovery!r}; expected auto, milvus or base")
+    if discovery not in DISCOVERY:
+        raise HirError(f"--discovery {discovery!r}; expected one of {', '.join(DISCOVERY)}")
     manifest, store_dir = None, None  # the live version's manifest and its store (None: --funnel only)
-    if funnel is None:
+    if funnel is None or store is not None:
         from hir.serving import live_manifest
 
         store_dir = Path(store) if store else ROOT / "outputs" / "serving" / str(data)
         if not store_dir.exists():
             raise HirError(f"no serving store at {store_dir}; run `hir publish` (or `make run`) first, or pass --funnel DIR")
         manifest = live_manifest(store_dir)
-        graph = manifest.get("source", {}).get("graph_dir")
-        if not graph:
-            raise HirError(f"the live manifest of {store_dir} names no graph_dir; pass --funnel DIR")
-        funnel = Path(graph).parent / "funnel"
+        if funnel is None:
+            graph = manifest.get("source", {}).get("graph_dir")
+            if not graph:
+                raise HirError(f"the live manifest of {store_dir} names no graph_dir; pass --funnel DIR")
+            funnel = Path(graph).parent / "funnel"
     funnel = Path(funnel)
     if not (funnel / "meta.json").exists():
         raise HirError(f"no funnel output at {funnel}; run `hir funnel` for that run (pipeline.stages has it after export)")
+    if manifest is not None:
+        _same_snapshot(funnel, manifest)
     meta = json.loads((funnel / "meta.json").read_text())
     graph_dir = funnel.parent / "graph"
     user_keys, entity_keys = _keys(graph_dir, "user"), _keys(graph_dir, meta["entity_type"])
-    search: Discovery | None = None
-    if discovery == "milvus" or (discovery == "auto" and manifest is not None):
-        from hir.publish.retrieval import Retriever
+    if discovery == "auto":
+        from hir.publish.milvus_store import is_lite
 
+        discovery = "base" if manifest is None else "exact" if is_lite(str(manifest["milvus"]["uri"])) else "milvus"
+    search: Discovery | None = None
+    if discovery in ("exact", "milvus"):
         if manifest is None:
-            raise HirError("--discovery milvus needs a published version (--store or --data), not --funnel")
+            raise HirError(f"--discovery {discovery} needs a published version (--store or --data), not --funnel alone")
+        if discovery == "exact":
+            from hir.publish.exact import ExactSearch
+
+            retriever: Any = ExactSearch(manifest, store_dir=store_dir)
+        else:
+            from hir.publish.retrieval import Retriever
+
+            retriever = Retriever(manifest, store_dir=store_dir)
         source = pl.read_parquet(funnel / "open_funnel.parquet", columns=["user_id", "entity_id"])
         history = sp.csr_matrix((np.ones(source.height, np.float32), (source["user_id"].to_numpy(), source["entity_id"].to_numpy())),
                                 shape=(len(user_keys), len(entity_keys)))
-        search = MilvusDiscovery(Retriever(manifest, store_dir=store_dir), user_keys, entity_keys, history, meta["entity_type"])
+        search = SearchDiscovery(retriever, user_keys, entity_keys, history, meta["entity_type"])
     return KeyedRecommender(Recommender(funnel, search), user_keys, entity_keys)
 
 
@@ -141,8 +178,12 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--k", type=int, default=10, help="recommendations per user (default 10)")
     ap.add_argument("--data", default="completejourney", help="dataset whose live store to read: outputs/serving/<data>")
     ap.add_argument("--store", default=None, help="the serving store dir (publish.store_dir); overrides --data")
-    ap.add_argument("--funnel", default=None, help="a run's funnel/ dir, read directly (no published version needed)")
-    ap.add_argument("--discovery", default="auto", help="auto (Milvus when published) | milvus | base")
+    ap.add_argument("--funnel", default=None,
+                    help="a run's funnel/ dir, read directly (alone: no published version needed; with --store: "
+                         "that version's discovery, this funnel of the same snapshot)")
+    ap.add_argument("--discovery", default="auto",
+                    help="auto (exact on a Milvus Lite store, milvus on a server, base without a store) | exact | "
+                         "milvus | base")
     ap.add_argument("--json", action="store_true", help="print JSON rows")
     ap.add_argument("--with-discovery", action="store_true",
                     help="also print each user's discovery list (new to the user) beside the scored one")

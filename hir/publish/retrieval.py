@@ -23,6 +23,7 @@ import numpy as np
 
 from hir.errors import HirError
 from hir.publish import milvus_store
+from hir.publish.exact import online_embeddings
 from hir.serving import live_manifest
 
 
@@ -63,23 +64,9 @@ class Retriever:
         """A reader of the version ``<store_dir>/live.json`` names (and the pointers put back to it)."""
         return cls(live_manifest(Path(store_dir)), search_params, store_dir=store_dir)
 
-    def _view(self, entity_type: str) -> str:
-        views = self.manifest["feast"]["feature_views"]
-        if entity_type not in views:
-            raise HirError(f"entity type {entity_type!r} is not published; have {sorted(views)}")
-        return views[entity_type]
-
     def embeddings(self, entity_type: str, ids: list[str]) -> np.ndarray:
         """(len(ids), dim) float32 embeddings from the Feast online store; unknown ids raise."""
-        key = self.manifest["feast"]["entities"][entity_type]["join_key"]
-        rows = self.store.get_online_features(
-            features=[f"{self._view(entity_type)}:embedding"], entity_rows=[{key: i} for i in ids]
-        ).to_dict()["embedding"]
-        missing = [i for i, v in zip(ids, rows) if v is None]
-        if missing:
-            raise HirError(f"no {entity_type} embedding online for ids {missing[:5]} (version "
-                           f"{self.manifest['version']!r}); unknown ids, or not yet refreshed")
-        return np.asarray(rows, dtype=np.float32)
+        return online_embeddings(self.store, self.manifest, entity_type, ids)
 
     def search(self, vectors: np.ndarray, entity_type: str, k: int = 10,
                coarse_tokens: list[int] | None = None,

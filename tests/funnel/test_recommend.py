@@ -148,3 +148,30 @@ def test_the_served_candidates_read_the_neighbours(tiny_graph: Path, tmp_path: P
     assert rec.config.neighbours == 3
     users = np.unique(rec.tables.source.filter(pl.col("converted"))["user_id"].to_numpy())
     assert rec.candidates(users).rows["nbr_share"].sum() > 0
+
+
+@pytest.mark.parametrize("searched", [False, True], ids=["view base", "a discovery search"])
+def test_a_request_reads_narrowed_tables_and_gets_the_same_candidates(funnel_run: Path, searched: bool) -> None:
+    """Recommender.request_tables: the request's users' rows and its entities only, renumbered;
+    every scorer input, row and recommendation equals the whole tables' (bit for bit)."""
+    rec = Recommender(funnel_run / "funnel")
+    assert rec.narrow
+    n_entities = rec.tables.base.entities.shape[0]
+    if searched:  # discovery lists with gaps (-1) and entities outside anyone's open funnel
+        def search(users: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+            rng = np.random.default_rng(int(users.sum()))
+            ids = np.stack([rng.choice(n_entities, k, replace=False) for _ in users])
+            ids[:, -2:] = -1
+            return ids, np.sort(rng.random(ids.shape).astype(np.float32), axis=1)[:, ::-1].copy()
+        rec.discovery = search
+    users = np.arange(rec.tables.base.users.shape[0])
+    for batch in (users[:1], users[3:4], users[::7], users):
+        rec.narrow = True
+        narrow, narrow_out = rec.candidates(batch), rec.recommend(batch, k=8)
+        rec.narrow = False
+        whole, whole_out = rec.candidates(batch), rec.recommend(batch, k=8)
+        assert narrow.rows.equals(whole.rows) and np.array_equal(narrow.x, whole.x)
+        assert np.array_equal(narrow.offsets, whole.offsets) and np.array_equal(narrow.users, whole.users)
+        for field in ("ids", "scores", "sources", "discovery"):
+            assert np.array_equal(getattr(narrow_out, field), getattr(whole_out, field)), field
+        assert narrow_out.why == whole_out.why
