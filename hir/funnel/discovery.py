@@ -16,7 +16,7 @@ on the candidates it will be served.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import polars as pl
@@ -33,6 +33,9 @@ class ViewBase:
 
     users: np.ndarray
     entities: np.ndarray
+    # whether every entity row is finite, found on the first topk: a served request ranks a user or
+    # two, and checking the whole (E, K) matrix on each took 166 ms at completejourney's 92k x 256
+    _finite: bool | None = field(default=None, init=False, repr=False, compare=False)
 
     @classmethod
     def fit(cls, pairs: pl.DataFrame, n_users: int, n_entities: int, rank: int = 256, ideal: float = 0.3,
@@ -78,7 +81,9 @@ class ViewBase:
         kk = min(k, ent.shape[0])
         ids = np.full((len(users), k), -1, np.int64)
         vals = np.full((len(users), k), -np.inf, np.float32)
-        finite = all_finite(ent, block)
+        if self._finite is None:  # the entities do not change after the fit
+            self._finite = all_finite(ent, block)
+        finite = self._finite
         for lo in range(0, len(users), chunk):
             batch = users[lo:lo + chunk]
             masked: list = [()] * len(batch)
