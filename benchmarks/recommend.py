@@ -133,6 +133,13 @@ def exact_facts(rec: Any, args: argparse.Namespace, users: list[str], k: int) ->
                        "same_scored": round(same_scored / max(1, len(users)), 4), "max_score_diff": round(gap, 6)}}
 
 
+
+def shown(path: Path) -> str:
+    """``path`` as the results file records it: relative to the checkout, or only its run's name
+    (``<run>/funnel``) when it lies outside (no machine's path in a tracked file)."""
+    p = path.absolute()
+    return str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else f"{p.parent.name}/{p.name}"
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data", default="completejourney")
@@ -194,7 +201,7 @@ def main(argv: list[str] | None = None) -> None:
                    "open_seconds": round(t_open, 2),
                    "p50_ms": round(float(np.median(ms)), 2), "p95_ms": round(float(np.quantile(ms, 0.95)), 2),
                    "p99_ms": round(float(np.quantile(ms, 0.99)), 2), "max_ms": round(float(ms.max()), 2),
-                   "discovery": discovery, "funnel": os.path.relpath(rec.recommender.dir, ROOT), "target_p95_ms": 50,
+                   "discovery": discovery, "funnel": shown(Path(rec.recommender.dir)), "target_p95_ms": 50,
                    "components": components, **extra}
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(result, indent=1))
