@@ -120,16 +120,17 @@ def kmeans_tokens(x: np.ndarray, levels: tuple[int, ...], seed: int) -> list[np.
     return out
 
 
-def flat_tree_tokens(x: np.ndarray, levels: tuple[int, ...], seed: int) -> list[np.ndarray]:
+def flat_tree_tokens(x: np.ndarray, levels: tuple[int, ...], seed: int, n_init: int = 3) -> list[np.ndarray]:
     """A tree with unbalanced branching, built bottom up: a flat k-means of ``levels[-1]`` on x
     (n, d), then each coarser level a k-means of the finer level's centroids weighted by their
     members, so a parent owns as many children as its members need (the lead of
     docs/hierarchy.md's free-levels section; the tokenizer's ``j // branch`` tree cannot hold
-    it). An entity's coarse token is its finest token's ancestor. Returns the (n,) tokens per
-    level, coarsest first."""
+    it). An entity's coarse token is its finest token's ancestor; ``n_init``: the finest level's
+    k-means keeps the best of that many seedings. Returns the (n,) tokens per level, coarsest
+    first."""
     from sklearn.cluster import KMeans, MiniBatchKMeans
 
-    km = MiniBatchKMeans(n_clusters=int(levels[-1]), random_state=seed, n_init=3, batch_size=4096, max_iter=100).fit(x)
+    km = MiniBatchKMeans(n_clusters=int(levels[-1]), random_state=seed, n_init=n_init, batch_size=4096, max_iter=100).fit(x)
     tokens = [km.predict(x).astype(np.int64)]
     centres, weight = km.cluster_centers_, np.bincount(tokens[0], minlength=int(levels[-1])).astype(np.float64)
     for k in reversed(levels[:-1]):
@@ -312,6 +313,8 @@ def main() -> None:
     ap.add_argument("--free-levels", type=int, default=None,
                     help="the hir fits' finest levels free of the residual bound (export.hierarchy_free_levels; "
                          "default: the export's own, meta.json)")
+    ap.add_argument("--flat-n-init", type=int, default=3,
+                    help="flat_tree: seedings of the finest level's k-means (the best of n)")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     t0 = time.perf_counter()
@@ -334,6 +337,8 @@ def main() -> None:
     free = int(space.meta.get("hierarchy_free_levels", 0) if args.free_levels is None else args.free_levels)
     result["free_levels"] = free
     result["child_n_init"] = args.child_n_init
+    if "flat_tree" in methods:
+        result["flat_n_init"] = args.flat_n_init
     if "hir" in methods or fits:
         refits = hir_refits(args.run, space, (args.seed, args.seed + 1, args.seed + 2), fits, weight, free,
                             args.child_n_init)
@@ -347,7 +352,7 @@ def main() -> None:
         tokenizations["kmeans_dir"] = {s: kmeans_tokens(dirs, space.levels, s) for s in SEEDS}
     if "flat_tree" in methods:  # on the space the export's tokens read: the directions blended with the text
         x = blended_directions(args.run, space, dirs, weight) if weight > 0 else dirs
-        tokenizations["flat_tree"] = {s: flat_tree_tokens(x, space.levels, s) for s in SEEDS}
+        tokenizations["flat_tree"] = {s: flat_tree_tokens(x, space.levels, s, args.flat_n_init) for s in SEEDS}
     for name, by_seed in tokenizations.items():
         t1 = time.perf_counter()
         runs = {s: measure(space, toks, tax) for s, toks in by_seed.items()}
