@@ -35,6 +35,8 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from hir.errors import OutputError, OutputVersionError
+
 log = logging.getLogger(__name__)
 
 
@@ -114,18 +116,18 @@ class BoostedScorer:
 
         model = saved.get("model")
         if not isinstance(model, bytes):
-            raise ValueError(f"{path}: the boosted funnel scorer's model is {type(model).__name__}, not pickled bytes; "
+            raise OutputError(f"{path}: the boosted funnel scorer's model is {type(model).__name__}, not pickled bytes; "
                              "refit it (`hir funnel force=true`)")
         if sha256 is None:
-            raise ValueError(f"{path}: no sha256 recorded for the boosted funnel scorer (meta.json scorer_sha256), so its "
+            raise OutputError(f"{path}: no sha256 recorded for the boosted funnel scorer (meta.json scorer_sha256), so its "
                              "pickle is not loaded; refit it (`hir funnel force=true`) to record one")
         found = model_sha256(model)
         if found != sha256:
-            raise ValueError(f"{path}: the boosted funnel scorer's sha256 is {found}, meta.json records {sha256}; the "
+            raise OutputError(f"{path}: the boosted funnel scorer's sha256 is {found}, meta.json records {sha256}; the "
                              "file was altered or swapped, so its pickle is not loaded. Refit (`hir funnel force=true`)")
 
         if saved.get("sklearn") != sklearn.__version__:
-            raise RuntimeError(f"{path}: the boosted funnel scorer was saved with scikit-learn {saved.get('sklearn')}, "
+            raise OutputVersionError(f"{path}: the boosted funnel scorer was saved with scikit-learn {saved.get('sklearn')}, "
                                f"this environment has {sklearn.__version__}; install scikit-learn=={saved.get('sklearn')} "
                                "or refit it (`hir funnel force=true`)")
         return cls(pickle.loads(saved["model"]), list(saved["features"]), list(saved["relative"]))

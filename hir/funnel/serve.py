@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from hir.errors import OutputError
 from hir.funnel.boost import BoostedScorer
 from hir.funnel.candidates import FEATURES
 from hir.funnel.discovery import ViewBase
@@ -79,7 +80,7 @@ def load_scorer(saved: dict[str, Any], config: ScorerConfig, path: str = "scorer
     if kind == "gbdt":
         return BoostedScorer.from_state(saved, path, sha256)
     if kind != "mlp":
-        raise ValueError(f"{path}: unknown funnel scorer kind {kind!r}; expected mlp or gbdt (refit with `hir funnel force=true`)")
+        raise OutputError(f"{path}: unknown funnel scorer kind {kind!r}; expected mlp or gbdt (refit with `hir funnel force=true`)")
     state = saved["state_dict"]
     scorer = FunnelScorer(state["mean"].numpy(), state["std"].numpy(), list(saved["hidden"]), config.heads)
     scorer.load_state_dict(state)
@@ -119,17 +120,17 @@ class Recommender:
         self.dir = Path(funnel_dir)
         meta_path = self.dir / "meta.json"
         if not meta_path.exists():
-            raise FileNotFoundError(f"no funnel output at {self.dir} (meta.json missing); run `hir funnel` first")
+            raise OutputError(f"no funnel output at {self.dir} (meta.json missing); run `hir funnel` first")
         self.meta = json.loads(meta_path.read_text())
         path = self.dir / "scorer.pt"
         try:  # tensors and plain values only: loading runs no code (the gbdt's pickle stays bytes)
             saved = torch.load(path, weights_only=True)
         except pickle.UnpicklingError as err:
-            raise ValueError(f"{path} holds more than tensors and plain values (written by an older hir?); it is not "
+            raise OutputError(f"{path} holds more than tensors and plain values (written by an older hir?); it is not "
                              f"loaded: refit it (`hir funnel force=true`). {str(err).splitlines()[0]}") from err
         if "features" in saved and list(saved["features"]) != list(FEATURES):
             missing = [f for f in FEATURES if f not in saved["features"]]
-            raise ValueError(f"{path} was fitted on other scorer inputs than this hir computes ({len(saved['features'])} "
+            raise OutputError(f"{path} was fitted on other scorer inputs than this hir computes ({len(saved['features'])} "
                              f"against {len(FEATURES)}; new here: {missing}); refit it: `hir funnel force=true`")
         cfg = dict(saved["config"])
         cfg["scorer"] = ScorerConfig(**cfg["scorer"])

@@ -123,7 +123,8 @@ def test_the_mlp_scorer_loads_weights_only(funnel_run: Path, tmp_path: Path) -> 
     assert not marker.exists(), "scorer.pt's pickle ran on load"
 
 
-def test_a_scorer_fitted_on_other_inputs_is_refused(funnel_run: Path, tmp_path: Path) -> None:
+def test_a_scorer_fitted_on_other_inputs_is_refused(funnel_run: Path, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture) -> None:
     """A scorer.pt written before an input was added (here: without the neighbour inputs) is
     refused with the fix, rather than scoring with a shape error."""
     import torch
@@ -134,6 +135,15 @@ def test_a_scorer_fitted_on_other_inputs_is_refused(funnel_run: Path, tmp_path: 
     torch.save(saved | {"features": [f for f in saved["features"] if not f.startswith("nbr_")]}, funnel / "scorer.pt")
     with pytest.raises(ValueError, match=r"new here: \['nbr_share', 'nbr_inv_rank'\]\); refit"):
         Recommender(funnel)
+    # the command says so in one line and exits 2, no traceback
+    from hir.publish.recommend import main
+
+    shutil.copytree(funnel_run / "graph", tmp_path / "graph")  # the funnel's snapshot, beside it
+    with pytest.raises(SystemExit) as stop:
+        main(["1", "--funnel", str(funnel), "--discovery", "base"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.startswith("hir recommend: ") and "refit it: `hir funnel force=true`" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
 def test_the_served_candidates_read_the_neighbours(tiny_graph: Path, tmp_path: Path) -> None:
