@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from _results_md import markers, write_section  # noqa: E402  (benchmarks/)
+from _results_md import markers, shown, write_section  # noqa: E402  (benchmarks/)
 
 from hir.data.snapshot import load_snapshot  # noqa: E402
 from hir.funnel.candidates import CYCLE_FEATURES, FEATURES, NEIGHBOUR_FEATURES  # noqa: E402
@@ -185,16 +185,6 @@ def bootstrap_ratio(num: np.ndarray, den: np.ndarray, resamples: int = 1000, see
     ratios = num[:, idx].mean(axis=(0, 2)) / np.maximum(den[:, idx].mean(axis=(0, 2)), 1e-12)
     return {"ratio": float(num.mean() / den.mean()), "lo": float(np.quantile(ratios, 0.025)),
             "hi": float(np.quantile(ratios, 0.975)), "users": int(ok.sum())}
-
-
-def shown(path: Path) -> str:
-    """``path`` as the results record it: relative to the repo, or from its ``outputs/`` folder
-    (a snapshot of another checkout), never an absolute machine path."""
-    path = path.resolve()
-    if path.is_relative_to(ROOT):
-        return str(path.relative_to(ROOT))
-    parts = path.parts
-    return str(Path(*parts[parts.index("outputs"):])) if "outputs" in parts else path.name
 
 
 def run_dataset(name: str, graph: Path, seeds: list[int], config: FunnelConfig, max_users: int,

@@ -50,6 +50,7 @@ from typing import Any
 
 import numpy as np
 import polars as pl
+from _results_md import shown  # benchmarks/ (the script's folder is on sys.path)
 from sklearn.metrics import normalized_mutual_info_score
 
 from hir.data.snapshot import load_snapshot
@@ -100,13 +101,6 @@ class Space:
             us.append(e["src_id"].to_numpy())
             es.append(e["dst_id"].to_numpy() + self.offset[t])
         return np.concatenate(us).astype(np.int64), np.concatenate(es).astype(np.int64)
-
-
-def shown(path: Path) -> str:
-    """``path`` as the results file records it: relative to the checkout, or only its name when it
-    lies outside (no machine's absolute path in a tracked file)."""
-    p = path.absolute()
-    return str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else p.name
 
 
 def kmeans_tokens(x: np.ndarray, levels: tuple[int, ...], seed: int) -> list[np.ndarray]:

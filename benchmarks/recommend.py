@@ -45,6 +45,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+from _results_md import shown  # noqa: E402  (benchmarks/)
+
 from hir.publish.exact import ExactSearch  # noqa: E402
 from hir.publish.recommend import open_recommender  # noqa: E402
 
@@ -133,12 +135,6 @@ def exact_facts(rec: Any, args: argparse.Namespace, users: list[str], k: int) ->
                        "same_scored": round(same_scored / max(1, len(users)), 4), "max_score_diff": round(gap, 6)}}
 
 
-
-def shown(path: Path) -> str:
-    """``path`` as the results file records it: relative to the checkout, or only its run's name
-    (``<run>/funnel``) when it lies outside (no machine's path in a tracked file)."""
-    p = path.absolute()
-    return str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else f"{p.parent.name}/{p.name}"
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
