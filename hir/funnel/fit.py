@@ -155,13 +155,17 @@ class FunnelTables:
         return pair_matrix(self.source.join(pl.DataFrame({"user_id": users.astype(np.int64)}), on="user_id", how="semi"),
                            n_users, n_entities)
 
+    def base_discovery(self, users: np.ndarray, d: int) -> tuple[np.ndarray, np.ndarray]:
+        """(len(users), d) ids and scores of the view base's top ``d`` new to each of ``users``
+        (their history masked): the discovery source when no other is given."""
+        return self.base.topk(users, self.history(users, *self.base_shape), d)
+
     def candidates(self, users: np.ndarray, config: FunnelConfig, targets: pl.DataFrame | None = None,
                    discovery: tuple[np.ndarray, np.ndarray] | None = None) -> Candidates:
         """The candidates of ``users`` (sorted ids); ``discovery``: (U, D) ids and scores of
         another discovery source (an ANN search), else the view base's new-to-user top D."""
         if discovery is None:
-            mask = self.history(users, *self.base_shape)
-            discovery = self.base.topk(users, mask, config.discovery)
+            discovery = self.base_discovery(users, config.discovery)
         rows = build_candidates(self.source, users, discovery[0], discovery[1], self.popular, self.entities, self.users,
                                 config.max_funnel)
         # the user-entity affinity of every candidate, history ones included (discovery masks

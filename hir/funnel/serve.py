@@ -199,8 +199,8 @@ class Recommender:
         t = self.tables
         if self.discovery is not None:
             disc = self.discovery(users, self.config.discovery)
-        else:  # the view base's new-to-user top D, as FunnelTables.candidates computes it
-            disc = t.base.topk(users, t.history(users, *t.base_shape), self.config.discovery)
+        else:
+            disc = t.base_discovery(users, self.config.discovery)
         if not self.narrow or not len(users):
             return t.candidates(users, self.config, discovery=disc)
         tables, keep = self.request_tables(users, disc)
