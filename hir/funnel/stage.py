@@ -16,7 +16,8 @@ file                         what
 ``scorer.pt``                the trained scorer (MLP: state dict, widths; gbdt: the pickled model as
                              bytes and the scikit-learn version it needs), feature names, config;
                              loads with ``torch.load(weights_only=True)``
-``meta.json``                the cut-off, the task, the fit's record, counts and seconds; for a gbdt,
+``meta.json``                the cut-off, the task, the fit's record, counts and seconds, the
+                             settings digest the stage reuses it under; for a gbdt,
                              ``scorer_sha256`` (the pickle is loaded only when it matches)
 ===========================  ========================================================================
 
@@ -26,9 +27,11 @@ so every row reads only events before it (:mod:`hir.funnel.source`).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import time
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -48,9 +51,42 @@ def cutoff(snap: Any, visible_splits: list[str]) -> datetime:
     return snap.test_start if "val" in visible_splits else snap.val_start
 
 
+def settings_digest(funnel: Mapping[str, Any], visible_splits: Sequence[str], seed: int, graph_dir: Path) -> str:
+    """A digest (16 hex) of what shapes a ``funnel/``: the resolved ``cfg.funnel`` as plain data
+    (less ``enabled``), the visible splits, the run's ``seed`` and the snapshot (the bytes of
+    ``graph_dir/meta.json``, which a new `hir prepare` rewrites: its sources, counts and time).
+    meta.json records it, and `hir funnel` reuses an output only under the same digest."""
+    kept = {k: v for k, v in funnel.items() if k != "enabled"}
+    graph = hashlib.sha256((graph_dir / "meta.json").read_bytes()).hexdigest()
+    text = json.dumps({"funnel": kept, "visible_splits": list(visible_splits), "seed": int(seed), "graph": graph},
+                      sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def stale(meta: Mapping[str, Any], settings: str) -> str | None:
+    """Why an existing ``funnel/`` (its meta.json ``meta``) cannot be reused under the digest
+    ``settings`` (:func:`settings_digest`), or None when it can: written under other settings or
+    another snapshot (or before the digest was recorded), or its scorer fitted on other inputs than
+    this hir computes (:data:`hir.funnel.candidates.FEATURES`; `hir recommend` refuses such a
+    scorer, so reusing it would only move the failure to serving)."""
+    from hir.funnel.candidates import FEATURES
+
+    had = meta.get("settings_digest")
+    if had is None:
+        return "it records no settings digest (written by an older hir)"
+    if had != settings:
+        return "it was written under other settings (funnel.*, export.visible_splits, seed) or another snapshot"
+    features = list(meta.get("fit", {}).get("features", FEATURES))
+    if features != list(FEATURES):
+        return f"its scorer was fitted on other inputs than this hir computes ({len(features)} against {len(FEATURES)})"
+    return None
+
+
 def write_funnel(graph_dir: Path, out_dir: Path, visible_splits: list[str], config: Any, seed: int,
-                 entity_type: str = "product", target_stage: str | None = None) -> dict[str, Any]:
-    """Fit the scorer and write ``out_dir`` (module table); returns ``meta.json``'s content."""
+                 entity_type: str = "product", target_stage: str | None = None,
+                 settings: str | None = None) -> dict[str, Any]:
+    """Fit the scorer and write ``out_dir`` (module table); returns ``meta.json``'s content
+    (``settings``: the :func:`settings_digest` it records, None = none)."""
     import torch
 
     from hir.data.snapshot import load_snapshot
@@ -97,6 +133,8 @@ def write_funnel(graph_dir: Path, out_dir: Path, visible_splits: list[str], conf
         "open_pairs": int((~source["converted"]).sum()), "fit": model.record,
         "seconds": {"fit": round(t_fit, 1), "total": round(time.perf_counter() - t0, 1)},
     }
+    if settings is not None:
+        meta["settings_digest"] = settings
     if state["kind"] == "gbdt":  # the serving side unpickles the model only when its bytes match this
         meta["scorer_sha256"] = model_sha256(state["model"])
     write_text_atomic(tmp / "meta.json", json.dumps(meta, indent=1, default=str))
@@ -110,16 +148,26 @@ def write_funnel(graph_dir: Path, out_dir: Path, visible_splits: list[str], conf
 
 
 def run(cfg: Any) -> dict[str, Any]:
-    """The stage: ``funnel/`` of this run (reused when it exists, unless ``force``)."""
+    """The stage: ``funnel/`` of this run, reused when it exists, was written under the same
+    settings and snapshot (:func:`settings_digest`) and its scorer reads this hir's inputs, unless
+    ``force``; otherwise (re)computed, saying why."""
     from hydra.utils import instantiate
+    from omegaconf import OmegaConf
 
     out = Path(cfg.paths.funnel_dir)
     if not cfg.funnel.enabled:
         log.info("funnel: off (funnel.enabled=false)")
         return {"enabled": False}
+    graph_dir = Path(cfg.paths.graph_dir)
+    visible = list(cfg.export.visible_splits)
+    settings = settings_digest(OmegaConf.to_container(cfg.funnel, resolve=True), visible, int(cfg.seed), graph_dir)
     if (out / "meta.json").exists() and not cfg.force:
-        log.info("funnel: reusing %s (force=true recomputes)", out)
-        return json.loads((out / "meta.json").read_text())
+        meta = json.loads((out / "meta.json").read_text())
+        why = stale(meta, settings)
+        if why is None:
+            log.info("funnel: reusing %s (force=true recomputes)", out)
+            return meta
+        log.info("funnel: recomputing %s: %s", out, why)
     config = instantiate(cfg.funnel.config, _convert_="object")
-    return write_funnel(Path(cfg.paths.graph_dir), out, list(cfg.export.visible_splits), config, int(cfg.seed),
-                        cfg.funnel.entity_type, cfg.funnel.target_stage)
+    return write_funnel(graph_dir, out, visible, config, int(cfg.seed), cfg.funnel.entity_type,
+                        cfg.funnel.target_stage, settings)
