@@ -17,10 +17,11 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from hir.atomic import write_text_atomic
 
@@ -35,14 +36,59 @@ METRICS_FILE = "train_metrics.json"
 LAST = "last.ckpt"
 
 
+# what a training records of its config (train_metrics.json ``config``) and is compared on reuse;
+# keys below change where or how fast it runs, or where it reads from, not what it learns
+# (datamodule.spectral is spectral.* again)
+COMPARED = ("model", "datamodule", "spectral", "trainer")
+NOT_COMPARED = ("datamodule.spectral", "datamodule.graph_dir", "datamodule.content_dir", "datamodule.num_workers", "datamodule.pin_memory",
+                "datamodule.persistent_workers", "datamodule.embed_batch_size", "trainer.accelerator",
+                "trainer.devices", "trainer.num_nodes", "trainer.log_every_n_steps", "trainer.num_sanity_val_steps",
+                "trainer.enable_progress_bar", "trainer.enable_model_summary", "trainer.default_root_dir")
+
+
+def _flat(value: Any, prefix: str) -> dict[str, Any]:
+    if isinstance(value, Mapping):
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            out |= _flat(item, f"{prefix}.{key}")
+        return out
+    return {prefix: value}
+
+
+def changed_settings(recorded: Mapping[str, Any], cfg: DictConfig) -> list[str]:
+    """``key: recorded -> now`` for every setting of :data:`COMPARED` (dotted, less
+    :data:`NOT_COMPARED`) whose resolved value in ``cfg`` differs from the one a finished
+    training recorded (``recorded``: its train_metrics.json ``config``); empty when none does, or
+    when the training recorded no config."""
+    old, new = {}, {}
+    for part in COMPARED:
+        if part in recorded:
+            old |= _flat(recorded[part], part)
+        if part in cfg:
+            new |= _flat(OmegaConf.to_container(cfg[part], resolve=True), part)
+    if not old:
+        return []
+    keys = sorted(k for k in old.keys() | new.keys()
+                  if old.get(k) != new.get(k) and not any(k == n or k.startswith(n + ".") for n in NOT_COMPARED))
+    return [f"{k}: {old.get(k, '(absent)')} -> {new.get(k, '(absent)')}" for k in keys]
+
+
 def run(cfg: DictConfig) -> dict[str, Any]:
     """Train on ``paths.graph_dir`` + ``paths.content_dir``; returns the final metrics
     (``val/recall@K``, per-level prototype usage/entropy, last losses)."""
     ckpt_dir = Path(cfg.paths.checkpoint_dir)
     metrics_path = ckpt_dir / METRICS_FILE
     if metrics_path.exists() and not cfg.force and not cfg.get("ckpt_path"):
-        log.info("trained model exists at %s; reusing it (force=true retrains)", ckpt_dir)
-        return json.loads(metrics_path.read_text())["metrics"]
+        report = json.loads(metrics_path.read_text())
+        if changed := changed_settings(report.get("config", {}), cfg):
+            # reused all the same (a stage reuses what exists, docs/operations.md), but never silently
+            shown = "; ".join(changed[:5]) + (f"; and {len(changed) - 5} more" if len(changed) > 5 else "")
+            log.warning("the trained model at %s was trained under other settings, or by a hir without some of "
+                        "them (%s); reusing it as it is: force=true retrains it, or give this run its own run_name",
+                        ckpt_dir, shown)
+        else:
+            log.info("trained model exists at %s; reusing it (force=true retrains)", ckpt_dir)
+        return report["metrics"]
     if not metrics_path.exists() and not cfg.force and cfg.get("ckpt_path") is None and (ckpt_dir / LAST).exists():
         # an earlier run of this dir stopped before finishing (killed, out of space): go on from
         # its last epoch; Lightning writes last.ckpt atomically, so it is whole or absent

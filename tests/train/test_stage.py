@@ -100,6 +100,21 @@ def test_existing_model_is_reused(trained):
     assert (out / "checkpoints" / "last.ckpt").stat().st_mtime == before
 
 
+def test_a_model_reused_under_other_settings_says_which(trained, caplog: pytest.LogCaptureFixture):
+    out, metrics = trained
+    before = (out / "checkpoints" / "last.ckpt").stat().st_mtime
+    with caplog.at_level("INFO", logger="hir.train.stage"):
+        assert run(compose(out, *TINY_DATA, *TINY_MODEL)) == metrics
+    assert "other settings" not in caplog.text
+    caplog.clear()
+    with caplog.at_level("INFO", logger="hir.train.stage"):
+        again = run(compose(out, *TINY_DATA, *TINY_MODEL, "seed=7", "trainer.log_every_n_steps=3"))
+    assert again == metrics and (out / "checkpoints" / "last.ckpt").stat().st_mtime == before
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == 1 and "model.seed: " in warned[0] and "force=true" in warned[0]
+    assert "log_every_n_steps" not in warned[0]  # how it runs, not what it learns
+
+
 def test_correction_alone_on_a_warm_start_keeps_everything_else(trained, tmp_path: Path):
     """`model.train_parts=correction` from a transformer-off run: the same basis, the correction
     trained, and every other teacher weight (the knowledge view, the prototypes, the scale heads:
