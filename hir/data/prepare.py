@@ -12,7 +12,7 @@ from typing import Any
 
 import polars as pl
 from hydra.utils import instantiate
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from hir.atomic import write_text_atomic
 from hir.data import steps
@@ -24,6 +24,7 @@ from hir.data.split import SplitSpec
 from hir.data.split import plan as split_plan
 from hir.errors import InputError
 from hir.progress import progress_steps
+from hir.settings import changed, shown
 
 log = logging.getLogger(__name__)
 
@@ -246,13 +247,38 @@ def _meta(
     }
 
 
+# what of ``cfg.data`` shapes a snapshot (recorded in meta.json ``settings``, compared on reuse)
+SNAPSHOT_SETTINGS = ("name", "adapter", "split")
+
+
+def snapshot_settings(cfg: DictConfig) -> dict[str, Any]:
+    """``{"data": {...}}``: the resolved :data:`SNAPSHOT_SETTINGS` of ``cfg.data`` (those that
+    cannot be resolved here, e.g. a mandatory value a reusing run leaves unset, are left out)."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    out: dict[str, Any] = {}
+    for key in SNAPSHOT_SETTINGS:
+        try:
+            value = cfg.data.get(key)
+            out[key] = OmegaConf.to_container(value, resolve=True) if isinstance(value, DictConfig) else value
+        except OmegaConfBaseException:
+            continue
+    return {"data": out}
+
+
 def run(cfg: DictConfig) -> dict[str, Any]:
     """Hydra entry: adapter from ``cfg.data.adapter``, snapshot into ``cfg.paths.graph_dir``."""
     out_dir = Path(cfg.paths.graph_dir)
     meta_path = out_dir / "meta.json"
     if meta_path.exists() and not cfg.force:
-        log.info("graph snapshot exists at %s; reusing it (force=true rebuilds)", out_dir)
-        return json.loads(meta_path.read_text())
+        meta = json.loads(meta_path.read_text())
+        if differ := changed(meta.get("settings", {}), snapshot_settings(cfg), ignore_paths=True):
+            # reused all the same (a stage reuses what exists, docs/operations.md), but never silently
+            log.warning("the graph snapshot at %s was prepared under other settings (%s); reusing it as it is: "
+                        "force=true rebuilds it, or give this run its own run_name", out_dir, shown(differ))
+        else:
+            log.info("graph snapshot exists at %s; reusing it (force=true rebuilds)", out_dir)
+        return meta
     if out_dir.exists():
         shutil.rmtree(out_dir)
     out_dir.mkdir(parents=True)
@@ -267,6 +293,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         bucket_events=int(opts.get("bucket_events") or BUCKET_EVENTS),
     )
     meta["timings_s"]["adapter"] = round(t_adapter, 3)
+    meta["settings"] = snapshot_settings(cfg)
     # meta.json last and atomic: its presence marks a complete snapshot (reused unless force)
     write_text_atomic(meta_path, json.dumps(meta, indent=2))
     if meta["quarantined_rows"]:

@@ -17,13 +17,13 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, open_dict
 
 from hir.atomic import write_text_atomic
+from hir.settings import changed, recorded, shown
 
 # Idle OpenMP threads sleep instead of spinning. The model runs many small ops; with spinning
 # threads, two intra-op threads on a busy 2-core machine measured 10x slower per step (4.2 vs
@@ -40,37 +40,10 @@ LAST = "last.ckpt"
 # keys below change where or how fast it runs, or where it reads from, not what it learns
 # (datamodule.spectral is spectral.* again)
 COMPARED = ("model", "datamodule", "spectral", "trainer")
-NOT_COMPARED = ("datamodule.spectral", "datamodule.graph_dir", "datamodule.content_dir", "datamodule.num_workers", "datamodule.pin_memory",
-                "datamodule.persistent_workers", "datamodule.embed_batch_size", "trainer.accelerator",
+NOT_COMPARED = ("datamodule.spectral", "datamodule.graph_dir", "datamodule.content_dir", "datamodule.num_workers",
+                "datamodule.pin_memory", "datamodule.persistent_workers", "datamodule.embed_batch_size", "trainer.accelerator",
                 "trainer.devices", "trainer.num_nodes", "trainer.log_every_n_steps", "trainer.num_sanity_val_steps",
                 "trainer.enable_progress_bar", "trainer.enable_model_summary", "trainer.default_root_dir")
-
-
-def _flat(value: Any, prefix: str) -> dict[str, Any]:
-    if isinstance(value, Mapping):
-        out: dict[str, Any] = {}
-        for key, item in value.items():
-            out |= _flat(item, f"{prefix}.{key}")
-        return out
-    return {prefix: value}
-
-
-def changed_settings(recorded: Mapping[str, Any], cfg: DictConfig) -> list[str]:
-    """``key: recorded -> now`` for every setting of :data:`COMPARED` (dotted, less
-    :data:`NOT_COMPARED`) whose resolved value in ``cfg`` differs from the one a finished
-    training recorded (``recorded``: its train_metrics.json ``config``); empty when none does, or
-    when the training recorded no config."""
-    old, new = {}, {}
-    for part in COMPARED:
-        if part in recorded:
-            old |= _flat(recorded[part], part)
-        if part in cfg:
-            new |= _flat(OmegaConf.to_container(cfg[part], resolve=True), part)
-    if not old:
-        return []
-    keys = sorted(k for k in old.keys() | new.keys()
-                  if old.get(k) != new.get(k) and not any(k == n or k.startswith(n + ".") for n in NOT_COMPARED))
-    return [f"{k}: {old.get(k, '(absent)')} -> {new.get(k, '(absent)')}" for k in keys]
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
@@ -80,12 +53,11 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     metrics_path = ckpt_dir / METRICS_FILE
     if metrics_path.exists() and not cfg.force and not cfg.get("ckpt_path"):
         report = json.loads(metrics_path.read_text())
-        if changed := changed_settings(report.get("config", {}), cfg):
+        if differ := changed(report.get("config", {}), recorded(cfg, COMPARED), NOT_COMPARED):
             # reused all the same (a stage reuses what exists, docs/operations.md), but never silently
-            shown = "; ".join(changed[:5]) + (f"; and {len(changed) - 5} more" if len(changed) > 5 else "")
             log.warning("the trained model at %s was trained under other settings, or by a hir without some of "
                         "them (%s); reusing it as it is: force=true retrains it, or give this run its own run_name",
-                        ckpt_dir, shown)
+                        ckpt_dir, shown(differ))
         else:
             log.info("trained model exists at %s; reusing it (force=true retrains)", ckpt_dir)
         return report["metrics"]
