@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from hir.data.snapshot import Snapshot, load_snapshot
 from hir.errors import HirError
 from hir.progress import progress_steps
+from hir.settings import changed, shown
 from hir_evaluation.cache import FitCache, cacheable, snapshot_hash
 from hir_evaluation.ranking.registry import BASELINE, bind, build_ranking_arms, require_options
 from hir_evaluation.report.render import print_summary, write_report
@@ -193,14 +194,14 @@ def prewarm(cfg: DictConfig) -> Any:
     once enrich has written the content vectors). They land in the evaluation's fit cache, where
     `hir evaluate` finds them (logged as reused). Returns the process handle (its ``wait()`` /
     ``stop()``), or None: evaluation is not among the stages, the cache or ``eval.prewarm`` is
-    off, or the report exists (nothing to fit).
+    off, or the report would be reused (nothing to fit: :func:`reusable_report`).
 
     The fits' inputs are predicted (the history periods from ``export.visible_splits``; the
     ranking rows fitted on ``eval.ranker_fit_splits``, not cross-fitted); a wrong prediction only
     misses the cache: evaluate then fits those arms itself, with the same figures."""
     ev = cfg.eval
     if ("evaluate" not in cfg.pipeline.stages or not bool(ev.cache.enabled) or not bool(ev.get("prewarm", False))
-            or ((Path(cfg.paths.report_dir) / "metrics.json").exists() and not cfg.force)):
+            or reusable_report(cfg) is not None):
         return None
     from hir_evaluation.retrieval.background import Background
 
@@ -240,20 +241,74 @@ def timed(timings: dict[str, float], name: str) -> Iterator[None]:
     timings[name] = time.perf_counter() - t0
 
 
+# the outputs a report is computed from: (cfg.paths key, the file that marks the output whole)
+INPUTS = {"graph": ("graph_dir", "meta.json"), "content": ("content_dir", "meta.json"),
+          "embeddings": ("embeddings_dir", "meta.json"), "funnel": ("funnel_dir", "meta.json")}
+# eval settings that gate a report or change how fast it is made, never its figures
+UNCOMPARED = ("eval.require_hir", "eval.require_content", "eval.cache", "eval.parallel_baselines", "eval.prewarm",
+              "eval.parallel_search", "eval.ranker_workers", "eval.gather")
+
+
+def evaluated_inputs(cfg: DictConfig) -> dict[str, str | None]:
+    """What a report was computed from (metrics.json ``inputs``): the sha256 (16 hex) of the
+    meta.json of the snapshot, the content, the export and the funnel, and the published version
+    (the run's manifest ``version``); None where there is none."""
+    import hashlib
+
+    out: dict[str, str | None] = {}
+    for name, (key, file) in INPUTS.items():
+        path = Path(cfg.paths[key]) / file
+        out[name] = hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path.exists() else None
+    manifest = Path(cfg.paths.publish_dir) / "manifest.json"
+    out["version"] = json.loads(manifest.read_text()).get("version") if manifest.exists() else None
+    return out
+
+
+def stale_report(metrics: dict[str, Any], cfg: DictConfig) -> str | None:
+    """Why a finished report (its metrics.json ``metrics``) no longer describes this run, or None
+    when it does: an input it was computed from has changed since (:func:`evaluated_inputs`: a
+    new snapshot, export, funnel or published version), or it was computed under other ``eval.*``
+    settings (less :data:`UNCOMPARED` and paths), or it records no inputs (an older hir's)."""
+    had = metrics.get("inputs")
+    if had is None:
+        return "it records no inputs (written by an older hir)"
+    moved = [name for name, now in evaluated_inputs(cfg).items() if had.get(name) != now]
+    if moved:
+        return f"its inputs changed since it was written ({', '.join(moved)})"
+    differ = changed({"eval": metrics.get("config") or {}}, {"eval": OmegaConf.to_container(cfg.eval, resolve=True)},
+                     UNCOMPARED, ignore_paths=True)
+    return f"it was computed under other settings ({shown(differ)})" if differ else None
+
+
+def reusable_report(cfg: DictConfig) -> dict[str, Any] | None:
+    """The finished report's metrics when `hir evaluate` would reuse it (it exists, still describes
+    this run, and ``force`` is off), else None; says why a finished one is not reused."""
+    path = Path(cfg.paths.report_dir) / "metrics.json"
+    if not path.exists() or cfg.force:
+        return None
+    metrics = json.loads(path.read_text())
+    if (why := stale_report(metrics, cfg)) is None:
+        return metrics
+    log.info("the report at %s is recomputed: %s", path.parent, why)
+    return None
+
+
 def run(cfg: DictConfig) -> dict[str, Any]:
     """Hydra entry: evaluate the run's HIR version and write ``paths.report_dir``."""
     report_dir, ev = Path(cfg.paths.report_dir), cfg.eval
-    if (report_dir / "metrics.json").exists() and not cfg.force:
-        log.info("report exists at %s; reusing it (force=true recomputes)", report_dir)
-        metrics = json.loads((report_dir / "metrics.json").read_text())
+    if (metrics := reusable_report(cfg)) is not None:
+        log.info("report exists at %s and its inputs and settings are this run's; reusing it (force=true "
+                 "recomputes)", report_dir)
         print_summary(metrics, report_dir)
         require_arms(metrics, ev, report_dir)
         return metrics
     from hir_evaluation.report.diagnostics import diagnostics_section
     from hir_evaluation.report.plots import figures
 
-    # recomputing (force=true): the old metrics.json must not mark a half-rewritten report as done
+    # recomputing (force=true, or a report of other inputs or settings): the old metrics.json must
+    # not mark a half-rewritten report as done
     (report_dir / "metrics.json").unlink(missing_ok=True)
+    inputs = evaluated_inputs(cfg)  # what this report reads, before it reads it
 
     snap = load_snapshot(cfg.paths.graph_dir)
     rank_task, ret_task = resolve_tasks(cfg, snap)
@@ -304,7 +359,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             "created": datetime.now(UTC).isoformat(timespec="seconds"), "sources": sources.record(),
             "ranking": ranking, "retrieval": retrieval, "diagnostics": diagnostics, "cache": cache.record(),
             "outputs": outputs_record(cfg, sources),
-            "config": OmegaConf.to_container(ev, resolve=True),
+            "config": OmegaConf.to_container(ev, resolve=True), "inputs": inputs,
         }
         with timed(timings, "figures"):
             figs = figures(metrics, points, rank_task.entity_type)

@@ -29,14 +29,14 @@ def recorded(cfg: DictConfig, parts: Sequence[str]) -> dict[str, Any]:
 
 def _path_like(key: str) -> bool:
     last = key.rsplit(".", 1)[-1]
-    return last == "path" or last.endswith(("_dir", "_path"))
+    return last in ("path", "dir") or last.endswith(("_dir", "_path"))
 
 
 def changed(old: Mapping[str, Any], new: Mapping[str, Any], ignore: Sequence[str] = (),
             ignore_paths: bool = False) -> list[str]:
     """``key: recorded -> now`` for every dotted setting whose value in ``new`` differs from the
     recorded ``old`` (both :func:`recorded`'s form, the same parts), less the keys under
-    ``ignore`` and, with ``ignore_paths``, the paths (``path``, ``*_dir``, ``*_path``: where a file
+    ``ignore`` and, with ``ignore_paths``, the paths (``path``, ``dir``, ``*_dir``, ``*_path``: where a file
     is, which a moved checkout changes, not what it holds); empty when none does, or when nothing
     was recorded (an output of an older hir)."""
     before = {k: v for part, value in old.items() for k, v in flatten(value, part).items()}

@@ -196,3 +196,32 @@ def test_a_dataset_without_text_runs_no_content_arms(compose: Callable, tiny_gra
     assert metrics["ranking"]["content"]["auc"] is None and not metrics["ranking"]["skipped"]
     assert metrics["retrieval"]["content"]["recall@20"] is None and metrics["retrieval"]["hir"]["recall@20"] is not None
     assert any("has text" in n and "content arms are not run" in n for n in metrics["sources"]["notes"])
+
+
+def test_a_report_is_reused_only_for_the_inputs_and_settings_it_was_made_from(compose: Callable,
+                                                                             tmp_path: Path) -> None:
+    (tmp_path / "graph").mkdir()
+    (tmp_path / "graph" / "meta.json").write_text('{"created": "a"}')
+    (tmp_path / "embeddings").mkdir()
+    (tmp_path / "embeddings" / "meta.json").write_text('{"model_version": "v1"}')
+    (tmp_path / "report").mkdir()
+    cfg = compose("data=rees46", stage="evaluate")
+    from omegaconf import OmegaConf
+
+    metrics = {"inputs": stage.evaluated_inputs(cfg), "config": OmegaConf.to_container(cfg.eval, resolve=True)}
+    assert metrics["inputs"]["content"] is None and metrics["inputs"]["version"] is None
+    (tmp_path / "report" / "metrics.json").write_text(json.dumps(metrics))
+    assert stage.reusable_report(cfg) == metrics
+    # gates and speed settings do not count, nor does where the cache lives
+    assert stage.reusable_report(compose("data=rees46", "eval.require_content=false", "eval.ranker_workers=1",
+                                         f"eval.cache.dir={tmp_path / 'elsewhere'}", stage="evaluate")) == metrics
+    assert stage.reusable_report(compose("data=rees46", "force=true", stage="evaluate")) is None
+    assert "eval.bootstrap.resamples: 200 -> 20" in stage.stale_report(
+        metrics, compose("data=rees46", "eval.bootstrap.resamples=20", stage="evaluate"))
+    (tmp_path / "embeddings" / "meta.json").write_text('{"model_version": "v2"}')  # a new export
+    assert stage.stale_report(metrics, cfg) == "its inputs changed since it was written (embeddings)"
+    assert stage.reusable_report(cfg) is None
+    (tmp_path / "publish").mkdir()
+    (tmp_path / "publish" / "manifest.json").write_text('{"version": "v2"}')
+    assert "(embeddings, version)" in stage.stale_report(metrics, cfg)
+    assert "older hir" in stage.stale_report({"config": metrics["config"]}, cfg)
