@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from hir.data.snapshot import Snapshot, load_snapshot
 from hir.errors import HirError
 from hir.progress import progress_steps
-from hir.settings import changed, shown
+from hir.settings import changed, file_digests, shown
 from hir_evaluation.cache import FitCache, cacheable, snapshot_hash
 from hir_evaluation.ranking.registry import BASELINE, bind, build_ranking_arms, require_options
 from hir_evaluation.report.render import print_summary, write_report
@@ -253,12 +253,7 @@ def evaluated_inputs(cfg: DictConfig) -> dict[str, str | None]:
     """What a report was computed from (metrics.json ``inputs``): the sha256 (16 hex) of the
     meta.json of the snapshot, the content, the export and the funnel, and the published version
     (the run's manifest ``version``); None where there is none."""
-    import hashlib
-
-    out: dict[str, str | None] = {}
-    for name, (key, file) in INPUTS.items():
-        path = Path(cfg.paths[key]) / file
-        out[name] = hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path.exists() else None
+    out = file_digests({name: Path(cfg.paths[key]) / file for name, (key, file) in INPUTS.items()})
     manifest = Path(cfg.paths.publish_dir) / "manifest.json"
     out["version"] = json.loads(manifest.read_text()).get("version") if manifest.exists() else None
     return out

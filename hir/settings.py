@@ -6,7 +6,9 @@ silently (docs/operations.md)."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -52,3 +54,10 @@ def changed(old: Mapping[str, Any], new: Mapping[str, Any], ignore: Sequence[str
 def shown(lines: Sequence[str], most: int = 5) -> str:
     """The first ``most`` of ``lines`` joined for one log line, with how many more there are."""
     return "; ".join(lines[:most]) + (f"; and {len(lines) - most} more" if len(lines) > most else "")
+
+
+def file_digests(files: Mapping[str, Path]) -> dict[str, str | None]:
+    """``{name: 16 hex of the file's sha256}`` (None where the file does not exist): what an
+    output was made from, by the meta.json that marks each input whole."""
+    return {name: hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path.exists() else None
+            for name, path in files.items()}

@@ -23,7 +23,7 @@ from typing import Any
 from omegaconf import DictConfig, open_dict
 
 from hir.atomic import write_text_atomic
-from hir.settings import changed, recorded, shown
+from hir.settings import changed, file_digests, recorded, shown
 
 # Idle OpenMP threads sleep instead of spinning. The model runs many small ops; with spinning
 # threads, two intra-op threads on a busy 2-core machine measured 10x slower per step (4.2 vs
@@ -46,6 +46,13 @@ NOT_COMPARED = ("datamodule.spectral", "datamodule.graph_dir", "datamodule.conte
                 "trainer.enable_progress_bar", "trainer.enable_model_summary", "trainer.default_root_dir")
 
 
+def train_inputs(cfg: DictConfig) -> dict[str, str | None]:
+    """What a training reads (train_metrics.json ``inputs``): the digests of the snapshot's and the
+    content's meta.json (:func:`hir.settings.file_digests`)."""
+    return file_digests({"graph": Path(cfg.paths.graph_dir) / "meta.json",
+                         "content": Path(cfg.paths.content_dir) / "meta.json"})
+
+
 def run(cfg: DictConfig) -> dict[str, Any]:
     """Train on ``paths.graph_dir`` + ``paths.content_dir``; returns the final metrics
     (``val/recall@K``, per-level prototype usage/entropy, last losses)."""
@@ -53,7 +60,11 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     metrics_path = ckpt_dir / METRICS_FILE
     if metrics_path.exists() and not cfg.force and not cfg.get("ckpt_path"):
         report = json.loads(metrics_path.read_text())
-        if differ := changed(report.get("config", {}), recorded(cfg, COMPARED), NOT_COMPARED):
+        differ = changed(report.get("config", {}), recorded(cfg, COMPARED), NOT_COMPARED)
+        had = report.get("inputs")
+        differ += [f"{name}: another {name}/meta.json" for name, now in train_inputs(cfg).items()
+                   if had is not None and had.get(name) != now]
+        if differ:
             # reused all the same (a stage reuses what exists, docs/operations.md), but never silently
             log.warning("the trained model at %s was trained under other settings, or by a hir without some of "
                         "them (%s); reusing it as it is: force=true retrains it, or give this run its own run_name",
@@ -72,6 +83,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 
     # retraining: the old marker goes first, so a kill below never leaves it describing new checkpoints
     metrics_path.unlink(missing_ok=True)
+    inputs = train_inputs(cfg)  # what this training reads, before it reads it
     import lightning as L
     from hydra.utils import instantiate
 
@@ -119,6 +131,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                "spectral": dm.spectral_report["seconds"], "task": dm.task_report["seconds"],
                "fit": round(time.perf_counter() - t1, 2)}
     report = fit_report(cfg, trainer, module, dm, best_cb, ckpt_dir, seconds)
+    report["inputs"] = inputs
     if trainer.is_global_zero:
         ckpt_dir.mkdir(parents=True, exist_ok=True)
         # atomic: train_metrics.json marks a finished training (reused unless force)

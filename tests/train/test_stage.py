@@ -113,6 +113,19 @@ def test_a_model_reused_under_other_settings_says_which(trained, caplog: pytest.
     warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len(warned) == 1 and "model.seed: " in warned[0] and "force=true" in warned[0]
     assert "log_every_n_steps" not in warned[0]  # how it runs, not what it learns
+    report = json.loads((out / "checkpoints" / "train_metrics.json").read_text())
+    assert set(report["inputs"]) == {"graph", "content"} and report["inputs"]["graph"]  # (no content meta.json here)
+    meta = out / "graph" / "meta.json"
+    before_meta = meta.read_bytes()
+    try:  # a new snapshot under the same settings (a `hir prepare force=true`)
+        meta.write_bytes(before_meta + b"\n")
+        caplog.clear()
+        with caplog.at_level("INFO", logger="hir.train.stage"):
+            assert run(compose(out, *TINY_DATA, *TINY_MODEL)) == metrics
+        warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert len(warned) == 1 and "graph: another graph/meta.json" in warned[0]
+    finally:
+        meta.write_bytes(before_meta)
 
 
 def test_correction_alone_on_a_warm_start_keeps_everything_else(trained, tmp_path: Path):
