@@ -25,8 +25,9 @@ log = logging.getLogger(__name__)
 
 # norm of a node's attribute block next to its unit-norm text vector (text carries more meaning)
 ATTR_NORM = 0.5
-# content rows read from a file at a time (load_content): its float32 work is a few hundred MB
-CHUNK_ROWS = 262_144
+# content rows read from a file at a time (load_content): its float32 work is ~100-200 MB (at 100M
+# synthetic events, 65,536 rows held 1.1 GiB less than 262,144 and took 32 s against 45)
+CHUNK_ROWS = 65_536
 
 
 def load_content(content_dir: Path, types: tuple[str, ...], counts: dict[str, int],
@@ -36,11 +37,15 @@ def load_content(content_dir: Path, types: tuple[str, ...], counts: dict[str, in
     Layout: text vector (shared width) | image vector (if any) | one attr block per type | has_text.
     A type without a content file gets zero rows (logged).
 
-    Memory: the (n, D) float16 output, one type's file and the float32 work of one block of
-    ``chunk_rows`` rows. The widths come from a scan of each file's list lengths; each file is then
-    read alone and its rows converted ``chunk_rows`` at a time and written into place (at 100M
-    synthetic events, every file held at once with whole-file float32 copies took the graph load
-    from 5 to past 18 GiB). Every row is computed alone, so the rows are the same.
+    Memory: the (n, D) float16 output plus one block of ``chunk_rows`` rows and its float32 work.
+    It streams because a content file can outweigh the rows kept from it: at 100M synthetic events
+    the product file alone (3M rows of 384-d float32 text vectors, 4.6 GB) read whole set the graph
+    load's peak. The widths come from a scan of each file's list lengths; each file is then read
+    ``chunk_rows`` rows at a time, in file order, by polars' streaming engine (``collect_batches``,
+    marked unstable; pyproject.toml pins polars), and each block is converted and written into
+    place, so no whole-file frame is held. Every row is computed alone, so the rows are the same
+    whatever the block. pyarrow's ``iter_batches`` held more (its allocator keeps what the batches
+    used: docs/scale.md, 100M).
     """
     import pyarrow.parquet as pq
 
@@ -84,9 +89,8 @@ def load_content(content_dir: Path, types: tuple[str, ...], counts: dict[str, in
     for ti, t in enumerate(types):
         if t not in paths:
             continue
-        whole = pl.read_parquet(paths[t])  # one type's file at a time, dropped before the next
-        for lo in range(0, whole.height, chunk_rows):
-            df = whole.slice(lo, chunk_rows)
+        cols = [c for c in ("node_id", "has_text", "text_vec", "image_vec", "attr_vec") if c in columns[t]]
+        for df in pl.scan_parquet(paths[t]).select(cols).collect_batches(chunk_size=chunk_rows):
             ids = df["node_id"].to_numpy()
             if len(ids) and (ids.min() < 0 or ids.max() >= counts[t]):
                 raise InputError(f"{content_dir / t}.parquet: node_id outside 0..{counts[t] - 1}; content is from "
@@ -106,7 +110,6 @@ def load_content(content_dir: Path, types: tuple[str, ...], counts: dict[str, in
                                                       df["has_text"].fill_null(False).to_numpy(), block("image_vec"))
             except ValueError as err:
                 raise InputError(f"{content_dir / t}.parquet: {err}") from err
-        del whole
     return out, layout
 
 

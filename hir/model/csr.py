@@ -41,6 +41,42 @@ class CSR:
         w = weight.astype(np.float64)[order]
         return cls(indptr, dst.astype(np.int64)[order], w, np.cumsum(w), **{k: v[order] for k, v in feats.items()})
 
+    @classmethod
+    def build_pairs(cls, n: int, u: np.ndarray, v: np.ndarray, weight: np.ndarray,
+                    features: dict[str, np.ndarray]) -> CSR:
+        """:meth:`build` of the undirected pairs ``u`` -- ``v`` (P,): the edges ``u -> v`` and then
+        ``v -> u``, each with the pair's ``weight`` and ``features`` (P,), exactly as
+        ``build(n, [u, v], [v, u], [w, w], ...)``, without holding both directions of every
+        feature beside the sorted copies: the order is computed from the ids alone, and each
+        array is doubled, gathered and dropped one at a time. ``features`` is emptied."""
+        p = len(u)
+        src = np.concatenate([u, v])
+        dst = np.concatenate([v, u])
+        order = np.lexsort((dst, src))
+        indptr = np.zeros(n + 1, dtype=np.int64)
+        np.add.at(indptr, src + 1, 1)
+        indptr = np.cumsum(indptr)
+        del src
+        dst = dst[order]
+        e = 2 * p
+
+        def doubled(x: np.ndarray, dtype: type) -> np.ndarray:
+            # the gather of [x, x] by order: row i of the doubled array is x[i mod p]
+            return np.asarray(x, dtype)[np.where(order < p, order, order - p)]
+
+        w = doubled(weight, np.float64)
+        feats: dict[str, np.ndarray] = {}
+        for k in list(features):
+            x = features.pop(k)
+            feats[k] = doubled(x, x.dtype)
+            del x
+        defaults = {"stage": (np.int8, 0), "recency": (np.int8, 0), "count": (np.float32, 0), "age": (np.float32, 0),
+                    "hop": (np.int8, 1)}
+        for k, (dtype, value) in defaults.items():
+            if k not in feats:
+                feats[k] = np.full(e, value, dtype)
+        return cls(indptr, dst, w, np.cumsum(w), **feats)
+
     def degree(self, rows: np.ndarray) -> np.ndarray:
         return self.indptr[rows + 1] - self.indptr[rows]
 

@@ -111,13 +111,20 @@ def load_engagement(snap: Snapshot, offsets: np.ndarray, visible_splits: tuple[s
     if not pairs:
         raise InputError(f"{snap.dir / 'edges'}: no user__engages__<type>.parquet; the snapshot has no engagement")
 
+    # Memory: every visible pair is held in several forms while the store is built (at 100M
+    # synthetic events, 70M pairs, the load passed 16 GiB). Each form is dropped as soon as the
+    # next is made: the polars frame once its columns are numpy, the times once they are ages,
+    # the ages once they are buckets and weights; the values are the same arrays as before.
     allp = pl.concat(pairs)
+    del pairs
     u = allp["src_id"].to_numpy().astype(np.int64) + offsets[0]
     v = allp["dst_id"].to_numpy().astype(np.int64) + allp["dst_off"].to_numpy()
     rank = allp["rank"].to_numpy().astype(np.int8)
     cnt = allp["count"].to_numpy().astype(np.float64)
     last = allp["last_ts"].dt.epoch("us").to_numpy().astype(np.float64) / 1e6
+    del allp
     age_days = np.clip((t_ref - last) / SECONDS_PER_DAY, 0, None)
+    del last
     rec_edges = _recency_edges(age_days)
     half_life = float(half_life_days or max(float(np.median(age_days)) if len(age_days) else 1.0, 1e-3))
     weight = stage_base ** rank * np.exp2(-age_days / half_life) * np.log1p(cnt)
@@ -127,11 +134,13 @@ def load_engagement(snap: Snapshot, offsets: np.ndarray, visible_splits: tuple[s
         "count": np.log1p(cnt).astype(np.float32),
         "age": (age_days / span).astype(np.float32),
     }
-    both = lambda a, b: np.concatenate([a, b])  # noqa: E731 - user->entity plus entity->user
-    eng = CSR.build(n, both(u, v), both(v, u), both(weight, weight), **{k: both(x, x) for k, x in feats.items()})
+    del rank, age_days
     exposure = np.zeros(n, np.float64)
     np.add.at(exposure, u, cnt)
     np.add.at(exposure, v, cnt)
+    del cnt
+    eng = CSR.build_pairs(n, u, v, weight, feats)  # user -> entity and entity -> user
+    del weight
 
     deep_rows = np.concatenate(deep) if deep else np.zeros((0, 3))
     deep_pairs = deep_rows[:, :2].astype(np.int64)
