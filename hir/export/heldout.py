@@ -27,6 +27,8 @@ from typing import Any
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
+from hir.export.supergraph import distinct, member, n_distinct
+
 ALPHAS = (1.0, 3.0, 10.0, 30.0, 100.0, 300.0, 1000.0)  # smoothing grid of token_prediction (pseudo-events)
 
 
@@ -53,52 +55,74 @@ def heldout_concentration(users: np.ndarray, entities: np.ndarray, top1: Sequenc
         users, entities: (E,) distinct held-out pairs (user id, global entity id).
         top1: per level (n_nodes,) top-1 token; levels: K_l per level.
     """
-    distinct, inverse, degree = np.unique(entities, return_inverse=True, return_counts=True)
+    ents, inverse, degree = np.unique(entities, return_inverse=True, return_counts=True)
     rng = np.random.default_rng(seed)
-    perms = [degree_matched_permutation(distinct, degree, rng, bins)[inverse] for _ in range(shuffles)]
+    perms = [degree_matched_permutation(ents, degree, rng, bins)[inverse] for _ in range(shuffles)]
     out = []
     for lvl, k in enumerate(levels):
-        edges = len(np.unique(users * k + top1[lvl][entities]))
-        rand = np.array([len(np.unique(users * k + top1[lvl][p])) for p in perms], np.float64)
+        edges = n_distinct(users * k + top1[lvl][entities])
+        rand = np.array([n_distinct(users * k + top1[lvl][p]) for p in perms], np.float64)
         out.append({"level": lvl, "prototypes": int(k), "pairs": len(users), "edges": edges,
                     "random_edges": float(rand.mean()), "concentration": edges / rand.mean(),
                     "random_sd": float((edges / rand).std())})
     return out
 
 
-def _predict(hist_users: np.ndarray, hist_tokens: np.ndarray, pop: np.ndarray, alpha: float, users: np.ndarray,
-             tokens: np.ndarray, tops: Sequence[int], block: int = 4096) -> dict[str, float]:
-    """Log-loss and recall@m of p_u = (counts_u + alpha pop) / (n_u + alpha) on (user, token) pairs.
+def _rank(p: np.ndarray, r: np.ndarray, pt: np.ndarray) -> np.ndarray:
+    """(c,) the rank of ``pt`` (c,) in row ``r`` (c,) of ``p`` (n, k): the row's entries >= pt, minus 1
+    (0 = the most probable; ties count against it), i.e. ``(p[r] >= pt[:, None]).sum(1) - 1`` without
+    the (c, k) matrix. Every value is replaced by its rank among all of them (exact, ties kept), so
+    the rows, each sorted, lie in one sorted array of keys ``row * n_values + rank``."""
+    n, k = p.shape
+    _, dense = np.unique(np.concatenate([np.sort(p, axis=1).ravel(), pt]), return_inverse=True)
+    width = len(dense)
+    rows = np.repeat(np.arange(n, dtype=np.int64), k)
+    keys = rows * width + dense[:n * k]  # sorted: rows in order, each row's values ascending
+    below = np.searchsorted(keys, r * width + dense[n * k:]) - r * k  # the row's entries < pt
+    return k - below - 1
+
+
+def _predict(hist_users: np.ndarray, hist_tokens: np.ndarray, pop: np.ndarray, alphas: Sequence[float],
+             users: np.ndarray, tokens: np.ndarray, tops: Sequence[int], block: int = 4096) -> list[dict[str, float]]:
+    """Log-loss and recall@m of p_u = (counts_u + alpha pop) / (n_u + alpha) on (user, token) pairs,
+    one dict per alpha of ``alphas`` (the counts are gathered once).
 
     Args:
         hist_users, hist_tokens: (H,) the history pairs' users and tokens.
-        pop: (k,) token popularity (sums to 1); alpha: pseudo-events of popularity per user.
+        pop: (k,) token popularity (sums to 1); alphas: pseudo-events of popularity per user.
         users, tokens: (E,) the pairs to predict.
-        block: users whose (block, k) distributions are held at once (memory stays bounded on
+        tops: the m of recall@m (none: the log-loss alone, and no (users, k) matrix is formed).
+        block: users whose (block, k) counts are held at once (memory stays bounded on
             datasets with many users).
     """
     if not len(users):
-        return {"log_loss": float("nan"), **{f"recall@{m}": float("nan") for m in tops}}
+        return [{"log_loss": float("nan"), **{f"recall@{m}": float("nan") for m in tops}} for _ in alphas]
     ids, row = np.unique(users, return_inverse=True)
     hrow = np.searchsorted(ids, hist_users)
     known = (hrow < len(ids)) & (ids[np.minimum(hrow, len(ids) - 1)] == hist_users)
     hrow, htok = hrow[known], hist_tokens[known]
-    loss, hits = 0.0, np.zeros(len(tops))
+    k = len(pop)
+    loss, hits = np.zeros(len(alphas)), np.zeros((len(alphas), len(tops)))
     for lo in range(0, len(ids), block):
         hi = min(lo + block, len(ids))
         sel = (hrow >= lo) & (hrow < hi)
         # bincount, not np.add.at (~15 s of completejourney's export)
-        counts = np.bincount((hrow[sel] - lo) * len(pop) + htok[sel],
-                             minlength=(hi - lo) * len(pop)).reshape(hi - lo, len(pop)).astype(np.float64)
-        p = (counts + alpha * pop[None, :]) / (counts.sum(1, keepdims=True) + alpha)  # (block, k)
+        counts = np.bincount((hrow[sel] - lo) * k + htok[sel],
+                             minlength=(hi - lo) * k).reshape(hi - lo, k).astype(np.float64)
+        n_u = counts.sum(1)  # (block,), exact: sums of whole numbers
         at = (row >= lo) & (row < hi)
         r, t = row[at] - lo, tokens[at]
-        pu, pt = p[r], p[r, t]  # (c, k), (c,)
-        loss -= np.log(pt).sum()
-        # rank of the true token among the user's tokens (0 = the most probable); ties count against it
-        rank = (pu > pt[:, None]).sum(1) + (pu == pt[:, None]).sum(1) - 1
-        hits += [(rank < m).sum() for m in tops]
-    return {"log_loss": float(loss / len(users)), **{f"recall@{m}": float(h / len(users)) for m, h in zip(tops, hits)}}
+        c_rt, pop_t, n_r = counts[r, t], pop[t], n_u[r]  # (c,)
+        for i, alpha in enumerate(alphas):
+            # p[r, t] elementwise as the (block, k) matrix below has it: the same operations, the same value
+            pt = (c_rt + alpha * pop_t) / (n_r + alpha)
+            loss[i] -= np.log(pt).sum()
+            if tops:
+                p = (counts + alpha * pop[None, :]) / (n_u[:, None] + alpha)  # (block, k)
+                rank = _rank(p, r, pt)
+                hits[i] += [(rank < m).sum() for m in tops]
+    return [{"log_loss": float(loss[i] / len(users)),
+             **{f"recall@{m}": float(h / len(users)) for m, h in zip(tops, hits[i])}} for i in range(len(alphas))]
 
 
 def token_prediction(history: tuple[np.ndarray, np.ndarray], val: tuple[np.ndarray, np.ndarray],
@@ -121,8 +145,8 @@ def token_prediction(history: tuple[np.ndarray, np.ndarray], val: tuple[np.ndarr
     """
     def new_pairs(hist: tuple[np.ndarray, np.ndarray], pairs: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         width = int(max(hist[1].max(initial=0), pairs[1].max(initial=0))) + 1
-        seen = np.isin(pairs[0] * width + pairs[1], hist[0] * width + hist[1])
-        keep = ~seen & np.isin(pairs[0], hist[0])
+        seen = member(pairs[0] * width + pairs[1], hist[0] * width + hist[1])
+        keep = ~seen & member(pairs[0], hist[0])
         return pairs[0][keep], pairs[1][keep]
 
     val_u, val_e = new_pairs(val_history, val)
@@ -134,14 +158,13 @@ def token_prediction(history: tuple[np.ndarray, np.ndarray], val: tuple[np.ndarr
         row["alpha"] = 1.0
         if len(val_u):
             vpop = (np.bincount(t[val_history[1]], minlength=k) + 1) / (len(val_history[1]) + k)
-            losses = [_predict(val_history[0], t[val_history[1]], vpop, a, val_u, t[val_e], ())["log_loss"]
-                      for a in ALPHAS]
+            losses = [f["log_loss"] for f in _predict(val_history[0], t[val_history[1]], vpop, ALPHAS, val_u, t[val_e], ())]
             row["alpha"] = ALPHAS[int(np.argmin(losses))]
         # Laplace: a token unseen in the history keeps a chance
         pop = (np.bincount(t[history[1]], minlength=k) + 1) / (len(history[1]) + k)
-        row["hir"] = _predict(history[0], t[history[1]], pop, row["alpha"], test_u, t[test_e], tops)
+        row["hir"] = _predict(history[0], t[history[1]], pop, (row["alpha"],), test_u, t[test_e], tops)[0]
         none = np.zeros(0, np.int64)
-        row["popularity"] = _predict(none, none, pop, 1.0, test_u, t[test_e], tops)
+        row["popularity"] = _predict(none, none, pop, (1.0,), test_u, t[test_e], tops)[0]
         out.append(row)
     return out
 
@@ -162,7 +185,7 @@ def token_coverage(history: tuple[np.ndarray, np.ndarray], test: tuple[np.ndarra
     hu, he = history
     tu, te = test
     width = int(max(he.max(initial=0), te.max(initial=0))) + 1
-    raw = float(np.isin(tu * width + te, hu * width + he).mean()) if len(tu) else float("nan")
+    raw = float(member(tu * width + te, hu * width + he).mean()) if len(tu) else float("nan")
     ents, inverse = np.unique(np.concatenate([he, te]), return_inverse=True)
     degree = np.bincount(inverse, minlength=len(ents))
     perm = degree_matched_permutation(ents, degree, np.random.default_rng(seed), degree_bins)
@@ -175,8 +198,8 @@ def token_coverage(history: tuple[np.ndarray, np.ndarray], test: tuple[np.ndarra
         for name, tok in (("tokens", t), ("random", None)):
             h_tok = t[source[he]] if tok is None else tok[he]
             t_tok = t[source[te]] if tok is None else tok[te]
-            test_edges = np.unique(tu * k + t_tok)
-            cov[name] = float(np.isin(test_edges, np.unique(hu * k + h_tok)).mean()) if len(test_edges) else float("nan")
+            test_edges = distinct(tu * k + t_tok)
+            cov[name] = float(member(test_edges, hu * k + h_tok).mean()) if len(test_edges) else float("nan")
         levels_out.append({"level": lvl, "prototypes": int(k), "coverage": cov["tokens"],
                            "random_coverage": cov["random"], "gain_over_raw": cov["tokens"] / raw if raw else None})
     return {"raw_coverage": raw, "test_pairs": len(tu), "levels": levels_out}

@@ -142,7 +142,7 @@ def kmeans_reference(z: np.ndarray, fit_rows: np.ndarray, users: np.ndarray, ent
                              "model.net.hierarchy.levels")
         km = MiniBatchKMeans(n_clusters=int(k), random_state=seed, n_init=1, batch_size=4096, max_iter=100)
         assign = np.full(len(z), -1, np.int64)
-        assign[fit_rows] = km.fit(x).predict(x)
+        assign[fit_rows] = km.fit(x).labels_  # fit labels x with the final centres, as predict(x) would again
         top1.append(assign)
     # the same random baseline (shuffle seed 0) as the learned tokens' figures
     sg = supergraph_stats(users, entities, n_users, 1, top1, levels)

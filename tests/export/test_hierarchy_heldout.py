@@ -92,5 +92,47 @@ def test_prediction_does_not_depend_on_the_user_block_size() -> None:
     hu, ht = rng.integers(0, 50, 400), rng.integers(0, 6, 400)
     u, t = rng.integers(0, 60, 300), rng.integers(0, 6, 300)  # users 50-59 have no history
     pop = np.full(6, 1 / 6)
-    whole = _predict(hu, ht, pop, 2.0, u, t, (1, 3), block=1000)
-    assert _predict(hu, ht, pop, 2.0, u, t, (1, 3), block=7) == pytest.approx(whole)
+    whole = _predict(hu, ht, pop, (2.0,), u, t, (1, 3), block=1000)[0]
+    assert _predict(hu, ht, pop, (2.0,), u, t, (1, 3), block=7)[0] == pytest.approx(whole)
+
+
+def _predict_loop_reference(hist_users: np.ndarray, hist_tokens: np.ndarray, pop: np.ndarray, alpha: float,
+                            users: np.ndarray, tokens: np.ndarray, tops: tuple[int, ...]) -> dict[str, float]:
+    """The predictor pair by pair: the user's (k,) distribution formed whole, the rank by comparison."""
+    k, loss, hits = len(pop), 0.0, np.zeros(len(tops))
+    for u, t in zip(users, tokens):
+        counts = np.bincount(hist_tokens[hist_users == u], minlength=k).astype(np.float64)
+        p = (counts + alpha * pop) / (counts.sum() + alpha)
+        loss -= np.log(p[t])
+        rank = (p > p[t]).sum() + (p == p[t]).sum() - 1
+        hits += [rank < m for m in tops]
+    return {"log_loss": loss / len(users), **{f"recall@{m}": h / len(users) for m, h in zip(tops, hits)}}
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_predict_matches_the_pair_by_pair_reference(seed: int) -> None:
+    from hir.export.heldout import _predict
+
+    rng = np.random.default_rng(seed)
+    k = int(rng.integers(1, 9))
+    hu, ht = rng.integers(0, 30, 200), rng.integers(0, k, 200)
+    u, t = rng.integers(0, 35, 150), rng.integers(0, k, 150)  # users 30-34 have no history
+    # a uniform popularity ties every token a user never engaged: ties count against the true token
+    pop = np.full(k, 1 / k) if seed % 2 else rng.dirichlet(np.ones(k))
+    alphas = (1.0, 3.0, 30.0)
+    block = int(rng.integers(1, 40))
+    got = _predict(hu, ht, pop, alphas, u, t, (1, 2, 5), block=block)
+    for alpha, g in zip(alphas, got):
+        assert g == pytest.approx(_predict_loop_reference(hu, ht, pop, alpha, u, t, (1, 2, 5)), rel=1e-12)
+    # the log-loss alone (no recall) is the same number
+    assert [g["log_loss"] for g in _predict(hu, ht, pop, alphas, u, t, (), block)] == [g["log_loss"] for g in got]
+
+
+def test_rank_of_a_value_within_its_row() -> None:
+    from hir.export.heldout import _rank
+
+    rng = np.random.default_rng(0)
+    p = rng.integers(1, 5, (7, 6)).astype(np.float64) / 8  # many ties
+    r = rng.integers(0, 7, 50)
+    pt = p[r, rng.integers(0, 6, 50)]
+    np.testing.assert_array_equal(_rank(p, r, pt), (p[r] > pt[:, None]).sum(1) + (p[r] == pt[:, None]).sum(1) - 1)

@@ -72,3 +72,17 @@ def test_supergraph_random_assignment_baseline():
     assert lvl["random_edges"] > 4 * n_users  # chance spreads each user over most of the 8 tokens
     assert lvl["concentration"] == pytest.approx(lvl["edges"] / lvl["random_edges"]) and lvl["concentration"] < 0.25
     assert lvl["gain"] > 1 and lvl["random_gain"] > lvl["gain"]  # the gain rewards chance more
+
+
+@pytest.mark.parametrize("n,high", [(0, 5), (1, 5), (50, 5), (500, 10_000), (300, 2**40)])
+def test_integer_key_sets_match_numpy(n: int, high: int) -> None:
+    from hir.export.supergraph import distinct, member, n_distinct
+
+    rng = np.random.default_rng(n)
+    keys = rng.integers(-3, high, n)  # -1 tokens make negative keys
+    of = rng.integers(-3, high, n // 2 + 1) if n else np.zeros(0, np.int64)
+    np.testing.assert_array_equal(distinct(keys), np.unique(keys))
+    assert distinct(keys).dtype == np.unique(keys).dtype
+    assert n_distinct(keys) == len(np.unique(keys))
+    np.testing.assert_array_equal(member(keys, of), np.isin(keys, of))
+    np.testing.assert_array_equal(member(keys, np.zeros(0, np.int64)), np.isin(keys, np.zeros(0, np.int64)))
