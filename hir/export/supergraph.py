@@ -42,14 +42,16 @@ def member(keys: np.ndarray, of: np.ndarray) -> np.ndarray:
 def engagement_pairs(snapshot: Snapshot, offsets: np.ndarray,
                      splits: tuple[str, ...] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Distinct (user, entity) pairs over every stage of ``splits`` (default every split):
-    (user ids, global entity ids)."""
+    (user ids, global entity ids), sorted by (user, entity) within each entity type (polars'
+    ``unique`` returns them in another order each run, which moved the held-out log-losses'
+    sums in their last bit from one export to the next)."""
     users, ents = [], []
     for ti, t in enumerate(ENTITY_TYPES):
         scan = snapshot.engagement(t)
         if scan is not None:
             if splits is not None:
                 scan = scan.filter(pl.col("split").is_in(list(splits)))
-            e = scan.select("src_id", "dst_id").unique().collect()
+            e = scan.select("src_id", "dst_id").unique().sort("src_id", "dst_id").collect()
             users.append(e["src_id"].to_numpy())
             ents.append(e["dst_id"].to_numpy() + offsets[ti])
     if not users:
