@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from hir.atomic import write_text_atomic
 from hir.data import steps
 from hir.data.build import BUCKET_EVENTS, write_events_and_edges
-from hir.data.raw import Quarantine, RawDataset
+from hir.data.raw import Quarantine, RawDataset, changed_sources
 from hir.data.schema import METADATA_RELATIONS, SNAPSHOT_VERSION, TS
 from hir.data.spark_options import SparkOptions
 from hir.data.split import SplitSpec
@@ -272,10 +272,13 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     meta_path = out_dir / "meta.json"
     if meta_path.exists() and not cfg.force:
         meta = json.loads(meta_path.read_text())
-        if differ := changed(meta.get("settings", {}), snapshot_settings(cfg), ignore_paths=True):
+        differ = changed(meta.get("settings", {}), snapshot_settings(cfg), ignore_paths=True)
+        differ += [f"source file {line}" for line in changed_sources(meta)]
+        if differ:
             # reused all the same (a stage reuses what exists, docs/operations.md), but never silently
-            log.warning("the graph snapshot at %s was prepared under other settings (%s); reusing it as it is: "
-                        "force=true rebuilds it, or give this run its own run_name", out_dir, shown(differ))
+            log.warning("the graph snapshot at %s was prepared under other settings or from other files (%s); "
+                        "reusing it as it is: force=true rebuilds it, or give this run its own run_name",
+                        out_dir, shown(differ))
         else:
             log.info("graph snapshot exists at %s; reusing it (force=true rebuilds)", out_dir)
         return meta

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -12,6 +14,36 @@ from typing import Any
 import polars as pl
 
 from hir.data.quality import REASON, ROW
+
+
+def file_stamp(path: str) -> dict[str, int]:
+    """``{"bytes", "mtime_ns"}`` of a source that is a file (empty otherwise): what `hir prepare`
+    compares, on reusing a snapshot, to tell a source file changed since (no hash: a stat is free,
+    a multi-GB file's hash is not)."""
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return {}
+    return {"bytes": st.st_size, "mtime_ns": st.st_mtime_ns} if stat.S_ISREG(st.st_mode) else {}
+
+
+def changed_sources(meta: dict[str, Any]) -> list[str]:
+    """``path (what changed)`` for every source file of a snapshot's meta.json (``sources`` and
+    ``entity_sources``) whose size or modification time differ from the ones recorded, or that is
+    gone; a source recorded without a stamp (an older hir, a table that is not a file) is skipped."""
+    out = []
+    for group in ("sources", "entity_sources"):
+        for record in (meta.get(group) or {}).values():
+            if "bytes" not in record:
+                continue
+            now = file_stamp(record["path"])
+            if not now:
+                out.append(f"{record['path']} (gone)")
+            elif now["bytes"] != record["bytes"]:
+                out.append(f"{record['path']} ({record['bytes']} -> {now['bytes']} bytes)")
+            elif now["mtime_ns"] != record["mtime_ns"]:
+                out.append(f"{record['path']} (modified since)")
+    return out
 
 
 @dataclass
@@ -37,6 +69,7 @@ class SourceReport:
         }
         if self.examples:
             out["examples"] = self.examples
+        out |= file_stamp(self.path)
         return out
 
     def describe(self, top: int = 3) -> str:
