@@ -1,17 +1,24 @@
-"""What changed between the settings a stage's output recorded and the ones of this run.
+"""What a stage's output was made from and under, and what changed since (docs/operations.md).
 
-A stage that reuses what exists (`hir prepare`, `hir train`) records its resolved settings beside
-its output and, on reuse, names every one that differs, so a changed override never passes
-silently (docs/operations.md)."""
+Digests of settings and input files, recorded beside an output: `hir export` and `hir funnel`
+reuse an output only under the same digest, `hir evaluate` only for the same inputs, and `hir
+prepare` and `hir train`, which reuse what exists, name every setting or input that differs."""
 
 from __future__ import annotations
 
 import hashlib
+import json
+import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
+
+
+def digest(data: Any) -> str:
+    """16 hex of the sha256 of ``data`` as sorted JSON (``default=str`` for dates and paths)."""
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def flatten(value: Any, prefix: str) -> dict[str, Any]:
@@ -61,3 +68,14 @@ def file_digests(files: Mapping[str, Path]) -> dict[str, str | None]:
     output was made from, by the meta.json that marks each input whole."""
     return {name: hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path.exists() else None
             for name, path in files.items()}
+
+
+def log_reuse(log: logging.Logger, what: str, where: Path, differ: Sequence[str], redo: str) -> None:
+    """Say that the ``what`` at ``where`` is reused as it is: a warning naming ``differ`` (the
+    settings and inputs that differ from the ones it was made under) when there are any, else an
+    info line; ``redo``: what ``force=true`` does instead (``rebuilds``, ``retrains``)."""
+    if differ:
+        log.warning("the %s at %s was made under other settings or from other inputs (%s); reusing it as it is: "
+                    "force=true %s it, or give this run its own run_name", what, where, shown(differ), redo)
+    else:
+        log.info("%s exists at %s; reusing it (force=true %s)", what, where, redo)

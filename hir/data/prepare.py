@@ -24,7 +24,7 @@ from hir.data.split import SplitSpec
 from hir.data.split import plan as split_plan
 from hir.errors import InputError
 from hir.progress import progress_steps
-from hir.settings import changed, shown
+from hir.settings import changed, log_reuse
 
 log = logging.getLogger(__name__)
 
@@ -274,13 +274,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         meta = json.loads(meta_path.read_text())
         differ = changed(meta.get("settings", {}), snapshot_settings(cfg), ignore_paths=True)
         differ += [f"source file {line}" for line in changed_sources(meta)]
-        if differ:
-            # reused all the same (a stage reuses what exists, docs/operations.md), but never silently
-            log.warning("the graph snapshot at %s was prepared under other settings or from other files (%s); "
-                        "reusing it as it is: force=true rebuilds it, or give this run its own run_name",
-                        out_dir, shown(differ))
-        else:
-            log.info("graph snapshot exists at %s; reusing it (force=true rebuilds)", out_dir)
+        # reused all the same (a stage reuses what exists, docs/operations.md), but never silently
+        log_reuse(log, "graph snapshot", out_dir, differ, "rebuilds")
         return meta
     if out_dir.exists():
         shutil.rmtree(out_dir)

@@ -9,7 +9,6 @@ super-graph density statistics.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
@@ -197,9 +196,9 @@ def settings_digest(export: Mapping[str, Any], seed: int) -> str:
     cold placement's val sample, the tree's fits). meta.json records it, and an export is reused
     only under the same digest: a changed cold placement, val budget or cold-user setting re-exports
     like a changed token setting."""
-    kept = {k: v for k, v in export.items() if k not in UNWRITTEN_SETTINGS}
-    text = json.dumps({"export": kept, "seed": int(seed)}, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    from hir.settings import digest
+
+    return digest({"export": {k: v for k, v in export.items() if k not in UNWRITTEN_SETTINGS}, "seed": int(seed)})
 
 
 def reusable(meta_path: Path, ckpt: Path, force: bool, dim: int | None = None, token_space: str = "full",

@@ -27,7 +27,6 @@ so every row reads only events before it (:mod:`hir.funnel.source`).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import time
@@ -56,11 +55,11 @@ def settings_digest(funnel: Mapping[str, Any], visible_splits: Sequence[str], se
     (less ``enabled``), the visible splits, the run's ``seed`` and the snapshot (the bytes of
     ``graph_dir/meta.json``, which a new `hir prepare` rewrites: its sources, counts and time).
     meta.json records it, and `hir funnel` reuses an output only under the same digest."""
-    kept = {k: v for k, v in funnel.items() if k != "enabled"}
-    graph = hashlib.sha256((graph_dir / "meta.json").read_bytes()).hexdigest()
-    text = json.dumps({"funnel": kept, "visible_splits": list(visible_splits), "seed": int(seed), "graph": graph},
-                      sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    from hir.settings import digest, file_digests
+
+    return digest({"funnel": {k: v for k, v in funnel.items() if k != "enabled"},
+                   "visible_splits": list(visible_splits), "seed": int(seed),
+                   **file_digests({"graph": graph_dir / "meta.json"})})
 
 
 def stale(meta: Mapping[str, Any], settings: str) -> str | None:

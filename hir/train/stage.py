@@ -23,7 +23,7 @@ from typing import Any
 from omegaconf import DictConfig, open_dict
 
 from hir.atomic import write_text_atomic
-from hir.settings import changed, file_digests, recorded, shown
+from hir.settings import changed, file_digests, log_reuse, recorded
 
 # Idle OpenMP threads sleep instead of spinning. The model runs many small ops; with spinning
 # threads, two intra-op threads on a busy 2-core machine measured 10x slower per step (4.2 vs
@@ -64,13 +64,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         had = report.get("inputs")
         differ += [f"{name}: another {name}/meta.json" for name, now in train_inputs(cfg).items()
                    if had is not None and had.get(name) != now]
-        if differ:
-            # reused all the same (a stage reuses what exists, docs/operations.md), but never silently
-            log.warning("the trained model at %s was trained under other settings, or by a hir without some of "
-                        "them (%s); reusing it as it is: force=true retrains it, or give this run its own run_name",
-                        ckpt_dir, shown(differ))
-        else:
-            log.info("trained model exists at %s; reusing it (force=true retrains)", ckpt_dir)
+        # reused all the same (a stage reuses what exists, docs/operations.md), but never silently
+        log_reuse(log, "trained model", ckpt_dir, differ, "retrains")
         return report["metrics"]
     if not metrics_path.exists() and not cfg.force and cfg.get("ckpt_path") is None and (ckpt_dir / LAST).exists():
         # an earlier run of this dir stopped before finishing (killed, out of space): go on from

@@ -15,13 +15,15 @@ import torch
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from hir.atomic import remove_stale_tmp
+from hir.settings import recorded
 from hir.train.callbacks import InitialValidation, ProgressBar, best_checkpoint
 from hir.train.checkpoint_io import AtomicCheckpointIO
 from hir.train.datamodule import HirDataModule
 from hir.train.module import HirModule, resolve_train_parts
+from hir.train.stage import COMPARED
 from hir_kernels import attention_backend
 
 log = logging.getLogger(__name__)
@@ -173,6 +175,5 @@ def fit_report(cfg: DictConfig, trainer: L.Trainer, module: HirModule, dm: HirDa
         "contexts_per_s": round(module.contexts_seen / max(seconds["fit"], 1e-9), 1),
         "best_checkpoint": in_dir(best["checkpoint"], ckpt_dir),
         "last_checkpoint": "last.ckpt",
-        "config": {k: OmegaConf.to_container(cfg[k], resolve=True)
-                   for k in ("model", "datamodule", "spectral", "trainer") if k in cfg},
+        "config": recorded(cfg, COMPARED),  # what a reusing `hir train` compares
     }
